@@ -1,0 +1,1 @@
+"""The ``pytorch`` reference backend: plain, traceable torch code; the numerical oracle."""

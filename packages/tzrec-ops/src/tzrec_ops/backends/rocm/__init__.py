@@ -1,0 +1,1 @@
+"""ROCm/HIP autotune configurations, shipped as a plugin of its own."""

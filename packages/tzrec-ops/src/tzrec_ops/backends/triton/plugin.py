@@ -1,0 +1,106 @@
+"""Registers the ``triton`` and ``triton_tma`` backends."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any, List, Mapping, Optional
+
+import torch
+
+from tzrec_ops.hookspecs import hookimpl
+from tzrec_ops.registry import Backend
+
+_MODULE = "tzrec_ops.backends.triton"
+
+# op name -> implementing module (each module defines a function named like the op)
+_OPS = {
+    "hstu_mha": "hstu_attention",
+    "delta_hstu_mha": "hstu_attention",
+}
+# ops whose triton_tma implementation differs from the pointer-load one
+_TMA_OPS = {
+    "hstu_mha": "hstu_attention:hstu_mha_tma",
+    "delta_hstu_mha": "hstu_attention:delta_hstu_mha_tma",
+}
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels on the CPU (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def triton_unavailable() -> Optional[str]:
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install 'tzrec-ops[triton]')"
+    if interpreting():
+        return None
+    if not torch.cuda.is_available():
+        return "no CUDA/ROCm device is visible (set TRITON_INTERPRET=1 to run on the CPU)"
+    return None
+
+
+def tma_unavailable() -> Optional[str]:
+    reason = triton_unavailable()
+    if reason is not None:
+        return reason
+    if interpreting():
+        return "tensor descriptors are not supported by the Triton interpreter"
+    if torch.version.hip is not None:
+        return "TMA needs an NVIDIA GPU (this is ROCm)"
+    major, minor = torch.cuda.get_device_capability()
+    if major < 9:
+        return f"TMA needs compute capability >= 9.0, this GPU is {major}.{minor}"
+    import triton.language as tl
+
+    if not hasattr(tl, "make_tensor_descriptor"):
+        return "this triton has no tl.make_tensor_descriptor (needs triton >= 3.4)"
+    return None
+
+
+def call_rejection(op: str, call: Mapping[str, Any]) -> Optional[str]:
+    """Why a Triton backend cannot run this call (device, dtype, unsupported options)."""
+    device = call.get("device")
+    if device is not None:
+        device = torch.device(device)
+        if device.type != "cuda" and not (interpreting() and device.type == "cpu"):
+            return f"tensors are on {device}, needs CUDA tensors"
+    dtype = call.get("dtype")
+    if dtype is not None and dtype not in _DTYPES:
+        return f"dtype {dtype} is not supported (needs float32, bfloat16 or float16)"
+    if call.get("dropout_pr", 0.0) > 0.0 and op in ("hstu_mha",):
+        return f"dropout_pr={call['dropout_pr']} is not supported (needs 0.0)"
+    if call.get("min_full_attn_seq_len", 0) > 0:
+        return (
+            f"min_full_attn_seq_len={call['min_full_attn_seq_len']} is not supported (needs 0)"
+        )
+    if call.get("attn_func", False):
+        return "attn_func (arbitrary masks) is not supported"
+    return None
+
+
+@hookimpl
+def tzrec_ops_register_backends() -> List[Backend]:
+    ops = {op: f"{_MODULE}.{module}:{op}" for op, module in _OPS.items()}
+    tma_ops = dict(ops)
+    tma_ops.update({op: f"{_MODULE}.{target}" for op, target in _TMA_OPS.items()})
+    return [
+        Backend(
+            name="triton",
+            priority=20,
+            ops=ops,
+            availability=triton_unavailable,
+            supports=call_rejection,
+            description="Triton kernels with pointer loads (CUDA, ROCm, CPU interpreter)",
+        ),
+        Backend(
+            name="triton_tma",
+            priority=10,
+            ops=tma_ops,
+            availability=tma_unavailable,
+            supports=call_rejection,
+            description="Triton kernels with tensor descriptors (TMA), compute capability >= 9.0",
+        ),
+    ]

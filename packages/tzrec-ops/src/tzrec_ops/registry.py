@@ -1,0 +1,348 @@
+"""Backend registry: plugin discovery and per-call backend selection.
+
+Selection for one op call, in order:
+
+1. the explicit ``backend=`` argument (a name or a :class:`Backend`);
+2. the ``TZREC_OPS_BACKEND`` environment variable, either one name for every op
+   (``triton``) or per op (``hstu_mha=triton_tma,layer_norm=triton``);
+3. the available backend of highest priority that implements the op and accepts the call.
+
+An explicit request (1 or 2) that cannot run the call raises :class:`BackendError` listing
+every candidate and why it was rejected; it never falls back silently.
+
+Plugins are discovered lazily, once, through the ``tzrec_ops`` entry-point group. A plugin
+that fails to import is skipped with a warning naming its distribution and version
+(``TZREC_OPS_STRICT_PLUGINS=1`` makes that an error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import os
+import threading
+import warnings
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+
+import pluggy
+import torch
+
+from tzrec_ops import hookspecs
+
+BACKEND_ENV = "TZREC_OPS_BACKEND"
+STRICT_PLUGINS_ENV = "TZREC_OPS_STRICT_PLUGINS"
+
+Availability = Callable[[], Optional[str]]
+Supports = Callable[[str, Mapping[str, Any]], Optional[str]]
+
+
+class BackendError(RuntimeError):
+    """A backend was requested that does not exist or cannot run the call."""
+
+
+class PluginLoadError(RuntimeError):
+    """A plugin failed to load (raised only in strict mode or on a registry conflict)."""
+
+
+def _always_available() -> Optional[str]:
+    return None
+
+
+def _supports_every_call(op: str, call: Mapping[str, Any]) -> Optional[str]:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One implementation of some or all tzrec ops.
+
+    Args:
+        name: unique backend name, used by ``backend=`` and ``TZREC_OPS_BACKEND``.
+        priority: higher wins in automatic selection.
+        ops: op name -> ``"module:function"`` of the implementation. The function takes the
+            public op's arguments (without ``backend``), already validated.
+        availability: returns ``None`` if the backend can run on this machine, else a human
+            reason ("triton is not installed (pip install 'tzrec-ops[triton]')"). Called once.
+        supports: ``supports(op, call)`` returns ``None`` if the backend can run this call,
+            else a reason. ``call`` holds ``device``, ``dtype`` and the op's options.
+        description: one line for ``python -m tzrec_ops info``.
+    """
+
+    name: str
+    priority: int
+    ops: Mapping[str, str]
+    availability: Availability = _always_available
+    supports: Supports = _supports_every_call
+    description: str = ""
+    _cache: Dict[str, Any] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def unavailable_reason(self) -> Optional[str]:
+        """Why this backend cannot run on this machine, or ``None`` if it can (cached)."""
+        if "availability" not in self._cache:
+            try:
+                reason = self.availability()
+            except Exception as exc:  # a broken check must not take the host down
+                reason = f"availability check raised {exc!r}"
+            self._cache["availability"] = reason
+        return self._cache["availability"]
+
+    def rejection(self, op: str, call: Mapping[str, Any]) -> Optional[str]:
+        """Why this backend cannot run ``op`` for ``call``, or ``None`` if it can."""
+        if op not in self.ops:
+            return f"does not implement {op}"
+        reason = self.unavailable_reason()
+        if reason is not None:
+            return f"unavailable: {reason}"
+        try:
+            return self.supports(op, call)
+        except Exception as exc:
+            return f"supports check raised {exc!r}"
+
+    def implementation(self, op: str) -> Callable[..., Any]:
+        """Import (once) and return the function implementing ``op``."""
+        key = "impl:" + op
+        if key not in self._cache:
+            if op not in self.ops:
+                raise BackendError(f"backend {self.name!r} does not implement {op}")
+            module_name, _, attr = self.ops[op].partition(":")
+            self._cache[key] = getattr(importlib.import_module(module_name), attr)
+        return self._cache[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class FailedPlugin:
+    """A plugin entry point that could not be loaded or whose hook raised."""
+
+    entry_point: str
+    target: str
+    distribution: str
+    version: str
+    error: str
+
+    def describe(self) -> str:
+        return (
+            f"plugin {self.entry_point!r} ({self.target}) from distribution "
+            f"{self.distribution} {self.version}: {self.error}"
+        )
+
+
+@dataclasses.dataclass
+class Registry:
+    """The discovered backends and the plugins that failed to load."""
+
+    backends: Dict[str, Backend]
+    failed_plugins: List[FailedPlugin]
+    plugin_manager: pluggy.PluginManager
+    origins: Dict[str, str]  # backend name -> "distribution version"
+
+    def ordered(self) -> List[Backend]:
+        """Backends by descending priority, then name."""
+        return sorted(self.backends.values(), key=lambda b: (-b.priority, b.name))
+
+
+_REGISTRY: Optional[Registry] = None
+_LOCK = threading.Lock()
+
+
+def _strict() -> bool:
+    return os.environ.get(STRICT_PLUGINS_ENV, "").lower() in ("1", "true", "yes")
+
+
+def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
+    return importlib.metadata.entry_points(group=hookspecs.PROJECT_NAME)
+
+
+def _origin(ep: importlib.metadata.EntryPoint) -> Tuple[str, str]:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return "<unknown distribution>", "<unknown version>"
+    return dist.metadata["Name"] or "<unknown distribution>", dist.version
+
+
+def _record_failure(failed: List[FailedPlugin], failure: FailedPlugin, exc: BaseException) -> None:
+    if _strict():
+        raise PluginLoadError(
+            f"failed to load tzrec_ops {failure.describe()} ({STRICT_PLUGINS_ENV} is set)"
+        ) from exc
+    warnings.warn(f"skipping tzrec_ops {failure.describe()}", RuntimeWarning, stacklevel=4)
+    failed.append(failure)
+
+
+def build_registry() -> Registry:
+    """Discover plugins and collect their backends (does not touch the cached registry)."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    failed: List[FailedPlugin] = []
+    plugin_origin: Dict[str, Tuple[str, str]] = {}
+    for ep in _entry_points():
+        dist, version = _origin(ep)
+        if pm.has_plugin(ep.name) or pm.is_blocked(ep.name):
+            continue
+        try:
+            pm.register(ep.load(), name=ep.name)
+            plugin_origin[ep.name] = (dist, version)
+        except Exception as exc:
+            _record_failure(failed, FailedPlugin(ep.name, ep.value, dist, version, repr(exc)), exc)
+
+    backends: Dict[str, Backend] = {}
+    origins: Dict[str, str] = {}
+    for impl in pm.hook.tzrec_ops_register_backends.get_hookimpls():
+        dist, version = plugin_origin.get(impl.plugin_name, ("<unknown distribution>", ""))
+        try:
+            records = list(impl.function() or [])
+            for record in records:
+                if not isinstance(record, Backend):
+                    raise TypeError(
+                        f"tzrec_ops_register_backends must return Backend records, "
+                        f"got {type(record).__name__}"
+                    )
+        except Exception as exc:
+            target = getattr(impl.plugin, "__name__", impl.plugin_name)
+            _record_failure(
+                failed, FailedPlugin(impl.plugin_name, target, dist, version, repr(exc)), exc
+            )
+            continue
+        for record in records:
+            origin = f"{dist} {version}".strip()
+            if record.name in backends:
+                raise PluginLoadError(
+                    f"two backends are named {record.name!r}: one from {origins[record.name]}, "
+                    f"one from {origin}; backend names must be unique"
+                )
+            backends[record.name] = record
+            origins[record.name] = origin
+    return Registry(backends, failed, pm, origins)
+
+
+def get_registry() -> Registry:
+    """The process-wide registry, built on first use."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        with _LOCK:
+            if _REGISTRY is None:
+                _REGISTRY = build_registry()
+    return _REGISTRY
+
+
+def reset_registry() -> None:
+    """Forget the discovered plugins; the next lookup discovers them again."""
+    global _REGISTRY
+    with _LOCK:
+        _REGISTRY = None
+
+
+def backends() -> List[Backend]:
+    """All registered backends, highest priority first."""
+    return get_registry().ordered()
+
+
+def get_backend(name: str) -> Backend:
+    """The backend registered under ``name`` (it may be unavailable on this machine)."""
+    registry = get_registry()
+    if name not in registry.backends:
+        known = ", ".join(sorted(registry.backends)) or "none"
+        failed = "".join(f"\n  failed {f.describe()}" for f in registry.failed_plugins)
+        raise BackendError(f"unknown backend {name!r}; registered backends: {known}{failed}")
+    return registry.backends[name]
+
+
+def _env_request(op: str) -> Optional[str]:
+    value = os.environ.get(BACKEND_ENV, "").strip()
+    if not value:
+        return None
+    if "=" not in value:
+        return value
+    for item in value.split(","):
+        key, _, name = item.partition("=")
+        if key.strip() == op:
+            return name.strip()
+    return None
+
+
+def _describe_call(call: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in call.items())
+
+
+def select_backend(
+    op: str, backend: Union[str, Backend, None] = None, **call: Any
+) -> Callable[..., Any]:
+    """Choose the backend for one call of ``op`` and return its implementation.
+
+    Args:
+        op: the public op name, e.g. ``"hstu_mha"``.
+        backend: an explicit request (name or record); ``None`` consults
+            ``TZREC_OPS_BACKEND`` and then priorities.
+        **call: what the backends' ``supports`` checks see: ``device``, ``dtype`` and the
+            op's options.
+
+    Raises:
+        BackendError: the requested backend is unknown or rejects the call, or no backend
+            can run it. The message lists every candidate with its reason.
+    """
+    source = "backend="
+    if backend is None:
+        backend = _env_request(op)
+        source = f"{BACKEND_ENV}"
+    if backend is not None:
+        record = backend if isinstance(backend, Backend) else get_backend(backend)
+        reason = record.rejection(op, call)
+        if reason is None:
+            return record.implementation(op)
+        raise BackendError(
+            f"backend {record.name!r} (requested by {source}) cannot run {op}: {reason}\n"
+            f"call: {_describe_call(call)}\n"
+            f"candidates:{_candidate_report(op, call)}"
+        )
+    for record in backends():
+        if record.rejection(op, call) is None:
+            return record.implementation(op)
+    raise BackendError(
+        f"no backend can run {op}\ncall: {_describe_call(call)}\n"
+        f"candidates:{_candidate_report(op, call)}"
+    )
+
+
+def _candidate_report(op: str, call: Mapping[str, Any]) -> str:
+    lines = []
+    for record in backends():
+        reason = record.rejection(op, call)
+        lines.append(f"\n  {record.name}: {'accepts this call' if reason is None else reason}")
+    for failure in get_registry().failed_plugins:
+        lines.append(f"\n  (not loaded) {failure.describe()}")
+    return "".join(lines) or "\n  (no backends registered)"
+
+
+def resolve_backend(backend: Union[str, Backend, None] = None, op: Optional[str] = None) -> Backend:
+    """Resolve a backend once, e.g. in a module constructor.
+
+    ``None`` gives the ``TZREC_OPS_BACKEND`` choice, else the highest-priority available
+    backend (implementing ``op`` when given). The returned record can be passed as
+    ``backend=`` to every op call, which then does no environment or plugin lookup.
+    """
+    if isinstance(backend, Backend):
+        return backend
+    name = backend if backend is not None else _env_request(op or "")
+    if name is not None:
+        record = get_backend(name)
+        reason = record.unavailable_reason()
+        if reason is not None:
+            raise BackendError(f"backend {name!r} is unavailable: {reason}")
+        return record
+    for record in backends():
+        if record.unavailable_reason() is None and (op is None or op in record.ops):
+            return record
+    raise BackendError(f"no available backend{'' if op is None else ' implements ' + op}")
+
+
+def autotune_configs(kernel: str, device: torch.device) -> List[Any]:
+    """Every plugin's extra autotune configs for ``kernel`` on ``device``."""
+    configs: List[Any] = []
+    for answer in get_registry().plugin_manager.hook.tzrec_ops_autotune_configs(
+        kernel=kernel, device=device
+    ):
+        if answer:
+            configs.extend(answer)
+    return configs
