@@ -232,6 +232,7 @@ def reset_registry() -> None:
     global _REGISTRY
     with _LOCK:
         _REGISTRY = None
+        _IMPLEMENTATIONS.clear()
 
 
 def backends() -> List[Backend]:
@@ -276,21 +277,46 @@ def select_backend(
         backend: an explicit request (name or record); ``None`` consults
             ``TZREC_OPS_BACKEND`` and then priorities.
         **call: what the backends' ``supports`` checks see: ``device``, ``dtype`` and the
-            op's options.
+            op's options (plain Python values).
+
+    Under ``torch.compile``/``torch.export`` the choice is made once, while tracing, and is
+    baked into the graph: changing ``TZREC_OPS_BACKEND`` later needs a recompile.
 
     Raises:
         BackendError: the requested backend is unknown or rejects the call, or no backend
             can run it. The message lists every candidate with its reason.
     """
+    if isinstance(backend, Backend):
+        if not torch.compiler.is_compiling():
+            return _choose(op, backend, call).implementation(op)
+        backend = backend.name
+    return _IMPLEMENTATIONS[_selection_key(op, backend, tuple(call.items()))]
+
+
+# Implementations chosen so far, by "backend:op". Tracing sees only this dict lookup: the
+# choice itself runs eagerly (assume_constant_result), so plugin discovery and imports never
+# happen inside a traced graph.
+_IMPLEMENTATIONS: Dict[str, Callable[..., Any]] = {}
+
+
+@torch.compiler.assume_constant_result
+def _selection_key(op: str, backend: Optional[str], call_items: Tuple[Tuple[str, Any], ...]) -> str:
+    record = _choose(op, backend, dict(call_items))
+    key = f"{record.name}:{op}"
+    _IMPLEMENTATIONS[key] = record.implementation(op)
+    return key
+
+
+def _choose(op: str, backend: Union[str, Backend, None], call: Mapping[str, Any]) -> Backend:
     source = "backend="
     if backend is None:
         backend = _env_request(op)
-        source = f"{BACKEND_ENV}"
+        source = BACKEND_ENV
     if backend is not None:
         record = backend if isinstance(backend, Backend) else get_backend(backend)
         reason = record.rejection(op, call)
         if reason is None:
-            return record.implementation(op)
+            return record
         raise BackendError(
             f"backend {record.name!r} (requested by {source}) cannot run {op}: {reason}\n"
             f"call: {_describe_call(call)}\n"
@@ -298,7 +324,7 @@ def select_backend(
         )
     for record in backends():
         if record.rejection(op, call) is None:
-            return record.implementation(op)
+            return record
     raise BackendError(
         f"no backend can run {op}\ncall: {_describe_call(call)}\n"
         f"candidates:{_candidate_report(op, call)}"
