@@ -1,0 +1,306 @@
+"""Sessions for the tzrec monorepo.
+
+    nox -s test-ops test-gr   # one package's tests, each in its own environment
+    nox -s tests              # what CI runs: every test session, lint and the compat check
+    nox -s demo               # the main job
+    nox -l                    # every session
+
+Each session installs only what it names, pinned by ``constraints/cpu.txt``. Sibling packages
+come from this repository, never from an index. Environments are reused between runs
+(``.nox/``); local packages are reinstalled every time so that metadata changes are seen.
+
+uv (the default backend when it is installed) ignores pip's configuration, so the folders in
+pip's ``find-links`` setting (where the CPU build of torch lies) are handed to it explicitly.
+Set ``TZREC_TORCH_INDEX`` to a wheel index holding ``torch==2.13.0+cpu`` on a machine that has
+no such folder.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pathlib
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+from typing import List, Optional
+
+import nox
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # nox depends on tomli on Python 3.10
+    import tomli as tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parent
+CONSTRAINTS = ROOT / "constraints" / "cpu.txt"
+REPORTS = ROOT / ".nox" / "reports"
+EXAMPLE_PLUGIN = ROOT / "examples" / "tzrec-ops-backend-example"
+TORCH_PIN = "torch==2.13.0+cpu"
+TEST_TOOLS = ("pytest", "pytest-xdist")
+
+# short name -> distribution; the distribution's folder is packages/<distribution>
+PACKAGES = {"ops": "tzrec-ops", "gr": "tzrec-gr", "acc": "tzrec-acc", "bench": "tzrec-bench"}
+# extras each package's tests install: tzrec-ops runs its Triton kernels in the interpreter
+TEST_EXTRAS = {"tzrec-ops": "test,triton"}
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["tests"]
+
+
+# -- installing ---------------------------------------------------------------------------
+
+
+def _pyproject(dist: str) -> dict:
+    with open(ROOT / "packages" / dist / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]
+
+
+def _siblings(dist: str) -> List[str]:
+    """The tzrec distributions ``dist`` declares, in its dependencies or its test extra."""
+    project = _pyproject(dist)
+    declared = list(project.get("dependencies", []))
+    declared += project.get("optional-dependencies", {}).get("test", [])
+    ours = {canonicalize_name(d) for d in PACKAGES.values()}
+    names = {canonicalize_name(Requirement(r).name) for r in declared}
+    return sorted(names & ours - {canonicalize_name(dist)})
+
+
+def _pip_find_links() -> List[str]:
+    """The folders in pip's ``find-links`` setting (config files and ``PIP_FIND_LINKS``)."""
+    pip = [sys.executable, "-m", "pip"]
+    if subprocess.run([*pip, "--version"], capture_output=True).returncode != 0:
+        pip = [shutil.which("pip") or "pip"]
+    try:
+        listing = subprocess.run(
+            [*pip, "config", "list"], capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        listing = ""
+    links = os.environ.get("PIP_FIND_LINKS", "").split()
+    for line in listing.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith(".find-links"):
+            links += shlex.split(value.strip().strip("'\""))
+    return list(dict.fromkeys(links))
+
+
+def _index_args(session: nox.Session) -> List[str]:
+    """Where uv or pip finds the pinned CPU build of torch."""
+    args: List[str] = []
+    index = os.environ.get("TZREC_TORCH_INDEX")
+    if index:
+        args += ["--extra-index-url", index]
+    if session.venv_backend != "uv":
+        return args  # pip reads its own configuration
+    links = _pip_find_links()
+    for link in links:
+        args += ["--find-links", link]
+    wheel_name = TORCH_PIN.replace("==", "-")
+    has_torch = any(
+        pathlib.Path(link).is_dir() and any(pathlib.Path(link).glob(f"{wheel_name}-*.whl"))
+        for link in links
+    )
+    if not (has_torch or index or os.environ.get("UV_FIND_LINKS") or os.environ.get("UV_INDEX")):
+        session.error(
+            f"no {wheel_name} wheel in pip's find-links ({links or 'none set'}): put the CPU "
+            "build of torch in a folder and set PIP_FIND_LINKS to it, or set TZREC_TORCH_INDEX "
+            "to a wheel index that has it"
+        )
+    return args
+
+
+def _install(session: nox.Session, *args: str, reinstall: tuple = ()) -> None:
+    """``pip install`` (through uv when available) under the CPU constraints."""
+    extra = _index_args(session)
+    if session.venv_backend == "uv":
+        for dist in reinstall:
+            extra += ["--reinstall-package", dist]
+    session.install("-c", str(CONSTRAINTS), *extra, *args)
+
+
+def _package_path(dist: str, extras: str = "") -> str:
+    path = str(ROOT / "packages" / dist)
+    return f"{path}[{extras}]" if extras else path
+
+
+def _install_packages(session: nox.Session, dist: str, *more: str) -> None:
+    """``dist`` with its test extra, its declared siblings (editable, from this repo), tools."""
+    siblings = _siblings(dist)
+    args = []
+    for sibling in siblings:
+        args += ["-e", _package_path(sibling)]
+    args += ["-e", _package_path(dist, TEST_EXTRAS.get(dist, "test"))]
+    _install(session, *args, *TEST_TOOLS, *more, reinstall=(dist, *siblings))
+
+
+def _pytest(session: nox.Session, *paths: str) -> None:
+    """pytest on ``paths`` with a JUnit report that ``.ci/run`` adds up."""
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    default = ["-n", "auto"] if "-n" not in session.posargs else []
+    session.run(
+        "pytest",
+        *paths,
+        "-ra",
+        f"--junitxml={REPORTS / (session.name + '.xml')}",
+        *default,
+        *session.posargs,
+    )
+
+
+# -- test sessions --------------------------------------------------------------------------
+
+
+def _make_test_session(short: str, dist: str) -> None:
+    @nox.session(name=f"test-{short}", tags=["test"])
+    def _session(session: nox.Session) -> None:
+        _install_packages(session, dist)
+        _pytest(session, str(ROOT / "packages" / dist / "tests"))
+
+    _session.__doc__ = f"{dist}'s tests with only {dist}, its declared siblings and test tools."
+
+
+for _short, _dist in PACKAGES.items():
+    _make_test_session(_short, _dist)
+
+
+@nox.session(name="test-plugins", tags=["test"])
+def test_plugins(session: nox.Session) -> None:
+    """Install tzrec-ops and the example backend plugin as wheels; run their cross tests."""
+    _install(
+        session,
+        _package_path("tzrec-ops", "test"),
+        str(EXAMPLE_PLUGIN),
+        *TEST_TOOLS,
+        reinstall=("tzrec-ops", "tzrec-ops-backend-example"),
+    )
+    _pytest(session, str(EXAMPLE_PLUGIN / "tests"), str(ROOT / "tests"))
+
+
+# -- compatibility --------------------------------------------------------------------------
+
+
+def _lower_bound(dist: str, dependency: str) -> Version:
+    """The lowest version of ``dependency`` that ``dist`` declares it works with."""
+    for line in _pyproject(dist).get("dependencies", []):
+        req = Requirement(line)
+        if canonicalize_name(req.name) != canonicalize_name(dependency):
+            continue
+        bounds = [Version(s.version) for s in req.specifier if s.operator in (">=", "==", "~=")]
+        if bounds:
+            return max(bounds)
+        raise ValueError(f"{dist} declares {line!r}, which has no lower bound")
+    raise ValueError(f"{dist} does not depend on {dependency}")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def _version_at(commit: str, dist: str) -> Optional[Version]:
+    try:
+        text = _git("show", f"{commit}:packages/{dist}/pyproject.toml")
+    except subprocess.CalledProcessError:
+        return None
+    return Version(tomllib.loads(text)["project"]["version"])
+
+
+def _source_of(session: nox.Session, dist: str, version: Version) -> str:
+    """A source tree of ``dist`` at ``version``.
+
+    In order: the release tag ``<dist>-v<version>``; the working tree if it is still at that
+    version (unreleased); else the newest commit whose pyproject has that version.
+    """
+    tags = _git("tag", "--list", f"{dist}-v*").split()
+    commit = next((t for t in tags if Version(t[len(dist) + 2 :]) == version), None)
+    if commit is None:
+        if Version(_pyproject(dist)["version"]) == version:
+            session.log(f"{dist} {version} is the in-repo version (not tagged): using the tree")
+            return _package_path(dist)
+        log = _git("log", "--format=%H", "--", f"packages/{dist}/pyproject.toml").split()
+        commit = next((c for c in log if _version_at(c, dist) == version), None)
+        if commit is None:
+            session.error(
+                f"cannot find {dist} {version}: no tag {dist}-v{version} and no commit in "
+                "this clone's history has that version (a shallow clone? run git fetch --tags)"
+            )
+        session.warn(f"no tag {dist}-v{version}; using commit {commit}, the last at {version}")
+    target = ROOT / ".nox" / "_sources" / f"{dist}-{version}-{commit[:12]}"
+    if not target.exists():
+        archive = subprocess.run(
+            ["git", "archive", "--format=tar", commit, f"packages/{dist}"],
+            cwd=ROOT, capture_output=True, check=True,
+        ).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12 / 3.11.4
+                tar.extractall(target, filter="data")
+            else:
+                tar.extractall(target)
+    session.log(f"{dist} {version} from {commit}")
+    return str(target / "packages" / dist)
+
+
+@nox.session(name="compat-gr-ops-min", tags=["compat"])
+def compat_gr_ops_min(session: nox.Session) -> None:
+    """tzrec-gr's tests against the lowest tzrec-ops version tzrec-gr declares."""
+    minimum = _lower_bound("tzrec-gr", "tzrec-ops")
+    ops_source = _source_of(session, "tzrec-ops", minimum)
+    _install(
+        session,
+        ops_source,
+        "-e",
+        _package_path("tzrec-gr", "test"),
+        *TEST_TOOLS,
+        reinstall=("tzrec-ops", "tzrec-gr"),
+    )
+    installed = session.run(
+        "python", "-c", "import importlib.metadata as m; print(m.version('tzrec-ops'))",
+        silent=True,
+    ).strip()
+    if Version(installed) != minimum:
+        session.error(f"expected tzrec-ops {minimum} in the environment, found {installed}")
+    _pytest(session, str(ROOT / "packages" / "tzrec-gr" / "tests"))
+
+
+# -- lint, demo, CI ---------------------------------------------------------------------------
+
+
+@nox.session(tags=["lint"])
+def lint(session: nox.Session) -> None:
+    """ruff over every package, test, example and this file (settings in ruff.toml)."""
+    session.install("-c", str(CONSTRAINTS), "ruff")
+    session.run("ruff", "check", "packages", "tests", "examples", "noxfile.py", *session.posargs)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: what tzrec-ops finds on this machine, then a few ops on the CPU."""
+    _install(session, _package_path("tzrec-ops"), reinstall=("tzrec-ops",))
+    session.run("python", "-m", "tzrec_ops", "info")
+    session.run("python", str(ROOT / "examples" / "quickstart.py"))
+
+
+CI_SESSIONS = (
+    "lint",
+    "test-ops",
+    "test-gr",
+    "test-acc",
+    "test-bench",
+    "test-plugins",
+    "compat-gr-ops-min",
+)
+
+
+@nox.session(python=False)
+def tests(session: nox.Session) -> None:
+    """What CI runs: lint, every test session and the compat check (queued after this one)."""
+    for name in CI_SESSIONS:
+        session.notify(name)
