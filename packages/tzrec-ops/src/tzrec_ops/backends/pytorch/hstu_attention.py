@@ -1,0 +1,397 @@
+"""Reference HSTU attention in plain torch: exact, differentiable, memory-bounded.
+
+Legend: B = batch, L = total tokens, H = heads, A = q/k dim, V = value dim, N =
+``max_seq_len``, R = query rows per sequence (N, or the delta size D for cached attention).
+
+How it works:
+
+1. q, k, v are padded from jagged ``[L, H, *]`` to ``[B, N, H, *]`` (fbgemm's
+   ``jagged_to_padded_dense`` when ``torch.ops.fbgemm`` has it, else a gather) in the input
+   dtype; padding is O(B N H D), never O(N^2).
+2. The batch is processed in chunks of sequences and query rows so that one chunk's score
+   tensor ``[b, H, r, N]`` holds at most :func:`chunk_elements` entries. Each chunk upcasts to
+   float32 (float64 for float64 input), computes ``SiLU(alpha q.k) / S``, applies the mask
+   (and dropout), multiplies by v and casts the result back to the input dtype.
+3. When autograd records the call and there is more than one chunk, each chunk runs under
+   ``torch.utils.checkpoint`` so backward also keeps one chunk's scores alive at a time.
+4. The padded output is turned back into jagged ``[L, H, V]``.
+
+Knobs (read at call time; under ``torch.compile`` they are read once, while tracing):
+``TZREC_OPS_PYTORCH_ATTN_CHUNK`` (max score elements per chunk, default ``2**28``, i.e.
+1 GiB of float32 per score-sized temporary) or :func:`set_chunk_elements`;
+:func:`set_use_fbgemm` (``None`` = use fbgemm when it is installed).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+CHUNK_ENV = "TZREC_OPS_PYTORCH_ATTN_CHUNK"
+DEFAULT_CHUNK_ELEMENTS = 1 << 28
+
+_chunk_elements_override: Optional[int] = None
+_use_fbgemm_override: Optional[bool] = None
+
+
+def set_chunk_elements(elements: Optional[int]) -> None:
+    """Cap one chunk's score tensor at ``elements`` entries (``None``: env or default)."""
+    global _chunk_elements_override
+    if elements is not None and int(elements) < 1:
+        raise ValueError(f"elements must be >= 1, got {elements}")
+    _chunk_elements_override = None if elements is None else int(elements)
+
+
+def set_use_fbgemm(enabled: Optional[bool]) -> None:
+    """Force (``True``), forbid (``False``) or auto-detect (``None``) the fbgemm conversions."""
+    global _use_fbgemm_override
+    _use_fbgemm_override = enabled
+
+
+@torch.compiler.assume_constant_result
+def chunk_elements() -> int:
+    """The current cap on score elements per chunk."""
+    if _chunk_elements_override is not None:
+        return _chunk_elements_override
+    raw = os.environ.get(CHUNK_ENV, "")
+    if not raw:
+        return DEFAULT_CHUNK_ELEMENTS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{CHUNK_ENV} must be a positive integer, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"{CHUNK_ENV} must be a positive integer, got {raw!r}")
+    return value
+
+
+@torch.compiler.assume_constant_result
+def fbgemm_enabled() -> bool:
+    """True when the fbgemm jagged/padded conversions will be used."""
+    if _use_fbgemm_override is False:
+        return False
+    try:
+        import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
+    except Exception:
+        available = False
+    else:
+        available = hasattr(torch.ops.fbgemm, "jagged_to_padded_dense") and hasattr(
+            torch.ops.fbgemm, "dense_to_jagged"
+        )
+    if _use_fbgemm_override and not available:
+        raise RuntimeError("set_use_fbgemm(True) but fbgemm-gpu is not installed")
+    return available
+
+
+# ------------------------------------------------------------------------------------------
+# jagged <-> padded
+# ------------------------------------------------------------------------------------------
+
+
+def _to_padded(values: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
+    """``[L, *rest]`` jagged -> ``[B, max_len, *rest]`` zero-padded."""
+    rest = values.shape[1:]
+    flat = values.reshape(values.shape[0], -1)
+    if fbgemm_enabled() and values.is_floating_point():
+        dense = torch.ops.fbgemm.jagged_to_padded_dense(
+            flat, [offsets.to(torch.int64)], [max_len], 0.0
+        )
+    else:
+        batch = offsets.shape[0] - 1
+        pos = torch.arange(max_len, device=values.device)
+        lengths = (offsets[1:] - offsets[:-1]).to(torch.int64)
+        index = offsets[:-1].to(torch.int64)[:, None] + pos[None, :]
+        # padded slots read an appended zero row at index L
+        index = torch.where(pos[None, :] < lengths[:, None], index, values.shape[0])
+        extended = torch.cat([flat, flat.new_zeros(1, flat.shape[1])])
+        dense = extended[index.reshape(-1)].reshape(batch, max_len, flat.shape[1])
+    return dense.reshape(dense.shape[0], max_len, *rest)
+
+
+def _to_jagged(dense: torch.Tensor, offsets: torch.Tensor, total: int) -> torch.Tensor:
+    """``[B, N, *rest]`` padded -> ``[total, *rest]`` jagged (positions past a length dropped)."""
+    batch, max_len = dense.shape[0], dense.shape[1]
+    rest = dense.shape[2:]
+    flat = dense.reshape(batch, max_len, -1)
+    if fbgemm_enabled():
+        values = torch.ops.fbgemm.dense_to_jagged(flat, [offsets.to(torch.int64)], total)[0]
+    else:
+        offsets64 = offsets.to(torch.int64)
+        lengths = offsets64[1:] - offsets64[:-1]
+        owner = torch.repeat_interleave(
+            torch.arange(batch, device=dense.device), lengths, output_size=total
+        )
+        pos = torch.arange(total, device=dense.device) - offsets64[owner]
+        values = flat.reshape(batch * max_len, -1)[owner * max_len + pos]
+    return values.reshape(total, *rest)
+
+
+# ------------------------------------------------------------------------------------------
+# masks
+# ------------------------------------------------------------------------------------------
+
+
+def _fixed_mask(
+    rows: torch.Tensor,
+    lengths: torch.Tensor,
+    num_targets: Optional[torch.Tensor],
+    func: Optional[torch.Tensor],
+    *,
+    max_len: int,
+    causal: bool,
+    max_attn_len: int,
+    contextual_seq_len: int,
+    min_full_attn_seq_len: int,
+) -> torch.Tensor:
+    """Valid ``[b, r, N]`` mask for query positions ``rows`` ``[b, r]`` of sequences of
+    ``lengths`` ``[b]`` (spec §1.2 rules; ``func`` is unused)."""
+    n = lengths[:, None, None]
+    row = rows[:, :, None]
+    col = torch.arange(max_len, device=rows.device)[None, None, :]
+    row_id, col_id = row, col
+    bound = n
+    if contextual_seq_len > 0:
+        row_id = torch.clamp(row - (contextual_seq_len - 1), min=0)
+        col_id = torch.clamp(col - (contextual_seq_len - 1), min=0)
+        bound = bound - (contextual_seq_len - 1)
+    if num_targets is not None:
+        bound = bound - num_targets[:, None, None]
+        row_id = torch.minimum(row_id, bound)
+        col_id = torch.minimum(col_id, bound)
+    dist = row_id - col_id
+    if not causal:
+        dist = dist.abs()
+    valid = (row == col) | (dist > 0)
+    if max_attn_len > 0:
+        in_window = dist <= max_attn_len
+        if min_full_attn_seq_len > 0:
+            in_window = in_window | (row_id >= bound - min_full_attn_seq_len)
+        valid = valid & in_window
+    if contextual_seq_len > 0:
+        valid = valid | ((row_id == 0) & (col_id < bound))
+    return valid & (col < n) & (row < n) & (row >= 0)
+
+
+def _func_mask(
+    rows: torch.Tensor,
+    lengths: torch.Tensor,
+    num_targets: Optional[torch.Tensor],
+    func: torch.Tensor,
+    *,
+    max_len: int,
+) -> torch.Tensor:
+    """Valid ``[b, H, r, N]`` mask from padded ``attn_func`` rows ``[b, r, H, 3]`` (keys in
+    ``[0, cmax0)`` or ``[cmin0, cmax1)``; ``num_targets`` is unused)."""
+    n = lengths[:, None, None, None]
+    bounds = func.permute(0, 2, 1, 3)[..., None, :].to(torch.int64)  # [b, H, r, 1, 3]
+    col = torch.arange(max_len, device=func.device)[None, None, None, :]
+    cmax0, cmin0, cmax1 = bounds[..., 0], bounds[..., 1], bounds[..., 2]
+    visible = (col < cmax0) | ((col >= cmin0) & (col < cmax1))
+    row_ok = (rows < lengths[:, None])[:, None, :, None]
+    return visible & (col < n) & row_ok
+
+
+# ------------------------------------------------------------------------------------------
+# chunked attention
+# ------------------------------------------------------------------------------------------
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _attend_chunk(
+    mask_fn: Callable[..., torch.Tensor],
+    alpha: float,
+    scale: float,
+    dropout_pr: float,
+    training: bool,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rows: torch.Tensor,
+    lengths: torch.Tensor,
+    num_targets: Optional[torch.Tensor],
+    func: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """One chunk: q ``[b, r, H, A]``, k ``[b, N, H, A]``, v ``[b, N, H, V]`` -> ``[b, r, H, V]``."""
+    compute = _compute_dtype(q.dtype)
+    qc = q.to(compute).permute(0, 2, 1, 3)
+    kc = k.to(compute).permute(0, 2, 3, 1)
+    vc = v.to(compute).permute(0, 2, 1, 3)
+    scores = torch.matmul(qc, kc) * alpha  # [b, H, r, N]
+    valid = mask_fn(rows, lengths, num_targets, func)
+    if valid.dim() == 3:
+        valid = valid[:, None]
+    weights = torch.where(valid, F.silu(scores), 0.0) / scale
+    if dropout_pr > 0.0:
+        weights = F.dropout(weights, p=dropout_pr, training=training)
+    out = torch.matmul(weights, vc)  # [b, H, r, V]
+    return out.permute(0, 2, 1, 3).to(v.dtype)
+
+
+def _chunk_sizes(batch: int, rows: int, heads: int, max_len: int) -> Tuple[int, int]:
+    """(sequences, query rows) per chunk so that ``b * H * r * N <= chunk_elements()``."""
+    budget = chunk_elements()
+    per_row = max(1, heads * max_len)
+    rows_per_chunk = max(1, min(rows, budget // per_row))
+    seqs_per_chunk = max(1, min(batch, budget // (per_row * rows_per_chunk)))
+    return seqs_per_chunk, rows_per_chunk
+
+
+def _split(
+    t: Optional[torch.Tensor], size: int, dim: int, count: int
+) -> List[Optional[torch.Tensor]]:
+    """``torch.split`` that yields ``count`` ``None``s for a missing tensor."""
+    return [None] * count if t is None else list(torch.split(t, size, dim=dim))
+
+
+def _chunked_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rows: torch.Tensor,
+    lengths: torch.Tensor,
+    num_targets: Optional[torch.Tensor],
+    func: Optional[torch.Tensor],
+    mask_fn: Callable[..., torch.Tensor],
+    alpha: float,
+    scale: float,
+    dropout_pr: float,
+    training: bool,
+) -> torch.Tensor:
+    """Padded attention ``[B, R, H, V]`` from q ``[B, R, H, A]``, k/v ``[B, N, H, *]``, query
+    positions ``rows`` ``[B, R]`` and optional padded ``func`` ``[B, R, H, 3]``."""
+    batch, num_rows, heads = q.shape[0], q.shape[1], q.shape[2]
+    if batch == 0 or num_rows == 0:
+        return v.new_zeros(batch, num_rows, heads, v.shape[3])
+    seqs, row_block = _chunk_sizes(batch, num_rows, heads, k.shape[1])
+    body = functools.partial(_attend_chunk, mask_fn, alpha, scale, dropout_pr, training)
+    multi = seqs < batch or row_block < num_rows
+    recompute = multi and torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad
+    )
+    pieces = []
+    q_chunks = torch.split(q, seqs)
+    per_batch = zip(
+        q_chunks, torch.split(k, seqs), torch.split(v, seqs), torch.split(rows, seqs),
+        torch.split(lengths, seqs), _split(num_targets, seqs, 0, len(q_chunks)),
+        _split(func, seqs, 0, len(q_chunks)),
+    )
+    for q_b, k_b, v_b, rows_b, len_b, tgt_b, func_b in per_batch:
+        row_pieces = []
+        q_rows = torch.split(q_b, row_block, dim=1)
+        for q_r, rows_r, func_r in zip(
+            q_rows, torch.split(rows_b, row_block, dim=1), _split(func_b, row_block, 1, len(q_rows))
+        ):
+            args = (q_r, k_b, v_b, rows_r, len_b, tgt_b, func_r)
+            if recompute:
+                row_pieces.append(checkpoint(body, *args, use_reentrant=False))
+            else:
+                row_pieces.append(body(*args))
+        pieces.append(torch.cat(row_pieces, dim=1))
+    return torch.cat(pieces, dim=0)
+
+
+def _scale(max_seq_len: int, scaling_seqlen: int) -> float:
+    return float(max_seq_len if scaling_seqlen == -1 else scaling_seqlen)
+
+
+# ------------------------------------------------------------------------------------------
+# ops
+# ------------------------------------------------------------------------------------------
+
+
+def hstu_mha(
+    max_seq_len: int,
+    alpha: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    causal: bool = True,
+    dropout_pr: float = 0.0,
+    training: bool = True,
+    num_targets: Optional[torch.Tensor] = None,
+    max_attn_len: int = 0,
+    contextual_seq_len: int = 0,
+    min_full_attn_seq_len: int = 0,
+    sort_by_length: bool = False,
+    attn_func: Optional[torch.Tensor] = None,
+    scaling_seqlen: int = -1,
+) -> torch.Tensor:
+    """Jagged HSTU attention ``[L, H, V]`` (arguments as :func:`tzrec_ops.ops.hstu_attention.
+    hstu_mha`; already validated). ``sort_by_length`` is ignored."""
+    total = q.shape[0]
+    lengths = (seq_offsets[1:] - seq_offsets[:-1]).to(torch.int64)
+    batch = lengths.shape[0]
+    qp, kp, vp = (_to_padded(t, seq_offsets, max_seq_len) for t in (q, k, v))
+    rows = torch.arange(max_seq_len, device=q.device).expand(batch, max_seq_len)
+    func = None
+    if attn_func is not None:
+        func = _to_padded(attn_func.permute(2, 0, 1), seq_offsets, max_seq_len)
+        mask_fn: Callable[..., torch.Tensor] = functools.partial(
+            _func_mask, max_len=max_seq_len
+        )
+    else:
+        mask_fn = functools.partial(
+            _fixed_mask,
+            max_len=max_seq_len,
+            causal=causal,
+            max_attn_len=max_attn_len,
+            contextual_seq_len=contextual_seq_len,
+            min_full_attn_seq_len=min_full_attn_seq_len,
+        )
+    targets = None if num_targets is None or attn_func is not None else num_targets.to(torch.int64)
+    out = _chunked_attention(
+        qp, kp, vp, rows, lengths, targets, func, mask_fn,
+        alpha, _scale(max_seq_len, scaling_seqlen), dropout_pr, training,
+    )
+    return _to_jagged(out, seq_offsets, total)
+
+
+def delta_hstu_mha(
+    max_seq_len: int,
+    alpha: float,
+    delta_q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    num_targets: Optional[torch.Tensor] = None,
+    max_attn_len: int = 0,
+    contextual_seq_len: int = 0,
+    scaling_seqlen: int = -1,
+) -> torch.Tensor:
+    """Cached attention ``[B * D, H, V]`` for the last D positions of each sequence.
+
+    Forward-only: it runs under ``torch.no_grad()``, so its output never requires grad.
+    """
+    with torch.no_grad():
+        lengths = (seq_offsets[1:] - seq_offsets[:-1]).to(torch.int64)
+        batch = lengths.shape[0]
+        heads = delta_q.shape[1]
+        if batch == 0:
+            return v.new_zeros(0, heads, v.shape[2])
+        delta = delta_q.shape[0] // batch
+        qd = delta_q.reshape(batch, delta, heads, delta_q.shape[2])
+        kp, vp = (_to_padded(t, seq_offsets, max_seq_len) for t in (k, v))
+        rows = lengths[:, None] - delta + torch.arange(delta, device=k.device)[None, :]
+        mask_fn = functools.partial(
+            _fixed_mask,
+            max_len=max_seq_len,
+            causal=True,
+            max_attn_len=max_attn_len,
+            contextual_seq_len=contextual_seq_len,
+            min_full_attn_seq_len=0,
+        )
+        targets = None if num_targets is None else num_targets.to(torch.int64)
+        out = _chunked_attention(
+            qd, kp, vp, rows, lengths, targets, None, mask_fn,
+            alpha, _scale(max_seq_len, scaling_seqlen), 0.0, False,
+        )
+        return out.reshape(batch * delta, heads, v.shape[2])
