@@ -1,0 +1,307 @@
+"""HSTU attention: ``hstu_mha`` (jagged, differentiable) and ``delta_hstu_mha`` (cached,
+forward-only).
+
+Legend: B = batch, L = total tokens of the jagged batch (``seq_offsets[-1]``), H = heads,
+A = q/k dim (attention dim), V = value dim, N = ``max_seq_len``, D = new queries per
+sequence in ``delta_hstu_mha``.
+
+HSTU attention has no softmax: for query i and key j of one sequence and one head,
+``a_ij = SiLU(alpha * <q_i, k_j>) / S * valid(i, j)`` and ``out_i = sum_j a_ij v_j``, with
+``S = scaling_seqlen`` (or ``max_seq_len`` when it is -1). A fixed ``S`` makes a sequence's
+output independent of what else is in the batch.
+
+The mask ``valid`` (reference spec §1.2). Each sequence is laid out as
+``[contextual prefix (C) | history (U) | targets (T)]``. Positions get ids: with ``C > 0`` the
+prefix shares id 0 and history starts at id 1; with targets every target gets the history
+bound ``M`` (``n``, minus ``C - 1`` when ``C > 0``, minus ``T``). A query sees a key when it is
+the key itself or has a larger id (``|dist| > 0`` when ``causal=False``); a window
+``max_attn_len = w > 0`` keeps only ``dist <= w`` (except the queries with id
+``>= M - min_full_attn_seq_len`` when that is > 0); prefix queries also see every key with
+id ``< M``. So targets see the prefix, the history and themselves, never each other, and no
+history token sees a target. One sequence of length 5 with 2 targets (causal, no window,
+no prefix), rows are queries, columns keys::
+
+        k0 k1 k2 k3 k4
+    q0   1  0  0  0  0
+    q1   1  1  0  0  0
+    q2   1  1  1  0  0
+    q3   1  1  1  1  0      <- target
+    q4   1  1  1  0  1      <- target: sees itself, not q3's key
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from tzrec_ops.ops.validation import (
+    ValueChecks,
+    check_dim,
+    check_non_negative,
+    check_offsets,
+    check_positive,
+    check_same_device,
+    check_same_dtype,
+    check_tensor,
+)
+from tzrec_ops.registry import Backend, select_backend
+
+__all__ = ["hstu_mha", "delta_hstu_mha"]
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_int(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+
+
+def _check_options(
+    max_seq_len: int, max_attn_len: int, contextual_seq_len: int, scaling_seqlen: int
+) -> None:
+    _check_int("max_seq_len", max_seq_len)
+    check_positive("max_seq_len", max_seq_len)
+    _check_int("max_attn_len", max_attn_len)
+    check_non_negative("max_attn_len", max_attn_len)
+    _check_int("contextual_seq_len", contextual_seq_len)
+    check_non_negative("contextual_seq_len", contextual_seq_len)
+    _check_int("scaling_seqlen", scaling_seqlen)
+    if scaling_seqlen != -1 and scaling_seqlen <= 0:
+        raise ValueError(f"scaling_seqlen must be -1 (use max_seq_len) or > 0, got {scaling_seqlen}")
+
+
+def _check_num_targets(num_targets: Optional[torch.Tensor], batch: int) -> None:
+    if num_targets is None:
+        return
+    check_tensor("num_targets", num_targets, ndim=1, dtypes=_INDEX_DTYPES)
+    if num_targets.shape[0] != batch:
+        raise ValueError(
+            f"num_targets must have B = {batch} entries (one per sequence), "
+            f"got {num_targets.shape[0]}"
+        )
+
+
+def _value_checks(
+    checks: ValueChecks,
+    seq_offsets: torch.Tensor,
+    total: int,
+    max_seq_len: int,
+    num_targets: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """Offsets, lengths <= max_seq_len and 0 <= num_targets <= length; returns lengths."""
+    checks.offsets("seq_offsets", seq_offsets, total=total)
+    lengths = seq_offsets[1:] - seq_offsets[:-1]
+    checks.require(
+        lengths <= max_seq_len,
+        f"every sequence length (seq_offsets[b + 1] - seq_offsets[b]) must be <= "
+        f"max_seq_len ({max_seq_len})",
+    )
+    if num_targets is not None:
+        checks.require(num_targets >= 0, "num_targets must be >= 0")
+        checks.require(
+            num_targets <= lengths,
+            "num_targets[b] must be <= the length of sequence b (num_targets longer than "
+            "its sequence)",
+        )
+    return lengths
+
+
+def hstu_mha(
+    max_seq_len: int,
+    alpha: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    causal: bool = True,
+    dropout_pr: float = 0.0,
+    training: bool = True,
+    num_targets: Optional[torch.Tensor] = None,
+    max_attn_len: int = 0,
+    contextual_seq_len: int = 0,
+    min_full_attn_seq_len: int = 0,
+    sort_by_length: bool = False,
+    attn_func: Optional[torch.Tensor] = None,
+    scaling_seqlen: int = -1,
+    *,
+    backend: Union[str, Backend, None] = None,
+) -> torch.Tensor:
+    """Jagged HSTU attention (mask and maths in the module docstring).
+
+    Args:
+        max_seq_len: N, an upper bound on every sequence length (> 0); it sizes padding
+            and is the default divisor S.
+        alpha: scale applied to ``<q_i, k_j>`` before SiLU (typically ``1 / sqrt(A)``).
+        q: [L, H, A] queries. float32, bfloat16, float16 (float64: reference only).
+        k: [L, H, A] keys, same dtype and device as q.
+        v: [L, H, V] values.
+        seq_offsets: [B + 1], int32 or int64: 0, then the running sum of lengths (ends at L).
+        causal: ``False`` makes the mask bidirectional (``|dist|`` replaces ``dist``).
+        dropout_pr: dropout on the attention weights while ``training`` (pytorch only).
+        training: whether dropout applies.
+        num_targets: [B] int32/int64 targets at the end of each sequence, or ``None``.
+        max_attn_len: window w; 0 means no window.
+        contextual_seq_len: C, length of the contextual prefix of every sequence; 0 = none.
+        min_full_attn_seq_len: with a window, the last f history ids (and the targets)
+            keep full attention; 0 = off (pytorch only).
+        sort_by_length: schedule long sequences first (Triton only; a hint, results are
+            identical).
+        attn_func: [H, 3, L] int32 arbitrary mask, replacing causal/window/targets/prefix:
+            query i sees keys ``[0, cmax0) U [cmin0, cmax1)`` of its own sequence, with
+            ``(cmax0, cmin0, cmax1) = attn_func[h, :, token]`` (see
+            :func:`tzrec_ops.ops.hstu_attention_utils.build_sla_func_tensor`).
+        scaling_seqlen: the divisor S; -1 means ``max_seq_len``.
+        backend: backend name or record; ``None`` selects one (see :mod:`tzrec_ops.registry`).
+
+    Returns:
+        [L, H, V] in the input dtype.
+
+    Raises:
+        TypeError / ValueError: bad ranks, shapes, dtypes, devices or option values, and
+            (eager mode) offsets that do not start at 0, decrease or do not end at L,
+            lengths above ``max_seq_len``, and ``num_targets`` outside ``[0, length]``.
+        tzrec_ops.BackendError: the requested backend cannot run this call.
+    """
+    _check_options(max_seq_len, max_attn_len, contextual_seq_len, scaling_seqlen)
+    _check_int("min_full_attn_seq_len", min_full_attn_seq_len)
+    check_non_negative("min_full_attn_seq_len", min_full_attn_seq_len)
+    if not 0.0 <= dropout_pr <= 1.0:
+        raise ValueError(f"dropout_pr must be in [0, 1], got {dropout_pr}")
+    check_tensor("q", q, ndim=3, dtypes=_FLOAT_DTYPES)
+    check_tensor("k", k, ndim=3)
+    check_tensor("v", v, ndim=3)
+    total, heads = q.shape[0], q.shape[1]
+    for dim in range(3):
+        check_dim("k", k, dim, q.shape[dim], f"q.shape[{dim}]")
+    check_dim("v", v, 0, total, "q.shape[0]")
+    check_dim("v", v, 1, heads, "q.shape[1]")
+    check_same_dtype(("q", q), ("k", k), ("v", v))
+    check_offsets("seq_offsets", seq_offsets)
+    batch = seq_offsets.shape[0] - 1
+    _check_num_targets(num_targets, batch)
+    if attn_func is not None:
+        check_tensor("attn_func", attn_func, ndim=3, dtypes=(torch.int32,))
+        if tuple(attn_func.shape) != (heads, 3, total):
+            raise ValueError(
+                f"attn_func must have shape (H, 3, L) = {(heads, 3, total)}, "
+                f"got {tuple(attn_func.shape)}"
+            )
+    check_same_device(
+        ("q", q), ("k", k), ("v", v), ("seq_offsets", seq_offsets),
+        ("num_targets", num_targets), ("attn_func", attn_func),
+    )
+    checks = ValueChecks()
+    _value_checks(checks, seq_offsets, total, max_seq_len, num_targets)
+    checks.run()
+
+    impl = select_backend(
+        "hstu_mha",
+        backend,
+        device=q.device,
+        dtype=q.dtype,
+        causal=bool(causal),
+        dropout_pr=float(dropout_pr) if training else 0.0,
+        num_targets=num_targets is not None,
+        max_attn_len=max_attn_len,
+        contextual_seq_len=contextual_seq_len,
+        min_full_attn_seq_len=min_full_attn_seq_len,
+        sort_by_length=bool(sort_by_length),
+        attn_func=attn_func is not None,
+    )
+    return impl(
+        max_seq_len, alpha, q, k, v, seq_offsets, causal, dropout_pr, training, num_targets,
+        max_attn_len, contextual_seq_len, min_full_attn_seq_len, sort_by_length, attn_func,
+        scaling_seqlen,
+    )
+
+
+def delta_hstu_mha(
+    max_seq_len: int,
+    alpha: float,
+    delta_q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    num_targets: Optional[torch.Tensor] = None,
+    max_attn_len: int = 0,
+    contextual_seq_len: int = 0,
+    scaling_seqlen: int = -1,
+    *,
+    backend: Union[str, Backend, None] = None,
+) -> torch.Tensor:
+    """Cached (KV-cache) HSTU attention for the last D positions of every sequence.
+
+    Query row ``d`` of sequence b sits at position ``n_b - D + d`` and sees keys by the same
+    causal mask as :func:`hstu_mha` (targets, prefix and window included; no
+    ``min_full_attn_seq_len``, no ``attn_func``, no dropout). **Forward only**: the output
+    never requires grad.
+
+    Args:
+        max_seq_len: N, an upper bound on every full sequence length (> 0).
+        alpha: scale applied to ``<q, k>`` before SiLU.
+        delta_q: [B * D, H, A] the new queries, D per sequence, sequence-major.
+        k: [L, H, A] keys of the full sequences (cache + new tokens).
+        v: [L, H, V] values of the full sequences.
+        seq_offsets: [B + 1], int32 or int64 offsets of the full sequences (ends at L).
+        num_targets: [B] targets at the end of each full sequence, or ``None``.
+        max_attn_len: window w; 0 means no window.
+        contextual_seq_len: C, contextual prefix length; 0 = none.
+        scaling_seqlen: the divisor S; -1 means ``max_seq_len``.
+        backend: backend name or record; ``None`` selects one.
+
+    Returns:
+        [B * D, H, V] in the input dtype.
+
+    Raises:
+        TypeError / ValueError: as :func:`hstu_mha`, plus ``delta_q.shape[0]`` not a
+            multiple of B and (eager mode) a sequence shorter than D.
+        tzrec_ops.BackendError: the requested backend cannot run this call.
+    """
+    _check_options(max_seq_len, max_attn_len, contextual_seq_len, scaling_seqlen)
+    check_tensor("delta_q", delta_q, ndim=3, dtypes=_FLOAT_DTYPES)
+    check_tensor("k", k, ndim=3)
+    check_tensor("v", v, ndim=3)
+    heads = delta_q.shape[1]
+    check_dim("k", k, 1, heads, "delta_q.shape[1]")
+    check_dim("k", k, 2, delta_q.shape[2], "delta_q.shape[2]")
+    check_dim("v", v, 0, k.shape[0], "k.shape[0]")
+    check_dim("v", v, 1, heads, "delta_q.shape[1]")
+    check_same_dtype(("delta_q", delta_q), ("k", k), ("v", v))
+    check_offsets("seq_offsets", seq_offsets)
+    batch = seq_offsets.shape[0] - 1
+    if (batch == 0 and delta_q.shape[0] != 0) or (batch > 0 and delta_q.shape[0] % batch != 0):
+        raise ValueError(
+            f"delta_q.shape[0] ({delta_q.shape[0]}) must be a multiple of the batch size "
+            f"B ({batch}): every sequence contributes the same number of queries"
+        )
+    _check_num_targets(num_targets, batch)
+    check_same_device(
+        ("delta_q", delta_q), ("k", k), ("v", v), ("seq_offsets", seq_offsets),
+        ("num_targets", num_targets),
+    )
+    checks = ValueChecks()
+    lengths = _value_checks(checks, seq_offsets, k.shape[0], max_seq_len, num_targets)
+    if batch > 0:
+        delta = delta_q.shape[0] // batch
+        checks.require(
+            lengths >= delta,
+            f"every sequence must hold its D = {delta} new queries (a length in seq_offsets "
+            f"is shorter than delta_q.shape[0] / B)",
+        )
+    checks.run()
+
+    impl = select_backend(
+        "delta_hstu_mha",
+        backend,
+        device=delta_q.device,
+        dtype=delta_q.dtype,
+        num_targets=num_targets is not None,
+        max_attn_len=max_attn_len,
+        contextual_seq_len=contextual_seq_len,
+    )
+    return impl(
+        max_seq_len, alpha, delta_q, k, v, seq_offsets, num_targets, max_attn_len,
+        contextual_seq_len, scaling_seqlen,
+    )
