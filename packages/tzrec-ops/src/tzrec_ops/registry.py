@@ -256,11 +256,17 @@ def _env_request(op: str) -> Optional[str]:
         return None
     if "=" not in value:
         return value
+    request = None
     for item in value.split(","):
-        key, _, name = item.partition("=")
-        if key.strip() == op:
-            return name.strip()
-    return None
+        key, sep, name = (part.strip() for part in item.partition("="))
+        if not (sep and key and name):
+            raise BackendError(
+                f"{BACKEND_ENV}={value!r}: item {item.strip()!r} is malformed, expected "
+                f"'op=backend' items separated by commas, or one backend name"
+            )
+        if key == op:
+            request = name
+    return request
 
 
 def _describe_call(call: Mapping[str, Any]) -> str:
