@@ -1,0 +1,195 @@
+"""Truncating STU inputs to their newest history: a plan computed once, replayed on tensors.
+
+Each sequence is laid out ``[C contextual | U_b history | T_b targets]``. Truncation keeps
+``[C | the newest min(U_b, tail) history tokens | all T_b targets]``: the oldest history
+tokens are dropped. Example, C = 1, tail = 2, one sequence ``[c, h0, h1, h2, t0]`` (T = 1)
+becomes ``[c, h1, h2, t0]``.
+
+:func:`compute_stu_truncation_plan` does one device-to-host copy (for the plan's integer
+sizes); :func:`apply_stu_truncation_plan` does none, so one plan can be replayed on every
+tensor of the batch (embeddings, timestamps, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Union
+
+import torch
+
+from tzrec_ops.ops.jagged import concat_2D_jagged, split_2D_jagged
+from tzrec_ops.ops.validation import (
+    ValueChecks,
+    check_dim,
+    check_non_negative,
+    check_offsets,
+    check_same_device,
+    check_tensor,
+)
+from tzrec_ops.registry import Backend
+
+BackendArg = Union[str, Backend, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class STUTruncationPlan:
+    """Offsets and sizes that describe one truncation (B = batch, C = contextual length).
+
+    Attributes:
+        new_lengths: [B] lengths after truncation.
+        new_x_offsets: [B + 1] offsets after truncation (x_offsets' dtype).
+        new_max_seq_len: the longest new length (0 for an empty batch).
+        pre_max_seq_len: the max_seq_len bound before truncation.
+        contextual_seq_len: C.
+        offsets_head: [B + 1] cumulative counts of dropped history tokens.
+        offsets_tail: [B + 1] cumulative counts of kept tokens after the prefix.
+        total_dropped: dropped tokens in the batch.
+        total_kept: kept tokens, excluding the B * C prefix tokens.
+        offsets_prefix: [B + 1] ``arange(B + 1) * C``.
+        offsets_rest: [B + 1] ``x_offsets - offsets_prefix``.
+        total_prefix: B * C.
+        total_rest: tokens after the prefixes (``total_dropped + total_kept``).
+    """
+
+    new_lengths: torch.Tensor
+    new_x_offsets: torch.Tensor
+    new_max_seq_len: int
+    pre_max_seq_len: int
+    contextual_seq_len: int
+    offsets_head: torch.Tensor
+    offsets_tail: torch.Tensor
+    total_dropped: int
+    total_kept: int
+    offsets_prefix: torch.Tensor
+    offsets_rest: torch.Tensor
+    total_prefix: int
+    total_rest: int
+
+
+def _cumsum_with_zero(counts: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(torch.cumsum(counts, 0), (1, 0))
+
+
+def compute_stu_truncation_plan(
+    x_offsets: torch.Tensor,
+    num_targets: Optional[torch.Tensor],
+    max_seq_len: int,
+    *,
+    truncate_tail_len: int,
+    contextual_seq_len: int = 0,
+) -> STUTruncationPlan:
+    """Plan keeping the newest ``truncate_tail_len`` history tokens of every sequence.
+
+    Args:
+        x_offsets: [B + 1] int32/int64 offsets of the jagged batch.
+        num_targets: [B] targets at the end of each sequence, or ``None`` (everything after
+            the prefix is history).
+        max_seq_len: the batch's current max_seq_len bound (kept as ``pre_max_seq_len``).
+        truncate_tail_len: history tokens to keep per sequence (>= 0).
+        contextual_seq_len: C, the prefix kept in front of every sequence (>= 0).
+
+    Returns:
+        The :class:`STUTruncationPlan`. Needs one host sync.
+    """
+    check_non_negative("truncate_tail_len", truncate_tail_len)
+    check_non_negative("contextual_seq_len", contextual_seq_len)
+    check_non_negative("max_seq_len", max_seq_len)
+    check_offsets("x_offsets", x_offsets)
+    batch = x_offsets.numel() - 1
+    offsets = x_offsets.to(torch.int64)
+    lengths = offsets[1:] - offsets[:-1]
+    if num_targets is None:
+        targets = torch.zeros_like(lengths)
+    else:
+        check_tensor("num_targets", num_targets, ndim=1, dtypes=(torch.int32, torch.int64))
+        check_dim("num_targets", num_targets, 0, batch, "x_offsets.numel() - 1")
+        check_same_device(("x_offsets", x_offsets), ("num_targets", num_targets))
+        targets = num_targets.to(torch.int64)
+    checks = ValueChecks()
+    checks.require(offsets[:1] == 0, "x_offsets[0] must be 0")
+    checks.require(lengths >= 0, "x_offsets must be non-decreasing (a length is negative)")
+    checks.require(targets >= 0, "num_targets must be >= 0")
+    checks.require(
+        lengths >= targets + contextual_seq_len,
+        f"every sequence must hold contextual_seq_len ({contextual_seq_len}) + num_targets tokens",
+    )
+    checks.run()
+
+    history = lengths - targets - contextual_seq_len
+    dropped = history - history.clamp(max=truncate_tail_len)
+    new_lengths = lengths - dropped
+    longest = new_lengths.max() if batch > 0 else lengths.new_zeros(())
+    new_max, total_dropped, total = torch.stack([longest, dropped.sum(), offsets[-1]]).tolist()
+    total_prefix = batch * contextual_seq_len
+    offsets_prefix = torch.arange(batch + 1, device=offsets.device) * contextual_seq_len
+    return STUTruncationPlan(
+        new_lengths=new_lengths.to(x_offsets.dtype),
+        new_x_offsets=_cumsum_with_zero(new_lengths).to(x_offsets.dtype),
+        new_max_seq_len=int(new_max),
+        pre_max_seq_len=max_seq_len,
+        contextual_seq_len=contextual_seq_len,
+        offsets_head=_cumsum_with_zero(dropped),
+        offsets_tail=_cumsum_with_zero(new_lengths - contextual_seq_len),
+        total_dropped=int(total_dropped),
+        total_kept=int(total) - total_prefix - int(total_dropped),
+        offsets_prefix=offsets_prefix,
+        offsets_rest=offsets - offsets_prefix,
+        total_prefix=total_prefix,
+        total_rest=int(total) - total_prefix,
+    )
+
+
+def apply_stu_truncation_plan(
+    x: torch.Tensor, plan: STUTruncationPlan, *, backend: BackendArg = None
+) -> torch.Tensor:
+    """Apply ``plan`` to a jagged tensor of the planned batch, without host syncs.
+
+    Args:
+        x: [L, D] or [L] (e.g. timestamps), with L = the planned batch's token count.
+        plan: from :func:`compute_stu_truncation_plan`.
+        backend: used for the jagged split/concat.
+
+    Returns:
+        [L', D] or [L'], L' = ``plan.total_prefix + plan.total_kept``.
+    """
+    if not isinstance(plan, STUTruncationPlan):
+        raise TypeError(f"plan must be an STUTruncationPlan, got {type(plan).__name__}")
+    check_tensor("x", x)
+    if x.dim() not in (1, 2):
+        raise ValueError(f"x must be 1-D or 2-D, got {x.dim()}-D with shape {tuple(x.shape)}")
+    expected = plan.total_prefix + plan.total_rest
+    if x.shape[0] != expected:
+        raise ValueError(f"x.shape[0] ({x.shape[0]}) must equal the planned token count ({expected})")
+    values = x.unsqueeze(-1) if x.dim() == 1 else x
+    c = plan.contextual_seq_len
+    if c > 0:
+        prefix, rest = split_2D_jagged(
+            plan.pre_max_seq_len,
+            values,
+            total_len_left=plan.total_prefix,
+            total_len_right=plan.total_rest,
+            max_len_left=c,
+            offsets_right=plan.offsets_rest,
+            backend=backend,
+        )
+    else:
+        rest = values
+    _, tail = split_2D_jagged(
+        plan.pre_max_seq_len,
+        rest,
+        total_len_left=plan.total_dropped,
+        total_len_right=plan.total_kept,
+        offsets_left=plan.offsets_head,
+        offsets_right=plan.offsets_tail,
+        backend=backend,
+    )
+    if c > 0:
+        tail = concat_2D_jagged(
+            prefix,
+            tail,
+            max_len_left=c,
+            max_len_right=plan.new_max_seq_len,
+            offsets_right=plan.offsets_tail,
+            backend=backend,
+        )
+    return tail.squeeze(-1) if x.dim() == 1 else tail
