@@ -1,0 +1,106 @@
+"""Launch helpers shared by the non-attention Triton kernels (mm, norms, jagged, position).
+
+* :func:`tuned` wraps a ``@triton.jit`` kernel in an autotuner built once per (kernel, device
+  type): the CUDA configs that live with the kernel plus any extra configs that plugins give
+  through :func:`tzrec_ops.registry.autotune_configs` (the ROCm plugin's HIP configs replace the
+  CUDA ones on ROCm). Under ``TRITON_INTERPRET=1`` a single small config is used.
+* :func:`draw_seed` draws a dropout seed from torch's CPU generator, so ``torch.manual_seed``
+  makes runs reproducible.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from tzrec_ops.ops.utils import prev_power_of_2
+
+_TUNED: Dict[Tuple[str, str], Any] = {}
+_LOCK = threading.Lock()
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels on the CPU (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def allow_tf32() -> bool:
+    """Whether fp32 ``tl.dot`` may use TF32 (follows ``torch.backends.cuda.matmul.allow_tf32``)."""
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def input_precision(dtype: torch.dtype) -> str:
+    """The ``tl.dot`` input precision for operands of ``dtype``."""
+    if dtype == torch.float32 and not allow_tf32():
+        return "ieee"
+    return "tf32"
+
+
+def quantize_rows(n: int) -> int:
+    """Autotune key for a row count: the largest power of two <= ``n`` (1 for ``n == 0``)."""
+    return prev_power_of_2(max(int(n), 1))
+
+
+def tuned(
+    name: str,
+    kernel: Any,
+    configs: Callable[[], List[triton.Config]],
+    key: Sequence[str],
+    interpret_config: triton.Config,
+    device: torch.device,
+    **autotune_kwargs: Any,
+) -> Any:
+    """The autotuned ``kernel`` for ``device`` (built once per kernel name and device type).
+
+    Args:
+        name: stable kernel name, also the name plugins' config hooks are asked about.
+        kernel: the ``@triton.jit`` function.
+        configs: builds the CUDA configs.
+        key: argument names the autotune cache is keyed on (quantized sizes).
+        interpret_config: the one config used under ``TRITON_INTERPRET=1``.
+        device: the device the kernel will run on.
+    """
+    cache_key = (name, torch.device(device).type)
+    found = _TUNED.get(cache_key)
+    if found is not None:
+        return found
+    with _LOCK:
+        if cache_key not in _TUNED:
+            if interpreting():
+                chosen = [interpret_config]
+            else:
+                from tzrec_ops.registry import autotune_configs
+
+                extra = list(autotune_configs(name, torch.device(device)))
+                if torch.version.hip is not None and extra:
+                    chosen = extra
+                else:
+                    chosen = configs() + extra
+            _TUNED[cache_key] = triton.autotune(chosen, key=list(key), **autotune_kwargs)(
+                kernel
+            )
+    return _TUNED[cache_key]
+
+
+def draw_seed() -> int:
+    """A fresh dropout seed from torch's default CPU generator."""
+    return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (a small constant on the CPU interpreter)."""
+    if torch.device(device).type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@triton.jit
+def dropout_scale(seed, offsets, p, SCALE):
+    """``1 / (1 - p)`` where the Philox draw at ``offsets`` keeps the element, else 0."""
+    r = tl.rand(seed, offsets)
+    return tl.where(r >= p, SCALE, 0.0)

@@ -1,0 +1,235 @@
+"""Triton ``addmm``: ``z = bias + a @ b`` with a broadcast ``[N]`` or full ``[M, N]`` bias.
+
+One tiled GEMM kernel (grouped program order, fp32 accumulation) serves the forward and both
+backward products, through strides:
+
+* forward ``z = y + x @ w``;
+* ``dx = dz @ w^T`` (``w`` read transposed through its strides);
+* ``dw = x^T @ dz``, which also reduces ``db = sum_rows dz`` for a 1-D bias while it streams
+  ``dz`` (only the programs of the first output row block write it, so no atomics).
+
+Shapes: x ``[M, K]``, w ``[K, N]``, bias ``[N]`` or ``[M, N]``, z ``[M, N]``.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from tzrec_ops.backends.triton._kernel_utils import (
+    input_precision,
+    interpreting,
+    quantize_rows,
+    tuned,
+)
+
+
+def _cuda_configs() -> List[triton.Config]:
+    shapes = [
+        (128, 256, 64, 3, 8),
+        (256, 128, 64, 3, 8),
+        (128, 128, 64, 4, 8),
+        (128, 128, 64, 3, 4),
+        (128, 64, 64, 4, 4),
+        (64, 128, 64, 4, 4),
+        (64, 256, 32, 4, 4),
+        (64, 64, 64, 4, 4),
+    ]
+    return [
+        triton.Config(
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+            num_stages=stages,
+            num_warps=warps,
+        )
+        for bm, bn, bk, stages, warps in shapes
+    ]
+
+
+_INTERPRET_CONFIG = triton.Config(
+    {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=1
+)
+
+
+@triton.jit
+def _addmm_kernel(
+    A,
+    B,
+    C,
+    BIAS,
+    COLSUM,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    stride_biasm,
+    stride_biasn,
+    AUTOTUNE_M,
+    HAS_BIAS: tl.constexpr,
+    COLSUM_B: tl.constexpr,
+    UPCAST: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """``C = BIAS + A @ B``; with ``COLSUM_B`` also ``COLSUM = sum over K of B`` ([N], fp32)."""
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    group_size = GROUP_M * grid_n
+    group = pid // group_size
+    first_m = group * GROUP_M
+    rows_in_group = tl.minimum(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group_size) % rows_in_group
+    pid_n = (pid % group_size) // rows_in_group
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_ptrs = A + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = B + offs_k[:, None].to(tl.int64) * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    colsum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mask_k = offs_k + k0 < K
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        if COLSUM_B:
+            if pid_m == 0:
+                colsum += tl.sum(b.to(tl.float32), axis=0)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    if HAS_BIAS:
+        bias = tl.load(
+            BIAS + offs_m[:, None].to(tl.int64) * stride_biasm + offs_n[None, :] * stride_biasn,
+            mask=mask_m[:, None] & mask_n[None, :],
+            other=0.0,
+        )
+        acc += bias.to(tl.float32)
+    c_ptrs = C + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    if COLSUM_B:
+        if pid_m == 0:
+            tl.store(COLSUM + offs_n, colsum, mask=mask_n)
+
+
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    colsum: Optional[torch.Tensor] = None,
+) -> None:
+    """Write ``bias + a @ b`` into ``out`` ([M, N]); ``colsum`` ([N], fp32) gets ``b.sum(0)``.
+
+    ``a`` [M, K] and ``b`` [K, N] may be any strided views (transposes are free). ``bias`` is
+    ``[N]`` (broadcast over rows) or ``[M, N]``.
+    """
+    M, K = a.shape
+    N = b.shape[1]
+    if M == 0 or N == 0:
+        if colsum is not None:
+            colsum.zero_()
+        return
+    if K == 0:
+        out.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(out))
+        if colsum is not None:
+            colsum.zero_()
+        return
+    if bias is None:
+        stride_biasm, stride_biasn = 0, 0
+    elif bias.dim() == 1:
+        stride_biasm, stride_biasn = 0, bias.stride(0)
+    else:
+        stride_biasm, stride_biasn = bias.stride(0), bias.stride(1)
+    kernel = tuned(
+        "addmm", _addmm_kernel, _cuda_configs, ["AUTOTUNE_M", "N", "K"], _INTERPRET_CONFIG,
+        a.device,
+    )
+
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+    wrap_triton(kernel)[grid](
+        a,
+        b,
+        out,
+        bias if bias is not None else out,
+        colsum if colsum is not None else out,
+        M,
+        N,
+        K,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        out.stride(0),
+        out.stride(1),
+        stride_biasm,
+        stride_biasn,
+        quantize_rows(M),
+        HAS_BIAS=bias is not None,
+        COLSUM_B=colsum is not None,
+        UPCAST=interpreting(),
+        INPUT_PRECISION=input_precision(a.dtype),
+    )
+
+
+@triton_op("tzrec_ops::addmm_triton", mutates_args=())
+def addmm_fwd(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
+    """``input + mat1 @ mat2``: mat1 [M, K], mat2 [K, N], input [N] or [M, N] -> [M, N]."""
+    out = torch.empty((mat1.shape[0], mat2.shape[1]), dtype=mat1.dtype, device=mat1.device)
+    matmul(mat1, mat2, out, bias=input)
+    return out
+
+
+@triton_op("tzrec_ops::addmm_bwd_triton", mutates_args=())
+def addmm_bwd(
+    dz: torch.Tensor, input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of ``input + mat1 @ mat2``: (d_input, d_mat1, d_mat2)."""
+    d_mat1 = torch.empty_like(mat1)
+    d_mat2 = torch.empty_like(mat2)
+    matmul(dz, mat2.t(), d_mat1)
+    if input.dim() == 1:
+        colsum = torch.empty(dz.shape[1], dtype=torch.float32, device=dz.device)
+        matmul(mat1.t(), dz, d_mat2, colsum=colsum)
+        d_input = colsum.to(input.dtype)
+    else:
+        matmul(mat1.t(), dz, d_mat2)
+        d_input = dz.to(input.dtype, copy=True)
+    return d_input, d_mat1, d_mat2
+
+
+def _setup_addmm(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+    ctx.save_for_backward(*inputs)
+
+
+def _addmm_backward(ctx, dz):  # type: ignore[no-untyped-def]
+    input, mat1, mat2 = ctx.saved_tensors
+    d_input, d_mat1, d_mat2 = addmm_bwd(dz.contiguous(), input, mat1, mat2)
+    return d_input, d_mat1, d_mat2
+
+
+addmm_fwd.register_autograd(_addmm_backward, setup_context=_setup_addmm)
+
+
+def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
+    """Triton backend of :func:`tzrec_ops.ops.mm.addmm` (arguments already validated)."""
+    return addmm_fwd(input, mat1, mat2)
