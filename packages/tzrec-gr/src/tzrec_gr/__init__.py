@@ -1,3 +1,72 @@
-"""tzrec-gr: HSTU generative-recommender modules: STU layers and stacks with KV cache, the HSTU transducer, encoders and models."""
+"""tzrec-gr: HSTU generative-recommender modules over tzrec-ops.
+
+STU layers and stacks with a functional KV cache, the HSTU transducer, its input
+preprocessors, positional encoder, content/action encoders, contextualized MLPs, output
+postprocessors, and two end-to-end models (retrieval and ranking). Inputs are plain jagged
+tensors (values + offsets); torchrec inputs go through :mod:`tzrec_gr.torchrec_adapters`.
+"""
+
+from tzrec_gr.action_encoder import SimpleActionEncoder
+from tzrec_gr.content_encoder import (
+    ContentEncoder,
+    MLPContentEncoder,
+    PadContentEncoder,
+    SliceContentEncoder,
+)
+from tzrec_gr.contextualize_mlps import (
+    ContextualizedMLP,
+    ParameterizedContextualizedMLP,
+    SimpleContextualizedMLP,
+)
+from tzrec_gr.hstu_transducer import HSTUTransducer, TransducerOutput
+from tzrec_gr.layers import MLP, LayerNorm, Linear, SwishLayerNorm
+from tzrec_gr.positional_encoder import HSTUPositionalEncoder
+from tzrec_gr.postprocessors import (
+    L2NormPostprocessor,
+    LayerNormPostprocessor,
+    OutputPostprocessor,
+    TimestampLayerNormPostprocessor,
+)
+from tzrec_gr.preprocessors import (
+    ContextualInterleavePreprocessor,
+    ContextualProjection,
+    InputPreprocessor,
+    PreprocessorOutput,
+    UIHPreprocessor,
+)
+from tzrec_gr.stu import STU, KVCache, STULayer, STUOutput, STUStack, STUStackOutput
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "ContentEncoder",
+    "ContextualInterleavePreprocessor",
+    "ContextualProjection",
+    "ContextualizedMLP",
+    "HSTUPositionalEncoder",
+    "HSTUTransducer",
+    "InputPreprocessor",
+    "KVCache",
+    "L2NormPostprocessor",
+    "LayerNorm",
+    "LayerNormPostprocessor",
+    "Linear",
+    "MLP",
+    "MLPContentEncoder",
+    "OutputPostprocessor",
+    "PadContentEncoder",
+    "ParameterizedContextualizedMLP",
+    "PreprocessorOutput",
+    "STU",
+    "STULayer",
+    "STUOutput",
+    "STUStack",
+    "STUStackOutput",
+    "SimpleActionEncoder",
+    "SimpleContextualizedMLP",
+    "SliceContentEncoder",
+    "SwishLayerNorm",
+    "TimestampLayerNormPostprocessor",
+    "TransducerOutput",
+    "UIHPreprocessor",
+]

@@ -1,0 +1,159 @@
+"""HSTU positional encoder: scaled input plus learned position (and time-gap) embeddings.
+
+Legend: B = batch, L = total tokens, E = embedding width.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from tzrec_ops.ops.position import add_positional_embeddings, add_timestamp_positional_embeddings
+
+from tzrec_gr._backend import BackendArg, resolve_module_backend
+
+__all__ = ["HSTUPositionalEncoder"]
+
+_TIME_BUCKET_FNS = ("sqrt", "log")
+
+
+class HSTUPositionalEncoder(nn.Module):
+    """``out = sqrt(E) * x + P[pos] (+ T[time bucket])``.
+
+    Without time encoding, positions count forward from the sequence start and every target
+    shares the position of the first target (``add_positional_embeddings``). With time
+    encoding, positions count backward from the newest history token, contextual tokens keep
+    their own positions, and the time bucket is ``fn(max(query_time - ts, 1e-6) /
+    increments)`` clamped to ``[0, num_time_buckets]`` (``add_timestamp_positional_embeddings``).
+
+    Args:
+        embedding_dim (int): E.
+        num_position_buckets (int): rows of the position table; positions are clamped to it.
+        num_time_buckets (int): time buckets (the table has one more row). Needed (> 0) with
+            time encoding. Default: 0.
+        use_time_encoding (bool): add time-gap embeddings. Default: False.
+        contextual_seq_len (int): C, the contextual prefix length. Default: 0.
+        time_bucket_fn (str): ``"sqrt"`` or ``"log"``. Default: "sqrt".
+        time_bucket_increments (float): seconds per unit before ``time_bucket_fn``.
+            Default: 60.0.
+        backend (str | Backend | None): ops backend. Default: None.
+        device (torch.device | None): parameter device. Default: None.
+
+    Call Args:
+        max_seq_len (int): upper bound on sample lengths.
+        seq_lengths (torch.Tensor): [B].
+        seq_offsets (torch.Tensor): [B + 1].
+        seq_timestamps (torch.Tensor): [L] integer timestamps (used with time encoding).
+        seq_embeddings (torch.Tensor): [L, E].
+        num_targets (torch.Tensor | None): [B].
+        query_time (torch.Tensor | None): [B] request time per sample; None uses each
+            sample's last timestamp.
+
+    Returns:
+        torch.Tensor: [L, E] in seq_embeddings' dtype.
+    """
+
+    def __init__(
+        self,
+        embedding_dim: int,
+        num_position_buckets: int,
+        num_time_buckets: int = 0,
+        use_time_encoding: bool = False,
+        contextual_seq_len: int = 0,
+        time_bucket_fn: str = "sqrt",
+        time_bucket_increments: float = 60.0,
+        backend: BackendArg = None,
+        device: Optional[torch.device] = None,
+    ) -> None:
+        super().__init__()
+        if num_position_buckets <= 0:
+            raise ValueError(f"num_position_buckets must be > 0, got {num_position_buckets}")
+        if use_time_encoding and num_time_buckets <= 0:
+            raise ValueError(
+                f"num_time_buckets must be > 0 with use_time_encoding, got {num_time_buckets}"
+            )
+        if time_bucket_fn not in _TIME_BUCKET_FNS:
+            raise ValueError(f"time_bucket_fn must be 'sqrt' or 'log', got {time_bucket_fn!r}")
+        if time_bucket_increments <= 0:
+            raise ValueError(
+                f"time_bucket_increments must be > 0, got {time_bucket_increments}"
+            )
+        if contextual_seq_len < 0:
+            raise ValueError(f"contextual_seq_len must be >= 0, got {contextual_seq_len}")
+        self.embedding_dim = embedding_dim
+        self.num_position_buckets = num_position_buckets
+        self.num_time_buckets = num_time_buckets
+        self.use_time_encoding = use_time_encoding
+        self.contextual_seq_len = contextual_seq_len
+        self.time_bucket_fn = time_bucket_fn
+        self.time_bucket_increments = float(time_bucket_increments)
+        self.alpha = math.sqrt(embedding_dim)
+        bound = math.sqrt(1.0 / num_position_buckets)
+        self.position_embeddings_weight = nn.Parameter(
+            torch.empty(num_position_buckets, embedding_dim, device=device).uniform_(-bound, bound)
+        )
+        if use_time_encoding:
+            bound = math.sqrt(1.0 / num_time_buckets)
+            self.timestamp_embeddings_weight = nn.Parameter(
+                torch.empty(num_time_buckets + 1, embedding_dim, device=device).uniform_(
+                    -bound, bound
+                )
+            )
+        op = "add_timestamp_positional_embeddings" if use_time_encoding else "add_positional_embeddings"
+        self._op = op
+        self._backend = resolve_module_backend(backend, (op,))
+
+    def forward(
+        self,
+        max_seq_len: int,
+        seq_lengths: torch.Tensor,
+        seq_offsets: torch.Tensor,
+        seq_timestamps: Optional[torch.Tensor],
+        seq_embeddings: torch.Tensor,
+        num_targets: Optional[torch.Tensor],
+        query_time: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        if seq_embeddings.dim() != 2 or seq_embeddings.shape[1] != self.embedding_dim:
+            raise ValueError(
+                f"seq_embeddings must be [L, {self.embedding_dim}], "
+                f"got {tuple(seq_embeddings.shape)}"
+            )
+        if not self.use_time_encoding:
+            return add_positional_embeddings(
+                alpha=self.alpha,
+                max_seq_len=max_seq_len,
+                position_embeddings_weight=self.position_embeddings_weight,
+                seq_offsets=seq_offsets,
+                seq_lengths=seq_lengths,
+                seq_embeddings=seq_embeddings,
+                num_targets=num_targets,
+                interleave_targets=False,
+                backend=self._backend,
+            )
+        if seq_timestamps is None:
+            raise ValueError("seq_timestamps is required: this encoder uses time encoding")
+        if seq_timestamps.shape[0] != seq_embeddings.shape[0]:
+            raise ValueError(
+                f"seq_timestamps has {seq_timestamps.shape[0]} rows but seq_embeddings has "
+                f"{seq_embeddings.shape[0]}; they must match"
+            )
+        return add_timestamp_positional_embeddings(
+            alpha=self.alpha,
+            max_seq_len=max_seq_len,
+            max_contextual_seq_len=self.contextual_seq_len,
+            position_embeddings_weight=self.position_embeddings_weight,
+            timestamp_embeddings_weight=self.timestamp_embeddings_weight,
+            seq_offsets=seq_offsets,
+            seq_lengths=seq_lengths,
+            seq_embeddings=seq_embeddings,
+            timestamps=seq_timestamps,
+            num_targets=num_targets,
+            interleave_targets=False,
+            time_bucket_fn=self.time_bucket_fn,
+            time_bucket_increments=self.time_bucket_increments,
+            query_time=query_time,
+            backend=self._backend,
+        )
