@@ -1,0 +1,108 @@
+"""Autotune configurations of the HSTU attention kernels.
+
+CUDA configs live here; other platforms add theirs through the ``tzrec_ops_autotune_configs``
+hook (the ROCm plugin answers it on HIP, see ``backends/rocm/configs.py``), and when a plugin
+answers, its configs replace the CUDA ones. Under ``TRITON_INTERPRET=1`` every kernel gets one
+small config, so CPU runs never benchmark.
+
+Every kernel is keyed on ``AUTOTUNE_Z = prev_power_of_2(B)``, the heads, the quantized
+``AUTOTUNE_MAX_SEQ_LEN = autotune_max_seq_len(max_seq_len)``, the head dims and the mask
+flags, so a configuration is chosen per problem size rather than once per process.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import torch
+import triton
+
+from tzrec_ops.registry import autotune_configs
+
+FWD = "hstu_attention_fwd"
+BWD_DQ = "hstu_attention_bwd_dq"
+BWD_DKDV = "hstu_attention_bwd_dkdv"
+
+KEY = [
+    "AUTOTUNE_Z",
+    "H",
+    "AUTOTUNE_MAX_SEQ_LEN",
+    "DIM_Q",
+    "DIM_V",
+    "CAUSAL",
+    "HAS_MAX_ATTN_LEN",
+    "ENABLE_TMA",
+]
+FWD_KEY = KEY + ["delta_size", "IS_DELTA"]
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages)
+_CUDA: Dict[str, Sequence[Tuple[int, int, int, int]]] = {
+    FWD: (
+        (128, 64, 8, 2),
+        (128, 64, 8, 3),
+        (128, 128, 8, 2),
+        (64, 64, 4, 3),
+        (64, 128, 4, 2),
+        (128, 32, 4, 3),
+        (64, 32, 4, 2),
+    ),
+    BWD_DQ: (
+        (128, 64, 8, 2),
+        (128, 32, 8, 2),
+        (64, 64, 4, 2),
+        (64, 128, 8, 2),
+        (64, 32, 4, 3),
+    ),
+    BWD_DKDV: (
+        (64, 128, 8, 2),
+        (32, 128, 8, 2),
+        (64, 64, 4, 2),
+        (32, 64, 4, 2),
+        (64, 64, 8, 3),
+    ),
+}
+# One config per kernel for the interpreter: small grids, and several key/query blocks per
+# sequence at test sizes so the loop bounds are exercised.
+_INTERPRETER = {FWD: (32, 16), BWD_DQ: (32, 16), BWD_DKDV: (16, 32)}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def _device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def configs(kernel: str) -> List[triton.Config]:
+    """The autotune candidates of ``kernel`` on this machine."""
+    if interpreting():
+        block_m, block_n = _INTERPRETER[kernel]
+        return [triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=4)]
+    extra = autotune_configs(kernel, _device())
+    if extra:
+        return list(extra)
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+        for bm, bn, w, s in _CUDA[kernel]
+    ]
+
+
+def _prune(configs: List[triton.Config], named_args: Dict[str, Any], **kwargs: Any) -> List[triton.Config]:
+    """Drop tiles whose fp32 accumulators and operands cannot fit for wide heads (> 128)."""
+    args = {**named_args, **kwargs}
+    widest = max(int(args["BLOCK_D_Q"]), int(args["BLOCK_D_V"]))
+    if widest <= 128:
+        return configs
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64]
+    return kept or configs[:1]
+
+
+def autotuned(kernel: str, fn: Callable[..., Any]) -> Any:
+    """``fn`` wrapped in ``triton.autotune`` with ``kernel``'s configs and key."""
+    return triton.autotune(
+        configs=configs(kernel),
+        key=FWD_KEY if kernel == FWD else KEY,
+        prune_configs_by={"early_config_prune": _prune},
+    )(fn)

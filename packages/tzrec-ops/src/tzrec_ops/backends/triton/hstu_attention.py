@@ -1,0 +1,438 @@
+"""Jagged HSTU attention on Triton: backends ``triton`` (pointer loads) and ``triton_tma``.
+
+Layers, top to bottom: the kernels (``_attention_kernels``, autotuned here), the launchers
+:func:`hstu_attention_fwd` / :func:`hstu_attention_bwd`, the ``torch.library`` ops
+(``tzrec_ops::hstu_mha_triton[_tma]`` with autograd, ``tzrec_ops::delta_hstu_mha_triton[_tma]``
+forward only), and the backend functions the registry calls.
+
+Decisions:
+
+* Head dims need not be powers of two: tiles are padded to the next power of two (>= 16)
+  with masked loads and stores, and the padding costs compute, not correctness.
+* The backward is deterministic: dK/dV and dQ are separate passes, no atomics; dQ, dK and
+  dV accumulate in fp32 registers and are rounded once to the input dtype.
+* Workspace: none beyond the outputs and gradients (O(tokens * H * d)); nothing N x N.
+* ``triton_tma`` reads through per-sequence tensor descriptors built from each tensor's real
+  strides. TMA needs 16-byte aligned row/head strides and storage offsets; a tensor that is
+  not aligned (e.g. an odd slice of a fused buffer) is read through pointers instead, in the
+  same kernel, so the results never depend on alignment.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+from torch.library import triton_op, wrap_triton
+
+from tzrec_ops.backends.triton import _attention_kernels as kernels
+from tzrec_ops.backends.triton import autotune
+from tzrec_ops.ops.utils import (
+    autotune_max_seq_len,
+    next_power_of_2,
+    prev_power_of_2,
+    switch_to_contiguous_if_needed,
+)
+
+__all__ = [
+    "hstu_attention_fwd",
+    "hstu_attention_bwd",
+    "hstu_mha",
+    "hstu_mha_tma",
+    "delta_hstu_mha",
+    "delta_hstu_mha_tma",
+]
+
+_fwd_kernel = autotune.autotuned(autotune.FWD, kernels._hstu_attn_fwd_kernel)
+_bwd_dq_kernel = autotune.autotuned(autotune.BWD_DQ, kernels._hstu_attn_bwd_dq_kernel)
+_bwd_dkdv_kernel = autotune.autotuned(autotune.BWD_DKDV, kernels._hstu_attn_bwd_dkdv_kernel)
+
+
+def _block_d(dim: int) -> int:
+    if dim > 256:
+        raise ValueError(f"head dims up to 256 are supported, got {dim}")
+    return max(16, next_power_of_2(dim))
+
+
+def _precision(dtype: torch.dtype) -> Optional[str]:
+    """``tl.dot`` input precision: fp32 follows ``torch.backends.cuda.matmul.allow_tf32``."""
+    if dtype == torch.float32 or autotune.interpreting():
+        if torch.backends.cuda.matmul.allow_tf32 and not autotune.interpreting():
+            return "tf32"
+        return "ieee"
+    return None
+
+
+def _upcast(dtype: torch.dtype) -> bool:
+    """The interpreter computes half-precision tiles in fp32 (numpy has no bf16 matmul)."""
+    return autotune.interpreting() and dtype != torch.float32
+
+
+def _tma_aligned(*tensors: torch.Tensor) -> bool:
+    """Whether every tensor's storage offset and row/head strides are 16-byte multiples."""
+    for t in tensors:
+        size = t.element_size()
+        for value in (t.storage_offset(), t.stride(0), t.stride(1)):
+            if (value * size) % 16 != 0:
+                return False
+    return True
+
+
+def _use_tma(enable_tma: bool, *tensors: torch.Tensor) -> bool:
+    if not enable_tma or not _tma_aligned(*tensors):
+        return False
+    # device-side descriptors live in a scratch buffer; the allocator is a context variable,
+    # so set it on every launch (the backward runs on autograd's own thread)
+    triton.set_allocator(
+        lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda")
+    )
+    return True
+
+
+def _sort_indices(seq_offsets: torch.Tensor, sort_by_length: bool) -> torch.Tensor:
+    """Sequences by descending length when ``sort_by_length`` (else a placeholder)."""
+    if not sort_by_length:
+        return seq_offsets
+    lengths = seq_offsets[1:] - seq_offsets[:-1]
+    return torch.argsort(lengths, descending=True).to(torch.int32)
+
+
+def _inv_scale(max_seq_len: int, scaling_seqlen: int) -> float:
+    return 1.0 / (max_seq_len if scaling_seqlen == -1 else scaling_seqlen)
+
+
+def hstu_attention_fwd(
+    max_seq_len: int,
+    alpha: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    causal: bool,
+    num_targets: Optional[torch.Tensor],
+    max_attn_len: int,
+    contextual_seq_len: int,
+    sort_by_length: bool,
+    scaling_seqlen: int,
+    enable_tma: bool,
+    delta_size: int = 0,
+) -> torch.Tensor:
+    """Launch the forward kernel.
+
+    Args:
+        q: ``[L, H, A]``, or ``[B * delta_size, H, A]`` (each sequence's last ``delta_size``
+            positions) when ``delta_size > 0``.
+        k: ``[L, H, A]``; v: ``[L, H, V]``; seq_offsets: ``[B + 1]`` int32/int64.
+    Returns:
+        ``[rows of q, H, V]`` in v's dtype.
+    """
+    q, k, v = (switch_to_contiguous_if_needed(t) for t in (q, k, v))
+    seq_offsets = seq_offsets.contiguous()
+    rows, heads, dim_q = q.shape
+    dim_v = v.shape[2]
+    batch = seq_offsets.shape[0] - 1
+    out = torch.empty((rows, heads, dim_v), dtype=v.dtype, device=v.device)
+    if batch == 0 or rows == 0:
+        return out.zero_()
+    is_delta = delta_size > 0
+    targets = num_targets.contiguous() if num_targets is not None else seq_offsets
+    sort_idx = _sort_indices(seq_offsets, sort_by_length and not is_delta)
+    grid_rows = delta_size if is_delta else max_seq_len
+
+    def grid(meta):
+        return (triton.cdiv(grid_rows, meta["BLOCK_M"]), batch * heads)
+
+    wrap_triton(_fwd_kernel)[grid](
+        q, k, v, out, seq_offsets, targets, sort_idx,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1),
+        float(alpha), _inv_scale(max_seq_len, scaling_seqlen), max_attn_len, contextual_seq_len,
+        heads, delta_size, prev_power_of_2(batch), autotune_max_seq_len(grid_rows),
+        DIM_Q=dim_q, DIM_V=dim_v, CAUSAL=causal, HAS_TARGETS=num_targets is not None,
+        HAS_CONTEXTUAL=contextual_seq_len > 0, HAS_MAX_ATTN_LEN=max_attn_len > 0,
+        SORT_BY_LENGTH=sort_by_length and not is_delta, IS_DELTA=is_delta,
+        PRECISION=_precision(q.dtype), ENABLE_TMA=_use_tma(enable_tma, q, k, v),
+        UPCAST=_upcast(q.dtype), BLOCK_D_Q=_block_d(dim_q), BLOCK_D_V=_block_d(dim_v),
+    )
+    return out
+
+
+def hstu_attention_bwd(
+    max_seq_len: int,
+    alpha: float,
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    causal: bool,
+    num_targets: Optional[torch.Tensor],
+    max_attn_len: int,
+    contextual_seq_len: int,
+    sort_by_length: bool,
+    scaling_seqlen: int,
+    enable_tma: bool,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the dK/dV and dQ kernels; returns contiguous ``(dq, dk, dv)`` like q, k, v."""
+    dout, q, k, v = (switch_to_contiguous_if_needed(t) for t in (dout, q, k, v))
+    seq_offsets = seq_offsets.contiguous()
+    total, heads, dim_q = q.shape
+    dim_v = v.shape[2]
+    batch = seq_offsets.shape[0] - 1
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if batch == 0 or total == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    targets = num_targets.contiguous() if num_targets is not None else seq_offsets
+    sort_idx = _sort_indices(seq_offsets, sort_by_length)
+    flags = dict(
+        DIM_Q=dim_q, DIM_V=dim_v, CAUSAL=causal, HAS_TARGETS=num_targets is not None,
+        HAS_CONTEXTUAL=contextual_seq_len > 0, HAS_MAX_ATTN_LEN=max_attn_len > 0,
+        SORT_BY_LENGTH=sort_by_length, PRECISION=_precision(q.dtype),
+        ENABLE_TMA=_use_tma(enable_tma, q, k, v, dout), UPCAST=_upcast(q.dtype),
+        BLOCK_D_Q=_block_d(dim_q), BLOCK_D_V=_block_d(dim_v),
+    )
+    scalars = (float(alpha), _inv_scale(max_seq_len, scaling_seqlen), max_attn_len,
+               contextual_seq_len, heads, prev_power_of_2(batch),
+               autotune_max_seq_len(max_seq_len))
+
+    def grid_n(meta):
+        return (triton.cdiv(max_seq_len, meta["BLOCK_N"]), batch * heads)
+
+    def grid_m(meta):
+        return (triton.cdiv(max_seq_len, meta["BLOCK_M"]), batch * heads)
+
+    wrap_triton(_bwd_dkdv_kernel)[grid_n](
+        q, k, v, dout, dk, dv, seq_offsets, targets, sort_idx,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+        *scalars, **flags,
+    )
+    wrap_triton(_bwd_dq_kernel)[grid_m](
+        q, k, v, dout, dq, seq_offsets, targets, sort_idx,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
+        *scalars, **flags,
+    )
+    return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library ops
+# ---------------------------------------------------------------------------------------------
+
+
+def _define(tma: bool):
+    """Register the forward, backward and delta ops of one variant (TMA or pointer loads)."""
+    suffix = "_tma" if tma else ""
+
+    @triton_op(f"tzrec_ops::hstu_mha_triton{suffix}", mutates_args=())
+    def forward(
+        max_seq_len: int,
+        alpha: float,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        seq_offsets: torch.Tensor,
+        causal: bool,
+        num_targets: Optional[torch.Tensor],
+        max_attn_len: int,
+        contextual_seq_len: int,
+        sort_by_length: bool,
+        scaling_seqlen: int,
+    ) -> torch.Tensor:
+        return hstu_attention_fwd(
+            max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, max_attn_len,
+            contextual_seq_len, sort_by_length, scaling_seqlen, tma,
+        )
+
+    @triton_op(f"tzrec_ops::hstu_mha_triton{suffix}_bwd", mutates_args=())
+    def backward_op(
+        max_seq_len: int,
+        alpha: float,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        seq_offsets: torch.Tensor,
+        causal: bool,
+        num_targets: Optional[torch.Tensor],
+        max_attn_len: int,
+        contextual_seq_len: int,
+        sort_by_length: bool,
+        scaling_seqlen: int,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return hstu_attention_bwd(
+            max_seq_len, alpha, dout, q, k, v, seq_offsets, causal, num_targets, max_attn_len,
+            contextual_seq_len, sort_by_length, scaling_seqlen, tma,
+        )
+
+    @triton_op(f"tzrec_ops::delta_hstu_mha_triton{suffix}", mutates_args=())
+    def delta(
+        max_seq_len: int,
+        alpha: float,
+        delta_q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        seq_offsets: torch.Tensor,
+        num_targets: Optional[torch.Tensor],
+        max_attn_len: int,
+        contextual_seq_len: int,
+        scaling_seqlen: int,
+    ) -> torch.Tensor:
+        batch = seq_offsets.shape[0] - 1
+        delta_size = delta_q.shape[0] // batch if batch > 0 else 0
+        return hstu_attention_fwd(
+            max_seq_len, alpha, delta_q, k, v, seq_offsets, True, num_targets, max_attn_len,
+            contextual_seq_len, False, scaling_seqlen, tma, delta_size=delta_size,
+        )
+
+    @forward.register_fake
+    def _(max_seq_len, alpha, q, k, v, *args):
+        return v.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+
+    @backward_op.register_fake
+    def _(max_seq_len, alpha, dout, q, k, v, *args):
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    @delta.register_fake
+    def _(max_seq_len, alpha, delta_q, k, v, *args):
+        return v.new_empty((delta_q.shape[0], delta_q.shape[1], v.shape[2]))
+
+    def setup_context(ctx, inputs, output):
+        (max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, max_attn_len,
+         contextual_seq_len, sort_by_length, scaling_seqlen) = inputs
+        ctx.save_for_backward(q, k, v, seq_offsets, num_targets)
+        ctx.options = (max_seq_len, alpha, causal, max_attn_len, contextual_seq_len,
+                       sort_by_length, scaling_seqlen)
+
+    def backward(ctx, dout):
+        q, k, v, seq_offsets, num_targets = ctx.saved_tensors
+        (max_seq_len, alpha, causal, max_attn_len, contextual_seq_len, sort_by_length,
+         scaling_seqlen) = ctx.options
+        dq, dk, dv = backward_op(
+            max_seq_len, alpha, dout, q, k, v, seq_offsets, causal, num_targets, max_attn_len,
+            contextual_seq_len, sort_by_length, scaling_seqlen,
+        )
+        return None, None, dq, dk, dv, None, None, None, None, None, None, None
+
+    forward.register_autograd(backward, setup_context=setup_context)
+    return forward, delta
+
+
+_hstu_mha_op, _delta_hstu_mha_op = _define(tma=False)
+_hstu_mha_tma_op, _delta_hstu_mha_tma_op = _define(tma=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# backend functions (the public signatures minus ``backend``)
+# ---------------------------------------------------------------------------------------------
+
+
+def _reject_unsupported(
+    dropout_pr: float, min_full_attn_seq_len: int, attn_func: Optional[torch.Tensor]
+) -> None:
+    if dropout_pr > 0.0:
+        raise ValueError(f"dropout_pr must be 0.0 on the triton backends, got {dropout_pr}")
+    if min_full_attn_seq_len > 0:
+        raise ValueError(
+            f"min_full_attn_seq_len must be 0 on the triton backends, got {min_full_attn_seq_len}"
+        )
+    if attn_func is not None:
+        raise ValueError("attn_func (arbitrary masks) is not supported on the triton backends")
+
+
+def _mha(op, max_seq_len, alpha, q, k, v, seq_offsets, causal, dropout_pr, num_targets,
+         max_attn_len, contextual_seq_len, min_full_attn_seq_len, sort_by_length, attn_func,
+         scaling_seqlen) -> torch.Tensor:
+    _reject_unsupported(dropout_pr, min_full_attn_seq_len, attn_func)
+    return op(int(max_seq_len), float(alpha), q, k, v, seq_offsets, bool(causal), num_targets,
+              int(max_attn_len), int(contextual_seq_len), bool(sort_by_length),
+              int(scaling_seqlen))
+
+
+def hstu_mha(
+    max_seq_len: int,
+    alpha: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    causal: bool = True,
+    dropout_pr: float = 0.0,
+    training: bool = True,
+    num_targets: Optional[torch.Tensor] = None,
+    max_attn_len: int = 0,
+    contextual_seq_len: int = 0,
+    min_full_attn_seq_len: int = 0,
+    sort_by_length: bool = False,
+    attn_func: Optional[torch.Tensor] = None,
+    scaling_seqlen: int = -1,
+) -> torch.Tensor:
+    """HSTU attention ``[L, H, V]`` with pointer loads (``tzrec_ops::hstu_mha_triton``)."""
+    return _mha(_hstu_mha_op, max_seq_len, alpha, q, k, v, seq_offsets, causal, dropout_pr,
+                num_targets, max_attn_len, contextual_seq_len, min_full_attn_seq_len,
+                sort_by_length, attn_func, scaling_seqlen)
+
+
+def hstu_mha_tma(
+    max_seq_len: int,
+    alpha: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    causal: bool = True,
+    dropout_pr: float = 0.0,
+    training: bool = True,
+    num_targets: Optional[torch.Tensor] = None,
+    max_attn_len: int = 0,
+    contextual_seq_len: int = 0,
+    min_full_attn_seq_len: int = 0,
+    sort_by_length: bool = False,
+    attn_func: Optional[torch.Tensor] = None,
+    scaling_seqlen: int = -1,
+) -> torch.Tensor:
+    """HSTU attention ``[L, H, V]`` through tensor descriptors (``..._triton_tma``)."""
+    return _mha(_hstu_mha_tma_op, max_seq_len, alpha, q, k, v, seq_offsets, causal, dropout_pr,
+                num_targets, max_attn_len, contextual_seq_len, min_full_attn_seq_len,
+                sort_by_length, attn_func, scaling_seqlen)
+
+
+def delta_hstu_mha(
+    max_seq_len: int,
+    alpha: float,
+    delta_q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    num_targets: Optional[torch.Tensor] = None,
+    max_attn_len: int = 0,
+    contextual_seq_len: int = 0,
+    scaling_seqlen: int = -1,
+) -> torch.Tensor:
+    """Cached attention ``[B * D, H, V]`` of each sequence's last D queries (forward only)."""
+    return _delta_hstu_mha_op(int(max_seq_len), float(alpha), delta_q, k, v, seq_offsets,
+                              num_targets, int(max_attn_len), int(contextual_seq_len),
+                              int(scaling_seqlen))
+
+
+def delta_hstu_mha_tma(
+    max_seq_len: int,
+    alpha: float,
+    delta_q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    num_targets: Optional[torch.Tensor] = None,
+    max_attn_len: int = 0,
+    contextual_seq_len: int = 0,
+    scaling_seqlen: int = -1,
+) -> torch.Tensor:
+    """:func:`delta_hstu_mha` through tensor descriptors."""
+    return _delta_hstu_mha_tma_op(int(max_seq_len), float(alpha), delta_q, k, v, seq_offsets,
+                                  num_targets, int(max_attn_len), int(contextual_seq_len),
+                                  int(scaling_seqlen))
+
