@@ -59,6 +59,8 @@ class HSTUTransducer(nn.Module):
         max_targets (int): upper bound on candidates per sample. Default: 0.
         truncated_total_len (int | None): rows left after the stack's truncation (avoids a
             host sync when truncation is on). Default: None.
+        truncated_max_seq_len (int | None): upper bound on lengths after truncation.
+            Default: None.
 
     Returns:
         TransducerOutput: ``candidate_embeddings [sum T_b, E]``, ``full_embeddings`` or None,
@@ -116,6 +118,7 @@ class HSTUTransducer(nn.Module):
         max_uih_len: int,
         max_targets: int = 0,
         truncated_total_len: Optional[int] = None,
+        truncated_max_seq_len: Optional[int] = None,
     ) -> TransducerOutput:
         pre: PreprocessorOutput = self.input_preprocessor(features, max_uih_len, max_targets)
         x = pre.seq_embeddings
@@ -133,6 +136,7 @@ class HSTUTransducer(nn.Module):
         out = self.stu(
             x, pre.seq_offsets, pre.max_seq_len, pre.num_targets,
             truncated_total_len=truncated_total_len,
+            truncated_max_seq_len=truncated_max_seq_len,
         )
         lengths, timestamps, total_uih = pre.seq_lengths, pre.seq_timestamps, pre.total_uih_len
         if out.plan is not None:

@@ -32,14 +32,11 @@ from tzrec_ops.ops.hstu_compute import (
     hstu_preprocess_and_attention,
 )
 from tzrec_ops.ops.jagged import concat_2D_jagged, split_2D_jagged
-try:  # TEMPORARY until tzrec_ops.ops.truncation lands
-    from tzrec_ops.ops.truncation import (
-        STUTruncationPlan,
-        apply_stu_truncation_plan,
-        compute_stu_truncation_plan,
-    )
-except ImportError:
-    STUTruncationPlan = object
+from tzrec_ops.ops.truncation import (
+    STUTruncationPlan,
+    apply_stu_truncation_plan,
+    compute_stu_truncation_plan,
+)
 
 from tzrec_gr._backend import BackendArg, resolve_module_backend
 from tzrec_gr._jagged import lengths_to_offsets
@@ -140,6 +137,7 @@ class STU(nn.Module, abc.ABC):
         *,
         truncate_tail_len: int,
         total_kept: Optional[int] = None,
+        new_max_seq_len: Optional[int] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor, int, STUTruncationPlan]:
         """Drop the oldest history tokens so at most ``truncate_tail_len`` remain per sample."""
 
@@ -342,6 +340,7 @@ class STULayer(STU):
         *,
         truncate_tail_len: int,
         total_kept: Optional[int] = None,
+        new_max_seq_len: Optional[int] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor, int, STUTruncationPlan]:
         """Keep ``[C | last min(U_b, tail) history tokens | all T_b targets]`` per sample.
 
@@ -349,15 +348,17 @@ class STULayer(STU):
             x: [L, E]. x_offsets: [B + 1]. max_seq_len: upper bound on lengths.
             num_targets: [B] or None (everything after the prefix is history).
             truncate_tail_len: history tokens kept per sample.
-            total_kept: rows after truncation, from the caller; None lets the plan compute
-                it (a host sync).
+            total_kept: rows after truncation (prefix included), from the caller; None
+                lets :func:`compute_stu_truncation_plan` read the sizes (one host sync).
+            new_max_seq_len: upper bound on the new lengths when ``total_kept`` is given
+                (default: ``max_seq_len``).
 
         Returns:
             (x' [L', E], offsets' [B + 1], max_seq_len', plan).
         """
         plan = _compute_plan(
-            x_offsets, num_targets, max_seq_len, truncate_tail_len,
-            self._contextual_seq_len, total_kept,
+            x_offsets, num_targets, max_seq_len, x.shape[0], truncate_tail_len,
+            self._contextual_seq_len, total_kept, new_max_seq_len,
         )
         x = apply_stu_truncation_plan(x, plan, backend=self._backend)
         return x, plan.new_x_offsets, plan.new_max_seq_len, plan
@@ -680,16 +681,56 @@ def _compute_plan(
     x_offsets: torch.Tensor,
     num_targets: Optional[torch.Tensor],
     max_seq_len: int,
+    total_len: int,
     truncate_tail_len: int,
     contextual_seq_len: int,
     total_kept: Optional[int],
+    new_max_seq_len: Optional[int],
 ) -> STUTruncationPlan:
-    return compute_stu_truncation_plan(
-        x_offsets,
-        num_targets,
-        max_seq_len,
-        truncate_tail_len=truncate_tail_len,
-        contextual_seq_len=contextual_seq_len,
+    """The truncation plan; without host syncs when the caller gives ``total_kept``.
+
+    ``total_kept`` is the row count after truncation (prefix included);
+    ``new_max_seq_len`` bounds the new lengths (default: ``max_seq_len``).
+    Without ``total_kept``, :func:`compute_stu_truncation_plan` reads the sizes from the
+    device (one sync) and the exact new maximum length is used.
+    """
+    if total_kept is None:
+        return compute_stu_truncation_plan(
+            x_offsets,
+            num_targets,
+            max_seq_len,
+            truncate_tail_len=truncate_tail_len,
+            contextual_seq_len=contextual_seq_len,
+        )
+    batch = x_offsets.numel() - 1
+    c = contextual_seq_len
+    total_prefix = batch * c
+    if not total_prefix <= total_kept <= total_len:
+        raise ValueError(
+            f"truncated_total_len ({total_kept}) must be between B * C ({total_prefix}) and "
+            f"the number of tokens ({total_len})"
+        )
+    offsets = x_offsets.to(torch.int64)
+    lengths = offsets[1:] - offsets[:-1]
+    targets = torch.zeros_like(lengths) if num_targets is None else num_targets.to(torch.int64)
+    history = lengths - targets - c
+    dropped = history - history.clamp(max=truncate_tail_len)
+    new_lengths = lengths - dropped
+    offsets_prefix = torch.arange(batch + 1, device=offsets.device, dtype=torch.int64) * c
+    return STUTruncationPlan(
+        new_lengths=new_lengths.to(x_offsets.dtype),
+        new_x_offsets=lengths_to_offsets(new_lengths).to(x_offsets.dtype),
+        new_max_seq_len=min(max_seq_len, new_max_seq_len or max_seq_len),
+        pre_max_seq_len=max_seq_len,
+        contextual_seq_len=c,
+        offsets_head=lengths_to_offsets(dropped),
+        offsets_tail=lengths_to_offsets(new_lengths - c),
+        total_dropped=total_len - total_kept,
+        total_kept=total_kept - total_prefix,
+        offsets_prefix=offsets_prefix,
+        offsets_rest=offsets - offsets_prefix,
+        total_prefix=total_prefix,
+        total_rest=total_len - total_prefix,
     )
 
 
@@ -714,7 +755,9 @@ class STUStack(nn.Module):
         kv_caching_lengths, max_kv_caching_len, total_kv_caching_len: as in
             :meth:`STULayer.forward`; returns one cache per layer. Not with truncation.
         truncated_total_len (int | None): rows left after truncation (from the caller, to
-            avoid a host sync). Default: None.
+            avoid a host sync). Default: None (one sync to plan the truncation).
+        truncated_max_seq_len (int | None): upper bound on the lengths after truncation,
+            used with ``truncated_total_len``. Default: None (``max_seq_len``).
 
     Returns:
         STUStackOutput: ``(x [L', E], x_offsets [B + 1], max_seq_len, plan, kv_caches)``.
@@ -778,6 +821,7 @@ class STUStack(nn.Module):
         max_kv_caching_len: int = 0,
         total_kv_caching_len: Optional[int] = None,
         truncated_total_len: Optional[int] = None,
+        truncated_max_seq_len: Optional[int] = None,
     ) -> STUStackOutput:
         if kv_caching_lengths is not None and self.truncation_enabled:
             raise NotImplementedError(
@@ -792,6 +836,7 @@ class STUStack(nn.Module):
                 x, x_offsets, max_seq_len, plan = layer.truncate_input(
                     x, x_offsets, max_seq_len, num_targets,
                     truncate_tail_len=self.truncate_tail_len, total_kept=truncated_total_len,
+                    new_max_seq_len=truncated_max_seq_len,
                 )
                 attn_func = None
             out = layer(

@@ -1,0 +1,6 @@
+"""End-to-end HSTU models: next-item retrieval and multi-task ranking."""
+
+from tzrec_gr.models.ranking import HSTURanking
+from tzrec_gr.models.retrieval import HSTURetrieval
+
+__all__ = ["HSTURanking", "HSTURetrieval"]
