@@ -48,6 +48,8 @@ TEST_TOOLS = ("pytest", "pytest-xdist")
 PACKAGES = {"ops": "tzrec-ops", "gr": "tzrec-gr", "acc": "tzrec-acc", "bench": "tzrec-bench"}
 # extras each package's tests install: tzrec-ops runs its Triton kernels in the interpreter
 TEST_EXTRAS = {"tzrec-ops": "test,triton"}
+# suites long enough to run on every core
+PARALLEL = {"tzrec-ops", "tzrec-gr"}
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_venv = "yes"
@@ -140,10 +142,14 @@ def _install_packages(session: nox.Session, dist: str, *more: str) -> None:
     _install(session, *args, *TEST_TOOLS, *more, reinstall=(dist, *siblings))
 
 
-def _pytest(session: nox.Session, *paths: str) -> None:
-    """pytest on ``paths`` with a JUnit report that ``.ci/run`` adds up."""
+def _pytest(session: nox.Session, *paths: str, parallel: bool = False) -> None:
+    """pytest on ``paths`` with a JUnit report that ``.ci/run`` adds up.
+
+    ``parallel`` runs one pytest-xdist worker per core: worth it only for suites that take
+    minutes, as each worker pays torch's import again.
+    """
     REPORTS.mkdir(parents=True, exist_ok=True)
-    default = ["-n", "auto"] if "-n" not in session.posargs else []
+    default = ["-n", "auto"] if parallel and "-n" not in session.posargs else []
     session.run(
         "pytest",
         *paths,
@@ -161,7 +167,7 @@ def _make_test_session(short: str, dist: str) -> None:
     @nox.session(name=f"test-{short}", tags=["test"])
     def _session(session: nox.Session) -> None:
         _install_packages(session, dist)
-        _pytest(session, str(ROOT / "packages" / dist / "tests"))
+        _pytest(session, str(ROOT / "packages" / dist / "tests"), parallel=dist in PARALLEL)
 
     _session.__doc__ = f"{dist}'s tests with only {dist}, its declared siblings and test tools."
 
@@ -180,7 +186,7 @@ def test_plugins(session: nox.Session) -> None:
         *TEST_TOOLS,
         reinstall=("tzrec-ops", "tzrec-ops-backend-example"),
     )
-    _pytest(session, str(EXAMPLE_PLUGIN / "tests"), str(ROOT / "tests"))
+    _pytest(session, str(EXAMPLE_PLUGIN / "tests"), str(ROOT / "tests"), f"--rootdir={ROOT}")
 
 
 # -- compatibility --------------------------------------------------------------------------
@@ -267,7 +273,7 @@ def compat_gr_ops_min(session: nox.Session) -> None:
     ).strip()
     if Version(installed) != minimum:
         session.error(f"expected tzrec-ops {minimum} in the environment, found {installed}")
-    _pytest(session, str(ROOT / "packages" / "tzrec-gr" / "tests"))
+    _pytest(session, str(ROOT / "packages" / "tzrec-gr" / "tests"), parallel=True)
 
 
 # -- lint, demo, CI ---------------------------------------------------------------------------
@@ -283,7 +289,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job: what tzrec-ops finds on this machine, then a few ops on the CPU."""
-    _install(session, _package_path("tzrec-ops"), reinstall=("tzrec-ops",))
+    _install(session, _package_path("tzrec-ops"), "numpy", reinstall=("tzrec-ops",))
     session.run("python", "-m", "tzrec_ops", "info")
     session.run("python", str(ROOT / "examples" / "quickstart.py"))
 
