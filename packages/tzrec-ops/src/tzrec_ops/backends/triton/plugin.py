@@ -17,6 +17,20 @@ _MODULE = "tzrec_ops.backends.triton"
 _OPS = {
     "hstu_mha": "hstu_attention",
     "delta_hstu_mha": "hstu_attention",
+    "addmm": "mm",
+    "layer_norm": "layer_norm",
+    "rms_norm": "layer_norm",
+    "swish_layer_norm": "layer_norm",
+    "layer_norm_mul_dropout": "layer_norm",
+    "group_norm_mul_dropout": "layer_norm",
+    "concat_2D_jagged": "jagged",
+    "split_2D_jagged": "jagged",
+    "jagged_dense_bmm_broadcast_add": "jagged",
+    "add_positional_embeddings": "position",
+    "add_timestamp_positional_embeddings": "position",
+    "hstu_compute_uqvk": "hstu_compute",
+    "hstu_compute_output": "hstu_compute",
+    "hstu_preprocess_and_attention": "hstu_compute",
 }
 # ops whose triton_tma implementation differs from the pointer-load one
 _TMA_OPS = {

@@ -1,0 +1,407 @@
+"""Triton STU building blocks: the input projection, the fused preprocess + attention, and the
+fused output projection.
+
+Legend: L = tokens, E = embedding dim, H = heads, A = q/k dim per head, V = value dim per head;
+``uvqk`` is ``[L, 2H(V + A)]`` with columns ``[u | v | q | k]``.
+
+* :func:`hstu_compute_uqvk`: Triton layer norm -> Triton addmm -> split -> SiLU(u), with the
+  reference's activation-checkpointing options.
+* :func:`hstu_preprocess_and_attention` (one op with one backward): layer norm -> uvqk GEMM ->
+  SiLU(u) -> jagged attention on q/k/v *views* of uvqk. The backward allocates one ``duvqk``
+  buffer and writes du, dv, dq, dk into its column views, so the GEMM backward reads a single
+  matrix without a concatenation. ``normed_x`` and/or ``uvqk`` are recomputed in the backward
+  instead of saved when the recompute flags ask for it.
+* :func:`hstu_compute_output` (one op with one backward): ``y = dropout([u | attn | u * Norm(attn)])``
+  from the fused norm-mul-dropout kernel, then ``out = x + y @ W`` as one GEMM whose epilogue
+  adds the residual. With ``recompute_y_in_backward`` y is not saved; the norm backward kernel
+  rebuilds it (same dropout seed) for ``dW = y^T @ d_out``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch.library import triton_op
+from torch.utils.checkpoint import checkpoint
+
+from tzrec_ops.backends.triton import hstu_attention as attention
+from tzrec_ops.backends.triton._kernel_utils import draw_seed
+from tzrec_ops.backends.triton.layer_norm import MUL, PLAIN, layer_norm_op, norm_backward, norm_forward
+from tzrec_ops.backends.triton.mm import addmm_fwd, matmul
+from tzrec_ops.ops.utils import switch_to_contiguous_if_needed
+
+Tensors4 = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _split_uvqk(
+    uvqk: torch.Tensor, num_heads: int, attn_dim: int, hidden_dim: int
+) -> Tensors4:
+    """Column views ``(u [L, HV], v [L, H, V], q [L, H, A], k [L, H, A])`` of uvqk."""
+    rows = uvqk.shape[0]
+    hv, ha = num_heads * hidden_dim, num_heads * attn_dim
+    u, v, q, k = torch.split(uvqk, [hv, hv, ha, ha], dim=1)
+    return (
+        u,
+        v.view(rows, num_heads, hidden_dim),
+        q.view(rows, num_heads, attn_dim),
+        k.view(rows, num_heads, attn_dim),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# hstu_compute_uqvk: composition of the registered Triton ops
+
+
+def _normed(x, norm_weight, norm_bias, norm_eps):  # type: ignore[no-untyped-def]
+    return layer_norm_op(x, norm_weight, norm_bias, norm_eps)[0]
+
+
+def _project(normed, uvqk_weight, uvqk_bias, num_heads, attn_dim, hidden_dim):  # type: ignore[no-untyped-def]
+    uvqk = addmm_fwd(uvqk_bias, normed, uvqk_weight)
+    u, v, q, k = _split_uvqk(uvqk, num_heads, attn_dim, hidden_dim)
+    return F.silu(u), q, k, v
+
+
+def _whole_chain(x, norm_weight, norm_bias, norm_eps, uvqk_weight, uvqk_bias, num_heads,  # type: ignore[no-untyped-def]
+                 attn_dim, hidden_dim):
+    normed = _normed(x, norm_weight, norm_bias, norm_eps)
+    return _project(normed, uvqk_weight, uvqk_bias, num_heads, attn_dim, hidden_dim)
+
+
+def _normed_uvqk(x, norm_weight, norm_bias, norm_eps, uvqk_weight, uvqk_bias):  # type: ignore[no-untyped-def]
+    return addmm_fwd(uvqk_bias, _normed(x, norm_weight, norm_bias, norm_eps), uvqk_weight)
+
+
+def hstu_compute_uqvk(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    norm_eps: float,
+    num_heads: int,
+    attn_dim: int,
+    hidden_dim: int,
+    uvqk_weight: torch.Tensor,
+    uvqk_bias: torch.Tensor,
+    recompute_normed_x_in_backward: bool = False,
+    recompute_uvqk_in_backward: bool = False,
+) -> Tensors4:
+    """Triton backend of :func:`tzrec_ops.ops.hstu_compute.hstu_compute_uqvk`."""
+    x = switch_to_contiguous_if_needed(x)
+    remat_normed = recompute_normed_x_in_backward and torch.is_grad_enabled()
+    remat_uvqk = recompute_uvqk_in_backward and torch.is_grad_enabled()
+    dims = (num_heads, attn_dim, hidden_dim)
+    if remat_normed and remat_uvqk:
+        return checkpoint(
+            _whole_chain, x, norm_weight, norm_bias, norm_eps, uvqk_weight, uvqk_bias, *dims,
+            use_reentrant=False,
+        )
+    if remat_normed:
+        uvqk = checkpoint(
+            _normed_uvqk, x, norm_weight, norm_bias, norm_eps, uvqk_weight, uvqk_bias,
+            use_reentrant=False,
+        )
+        u, v, q, k = _split_uvqk(uvqk, *dims)
+        return F.silu(u), q, k, v
+    normed = _normed(x, norm_weight, norm_bias, norm_eps)
+    if remat_uvqk:
+        return checkpoint(_project, normed, uvqk_weight, uvqk_bias, *dims, use_reentrant=False)
+    return _project(normed, uvqk_weight, uvqk_bias, *dims)
+
+
+# --------------------------------------------------------------------------------------------
+# hstu_preprocess_and_attention: one fused op
+
+
+def _uvqk_forward(
+    normed: torch.Tensor, uvqk_weight: torch.Tensor, uvqk_bias: torch.Tensor
+) -> torch.Tensor:
+    uvqk = torch.empty(
+        (normed.shape[0], uvqk_weight.shape[1]), dtype=normed.dtype, device=normed.device
+    )
+    matmul(normed, uvqk_weight, uvqk, bias=uvqk_bias)
+    return uvqk
+
+
+@triton_op("tzrec_ops::hstu_preprocess_and_attention_triton", mutates_args=())
+def preprocess_and_attention_op(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    norm_eps: float,
+    num_heads: int,
+    attn_dim: int,
+    hidden_dim: int,
+    uvqk_weight: torch.Tensor,
+    uvqk_bias: torch.Tensor,
+    max_seq_len: int,
+    seq_offsets: torch.Tensor,
+    attn_alpha: float,
+    causal: bool,
+    num_targets: Optional[torch.Tensor],
+    max_attn_len: int,
+    contextual_seq_len: int,
+    recompute_uvqk_in_backward: bool,
+    recompute_normed_x_in_backward: bool,
+    sort_by_length: bool,
+    scaling_seqlen: int,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(u [L, HV], attn [L, HV], saved normed x, saved uvqk, mean [L], rstd [L]).
+
+    The saved tensors are empty when the matching recompute flag is set.
+    """
+    normed, mean, rstd = norm_forward(
+        x, None, norm_weight, norm_bias, norm_eps, 1, False, False, PLAIN, False, 0.0, 0
+    )
+    uvqk = _uvqk_forward(normed, uvqk_weight, uvqk_bias)
+    u, v, q, k = _split_uvqk(uvqk, num_heads, attn_dim, hidden_dim)
+    attn = attention.hstu_attention_fwd(
+        max_seq_len, attn_alpha, q, k, v, seq_offsets, causal, num_targets, max_attn_len,
+        contextual_seq_len, sort_by_length, scaling_seqlen, False,
+    )
+    return (
+        F.silu(u),
+        attn.view(x.shape[0], num_heads * hidden_dim),
+        x.new_empty(0) if recompute_normed_x_in_backward else normed,
+        x.new_empty(0) if recompute_uvqk_in_backward else uvqk,
+        mean,
+        rstd,
+    )
+
+
+@triton_op("tzrec_ops::hstu_preprocess_and_attention_bwd_triton", mutates_args=())
+def preprocess_and_attention_bwd_op(
+    du: torch.Tensor,
+    dattn: torch.Tensor,
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    uvqk_weight: torch.Tensor,
+    uvqk_bias: torch.Tensor,
+    saved_normed: torch.Tensor,
+    saved_uvqk: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    num_targets: Optional[torch.Tensor],
+    num_heads: int,
+    attn_dim: int,
+    hidden_dim: int,
+    max_seq_len: int,
+    attn_alpha: float,
+    causal: bool,
+    max_attn_len: int,
+    contextual_seq_len: int,
+    sort_by_length: bool,
+    scaling_seqlen: int,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, d_norm_weight, d_norm_bias, d_uvqk_weight, d_uvqk_bias)."""
+    L = x.shape[0]
+    if saved_normed.numel() == 0 and L > 0:
+        normed, _, _ = norm_forward(
+            x, None, norm_weight, norm_bias, 0.0, 1, False, False, PLAIN, False, 0.0, 0,
+            mean=mean, rstd=rstd,
+        )
+    else:
+        normed = saved_normed.view(L, x.shape[1])
+    if saved_uvqk.numel() == 0 and L > 0:
+        uvqk = _uvqk_forward(normed, uvqk_weight, uvqk_bias)
+    else:
+        uvqk = saved_uvqk.view(L, uvqk_weight.shape[1])
+    u, v, q, k = _split_uvqk(uvqk, num_heads, attn_dim, hidden_dim)
+    duvqk = torch.empty_like(uvqk)
+    du_view, dv_view, dq_view, dk_view = _split_uvqk(duvqk, num_heads, attn_dim, hidden_dim)
+    dq, dk, dv = attention.hstu_attention_bwd(
+        max_seq_len, attn_alpha, dattn.view(L, num_heads, hidden_dim), q, k, v, seq_offsets,
+        causal, num_targets, max_attn_len, contextual_seq_len, sort_by_length, scaling_seqlen,
+        False,
+    )
+    dq_view.copy_(dq)
+    dk_view.copy_(dk)
+    dv_view.copy_(dv)
+    torch.ops.aten.silu_backward.grad_input(du, u, grad_input=du_view)
+    d_normed = torch.empty_like(normed)
+    d_uvqk_weight = torch.empty_like(uvqk_weight)
+    d_uvqk_bias = torch.empty(uvqk_weight.shape[1], dtype=torch.float32, device=x.device)
+    matmul(duvqk, uvqk_weight.t(), d_normed)
+    matmul(normed.t(), duvqk, d_uvqk_weight, colsum=d_uvqk_bias)
+    dx, _, d_norm_weight, d_norm_bias, _ = norm_backward(
+        d_normed, x, None, norm_weight, norm_bias, mean, rstd, 1, False, False, PLAIN, False,
+        0.0, 0, False,
+    )
+    return dx, d_norm_weight, d_norm_bias, d_uvqk_weight, d_uvqk_bias.to(uvqk_bias.dtype)
+
+
+def _setup_preprocess(ctx, inputs, output):  # type: ignore[no-untyped-def]
+    (x, norm_weight, norm_bias, _, num_heads, attn_dim, hidden_dim, uvqk_weight, uvqk_bias,
+     max_seq_len, seq_offsets, attn_alpha, causal, num_targets, max_attn_len,
+     contextual_seq_len, _, _, sort_by_length, scaling_seqlen) = inputs
+    _, _, saved_normed, saved_uvqk, mean, rstd = output
+    ctx.save_for_backward(x, norm_weight, norm_bias, uvqk_weight, uvqk_bias, saved_normed,
+                          saved_uvqk, mean, rstd, seq_offsets, num_targets)
+    ctx.options = (num_heads, attn_dim, hidden_dim, max_seq_len, attn_alpha, causal,
+                   max_attn_len, contextual_seq_len, sort_by_length, scaling_seqlen)
+
+
+def _preprocess_backward(ctx, du, dattn, *unused):  # type: ignore[no-untyped-def]
+    (x, norm_weight, norm_bias, uvqk_weight, uvqk_bias, saved_normed, saved_uvqk, mean, rstd,
+     seq_offsets, num_targets) = ctx.saved_tensors
+    dx, dnw, dnb, duw, dub = preprocess_and_attention_bwd_op(
+        du.contiguous(), dattn.contiguous(), x, norm_weight, norm_bias, uvqk_weight, uvqk_bias,
+        saved_normed, saved_uvqk, mean, rstd, seq_offsets, num_targets, *ctx.options,
+    )
+    return (dx, dnw, dnb, None, None, None, None, duw, dub) + (None,) * 11
+
+
+preprocess_and_attention_op.register_autograd(_preprocess_backward, setup_context=_setup_preprocess)
+
+
+def hstu_preprocess_and_attention(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    norm_eps: float,
+    num_heads: int,
+    attn_dim: int,
+    hidden_dim: int,
+    uvqk_weight: torch.Tensor,
+    uvqk_bias: torch.Tensor,
+    max_seq_len: int,
+    seq_offsets: torch.Tensor,
+    attn_alpha: float,
+    causal: bool,
+    num_targets: Optional[torch.Tensor],
+    max_attn_len: int,
+    contextual_seq_len: int,
+    recompute_uvqk_in_backward: bool,
+    recompute_normed_x_in_backward: bool,
+    sort_by_length: bool,
+    prefill: bool = False,
+    attn_func: Optional[Callable[..., torch.Tensor]] = None,
+    scaling_seqlen: int = -1,
+) -> Tuple[torch.Tensor, torch.Tensor, None, None]:
+    """Triton backend (fused) of :func:`tzrec_ops.ops.hstu_compute.hstu_preprocess_and_attention`.
+
+    Returns ``k = v = None``: the fused path keeps them inside uvqk. ``prefill=True`` and
+    ``attn_func`` are served by the unfused path of the public op, never here.
+    """
+    if prefill:
+        raise ValueError("the fused triton hstu_preprocess_and_attention needs prefill=False")
+    if attn_func is not None:
+        raise ValueError("attn_func (arbitrary masks) is not supported on the triton backends")
+    u, attn, *_ = preprocess_and_attention_op(
+        switch_to_contiguous_if_needed(x), norm_weight, norm_bias, float(norm_eps), num_heads,
+        attn_dim, hidden_dim, uvqk_weight, uvqk_bias, int(max_seq_len), seq_offsets,
+        float(attn_alpha), bool(causal), num_targets, int(max_attn_len),
+        int(contextual_seq_len), bool(recompute_uvqk_in_backward),
+        bool(recompute_normed_x_in_backward), bool(sort_by_length), int(scaling_seqlen),
+    )
+    return u, attn, None, None
+
+
+# --------------------------------------------------------------------------------------------
+# hstu_compute_output: one fused op
+
+
+@triton_op("tzrec_ops::hstu_compute_output_triton", mutates_args=())
+def compute_output_op(
+    attn: torch.Tensor,
+    u: torch.Tensor,
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    norm_eps: float,
+    output_weight: torch.Tensor,
+    num_heads: int,
+    group_norm: bool,
+    concat_ux: bool,
+    dropout_p: float,
+    seed: int,
+    recompute_y_in_backward: bool,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out [L, E], saved y (empty with recompute), mean, rstd)."""
+    y, mean, rstd = norm_forward(
+        attn, u, norm_weight, norm_bias, norm_eps, num_heads if group_norm else 1, group_norm,
+        False, MUL, concat_ux, dropout_p, seed,
+    )
+    out = torch.empty((x.shape[0], output_weight.shape[1]), dtype=x.dtype, device=x.device)
+    matmul(y, output_weight, out, bias=x)
+    return out, x.new_empty(0) if recompute_y_in_backward else y, mean, rstd
+
+
+@triton_op("tzrec_ops::hstu_compute_output_bwd_triton", mutates_args=())
+def compute_output_bwd_op(
+    dout: torch.Tensor,
+    attn: torch.Tensor,
+    u: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    output_weight: torch.Tensor,
+    saved_y: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    num_heads: int,
+    group_norm: bool,
+    concat_ux: bool,
+    dropout_p: float,
+    seed: int,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(d_attn, d_u, d_x, d_norm_weight, d_norm_bias, d_output_weight)."""
+    dy = torch.empty((dout.shape[0], output_weight.shape[0]), dtype=dout.dtype, device=dout.device)
+    matmul(dout, output_weight.t(), dy)
+    recompute = saved_y.numel() == 0 and dout.shape[0] > 0
+    d_attn, d_u, d_norm_weight, d_norm_bias, y = norm_backward(
+        dy, attn, u, norm_weight, norm_bias, mean, rstd, num_heads if group_norm else 1,
+        group_norm, False, MUL, concat_ux, dropout_p, seed, recompute,
+    )
+    if not recompute:
+        y = saved_y.view(dy.shape)
+    d_output_weight = torch.empty_like(output_weight)
+    matmul(y.t(), dout, d_output_weight)
+    return d_attn, d_u, dout.clone(), d_norm_weight, d_norm_bias, d_output_weight
+
+
+def _setup_output(ctx, inputs, output):  # type: ignore[no-untyped-def]
+    (attn, u, _, norm_weight, norm_bias, _, output_weight, num_heads, group_norm, concat_ux,
+     dropout_p, seed, _) = inputs
+    _, saved_y, mean, rstd = output
+    ctx.save_for_backward(attn, u, norm_weight, norm_bias, output_weight, saved_y, mean, rstd)
+    ctx.options = (num_heads, group_norm, concat_ux, dropout_p, seed)
+
+
+def _output_backward(ctx, dout, *unused):  # type: ignore[no-untyped-def]
+    d_attn, d_u, d_x, dnw, dnb, dw = compute_output_bwd_op(
+        dout.contiguous(), *ctx.saved_tensors, *ctx.options
+    )
+    return (d_attn, d_u, d_x, dnw, dnb, None, dw) + (None,) * 6
+
+
+compute_output_op.register_autograd(_output_backward, setup_context=_setup_output)
+
+
+def hstu_compute_output(
+    attn: torch.Tensor,
+    u: torch.Tensor,
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    norm_eps: float,
+    output_weight: torch.Tensor,
+    num_heads: int,
+    linear_dim: int,
+    dropout_ratio: float,
+    training: bool,
+    concat_ux: bool,
+    group_norm: bool,
+    recompute_y_in_backward: bool,
+) -> torch.Tensor:
+    """Triton backend of :func:`tzrec_ops.ops.hstu_compute.hstu_compute_output`."""
+    dropout = training and dropout_ratio > 0.0
+    return compute_output_op(
+        switch_to_contiguous_if_needed(attn), switch_to_contiguous_if_needed(u),
+        switch_to_contiguous_if_needed(x), norm_weight, norm_bias, float(norm_eps),
+        output_weight, num_heads, bool(group_norm), bool(concat_ux),
+        float(dropout_ratio) if dropout else 0.0, draw_seed() if dropout else 0,
+        bool(recompute_y_in_backward),
+    )[0]
