@@ -319,11 +319,15 @@ def assert_fwd_bwd(
     from tzrec_ops.testing.tolerances import assert_close
 
     assert_close(out, expected, dtype=dtype, name="forward")
-    g = torch.Generator().manual_seed(seed)
+    # offset the seed: a dout drawn like an input (same seed) can sit in the op's null space
+    g = torch.Generator().manual_seed(seed + 1_000_003)
     dout = torch.randn(out.shape, generator=g, dtype=F64).to(out.dtype)
     grads = torch.autograd.grad(out, inputs, dout, allow_unused=True, materialize_grads=True)
     ref = torch.autograd.grad(
         expected, oracle_inputs, dout.to(F64), allow_unused=True, materialize_grads=True
     )
     for name, got, want in zip(names, grads, ref):
-        assert_close(got, want, dtype=dtype, grad=True, name=f"d{name}")
+        # a gradient stored in a coarser dtype than ``dtype`` (fp32 weights of a float64
+        # run, bf16 weights of an fp32 run) is held to that dtype's tolerance
+        coarser = got.dtype if torch.finfo(got.dtype).eps > torch.finfo(dtype).eps else dtype
+        assert_close(got, want, dtype=coarser, grad=True, name=f"d{name}")
