@@ -96,7 +96,7 @@ def fbgemm_enabled() -> bool:
 def _to_padded(values: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
     """``[L, *rest]`` jagged -> ``[B, max_len, *rest]`` zero-padded."""
     rest = values.shape[1:]
-    flat = values.reshape(values.shape[0], -1)
+    flat = values.flatten(1) if values.dim() > 1 else values[:, None]
     if fbgemm_enabled() and values.is_floating_point():
         dense = torch.ops.fbgemm.jagged_to_padded_dense(
             flat, [offsets.to(torch.int64)], [max_len], 0.0
@@ -117,7 +117,7 @@ def _to_jagged(dense: torch.Tensor, offsets: torch.Tensor, total: int) -> torch.
     """``[B, N, *rest]`` padded -> ``[total, *rest]`` jagged (positions past a length dropped)."""
     batch, max_len = dense.shape[0], dense.shape[1]
     rest = dense.shape[2:]
-    flat = dense.reshape(batch, max_len, -1)
+    flat = dense.flatten(2) if dense.dim() > 2 else dense[..., None]
     if fbgemm_enabled():
         values = torch.ops.fbgemm.dense_to_jagged(flat, [offsets.to(torch.int64)], total)[0]
     else:
@@ -127,7 +127,7 @@ def _to_jagged(dense: torch.Tensor, offsets: torch.Tensor, total: int) -> torch.
             torch.arange(batch, device=dense.device), lengths, output_size=total
         )
         pos = torch.arange(total, device=dense.device) - offsets64[owner]
-        values = flat.reshape(batch * max_len, -1)[owner * max_len + pos]
+        values = flat.flatten(0, 1)[owner * max_len + pos]
     return values.reshape(total, *rest)
 
 
@@ -268,8 +268,6 @@ def _chunked_attention(
     """Padded attention ``[B, R, H, V]`` from q ``[B, R, H, A]``, k/v ``[B, N, H, *]``, query
     positions ``rows`` ``[B, R]`` and optional padded ``func`` ``[B, R, H, 3]``."""
     batch, num_rows, heads = q.shape[0], q.shape[1], q.shape[2]
-    if batch == 0 or num_rows == 0:
-        return v.new_zeros(batch, num_rows, heads, v.shape[3])
     seqs, row_block = _chunk_sizes(batch, num_rows, heads, k.shape[1])
     body = functools.partial(_attend_chunk, mask_fn, alpha, scale, dropout_pr, training)
     multi = seqs < batch or row_block < num_rows
