@@ -1,0 +1,59 @@
+"""Optional adapters from torchrec inputs to the plain-tensor features of tzrec-gr.
+
+torchrec is imported lazily; without it these functions raise ImportError naming the
+``tzrec-gr[torchrec]`` extra. Nothing else in tzrec-gr needs torchrec.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping
+
+import torch
+
+__all__ = ["features_from_jagged_tensors", "features_from_kjt"]
+
+
+def _require_torchrec() -> Any:
+    try:
+        import torchrec  # noqa: F401
+        from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
+    except ImportError as exc:
+        raise ImportError(
+            "torchrec inputs need torchrec: pip install 'tzrec-gr[torchrec]'"
+        ) from exc
+    return JaggedTensor, KeyedJaggedTensor
+
+
+def features_from_jagged_tensors(groups: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
+    """``{"uih": JaggedTensor, ...}`` -> ``{"uih.sequence": values, "uih.sequence_length":
+    lengths, ...}``; plain tensors (e.g. dense ``contextual``) pass through unchanged.
+
+    Args:
+        groups (Mapping[str, JaggedTensor | torch.Tensor]): one entry per feature group.
+
+    Returns:
+        Dict[str, torch.Tensor]: the features of :mod:`tzrec_gr.preprocessors`.
+    """
+    jagged_cls, _ = _require_torchrec()
+    out: Dict[str, torch.Tensor] = {}
+    for name, value in groups.items():
+        if isinstance(value, jagged_cls):
+            out[f"{name}.sequence"] = value.values()
+            out[f"{name}.sequence_length"] = value.lengths()
+        elif isinstance(value, torch.Tensor):
+            out[name] = value
+        else:
+            raise TypeError(
+                f"feature group {name!r} must be a JaggedTensor or a torch.Tensor, "
+                f"got {type(value).__name__}"
+            )
+    return out
+
+
+def features_from_kjt(kjt: Any) -> Dict[str, torch.Tensor]:
+    """A KeyedJaggedTensor of 1-D sequences (one key per group, e.g. ``uih_timestamp``)
+    -> ``{"<key>.sequence": values [L], "<key>.sequence_length": lengths [B]}``."""
+    _, kjt_cls = _require_torchrec()
+    if not isinstance(kjt, kjt_cls):
+        raise TypeError(f"kjt must be a KeyedJaggedTensor, got {type(kjt).__name__}")
+    return features_from_jagged_tensors(kjt.to_dict())
