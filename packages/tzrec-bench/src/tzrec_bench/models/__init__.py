@@ -1,0 +1,1 @@
+"""Model-level benchmarks (tzrec-gr modules on tzrec-ops backends)."""
