@@ -3,7 +3,8 @@
 CUDA configs live here; other platforms add theirs through the ``tzrec_ops_autotune_configs``
 hook (the ROCm plugin answers it on HIP, see ``backends/rocm/configs.py``), and when a plugin
 answers, its configs replace the CUDA ones. Under ``TRITON_INTERPRET=1`` every kernel gets one
-small config, so CPU runs never benchmark.
+small config, so CPU runs never benchmark. ``TZREC_OPS_TRITON_AUTOTUNE=0`` (read at import)
+keeps only each kernel's first candidate: quick compiles for tests, no tuning.
 
 Every kernel is keyed on ``AUTOTUNE_Z = prev_power_of_2(B)``, the heads, the quantized
 ``AUTOTUNE_MAX_SEQ_LEN = autotune_max_seq_len(max_seq_len)``, the head dims and the mask
@@ -20,6 +21,7 @@ import triton
 
 from tzrec_ops.registry import autotune_configs
 
+AUTOTUNE_ENV = "TZREC_OPS_TRITON_AUTOTUNE"
 FWD = "hstu_attention_fwd"
 BWD_DQ = "hstu_attention_bwd_dq"
 BWD_DKDV = "hstu_attention_bwd_dkdv"
@@ -80,13 +82,13 @@ def configs(kernel: str) -> List[triton.Config]:
     if interpreting():
         block_m, block_n = _INTERPRETER[kernel]
         return [triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=4)]
-    extra = autotune_configs(kernel, _device())
-    if extra:
-        return list(extra)
-    return [
+    candidates = list(autotune_configs(kernel, _device())) or [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
         for bm, bn, w, s in _CUDA[kernel]
     ]
+    if os.environ.get(AUTOTUNE_ENV, "1") == "0":
+        return candidates[:1]
+    return candidates
 
 
 def _prune(configs: List[triton.Config], named_args: Dict[str, Any], **kwargs: Any) -> List[triton.Config]:

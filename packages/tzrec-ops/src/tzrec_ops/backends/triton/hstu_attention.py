@@ -332,9 +332,12 @@ _hstu_mha_tma_op, _delta_hstu_mha_tma_op = _define(tma=True)
 
 
 def _reject_unsupported(
-    dropout_pr: float, min_full_attn_seq_len: int, attn_func: Optional[torch.Tensor]
+    dropout_pr: float,
+    training: bool,
+    min_full_attn_seq_len: int,
+    attn_func: Optional[torch.Tensor],
 ) -> None:
-    if dropout_pr > 0.0:
+    if training and dropout_pr > 0.0:
         raise ValueError(f"dropout_pr must be 0.0 on the triton backends, got {dropout_pr}")
     if min_full_attn_seq_len > 0:
         raise ValueError(
@@ -344,10 +347,10 @@ def _reject_unsupported(
         raise ValueError("attn_func (arbitrary masks) is not supported on the triton backends")
 
 
-def _mha(op, max_seq_len, alpha, q, k, v, seq_offsets, causal, dropout_pr, num_targets,
-         max_attn_len, contextual_seq_len, min_full_attn_seq_len, sort_by_length, attn_func,
-         scaling_seqlen) -> torch.Tensor:
-    _reject_unsupported(dropout_pr, min_full_attn_seq_len, attn_func)
+def _mha(op, max_seq_len, alpha, q, k, v, seq_offsets, causal, dropout_pr, training,
+         num_targets, max_attn_len, contextual_seq_len, min_full_attn_seq_len, sort_by_length,
+         attn_func, scaling_seqlen) -> torch.Tensor:
+    _reject_unsupported(dropout_pr, training, min_full_attn_seq_len, attn_func)
     return op(int(max_seq_len), float(alpha), q, k, v, seq_offsets, bool(causal), num_targets,
               int(max_attn_len), int(contextual_seq_len), bool(sort_by_length),
               int(scaling_seqlen))
@@ -373,7 +376,7 @@ def hstu_mha(
 ) -> torch.Tensor:
     """HSTU attention ``[L, H, V]`` with pointer loads (``tzrec_ops::hstu_mha_triton``)."""
     return _mha(_hstu_mha_op, max_seq_len, alpha, q, k, v, seq_offsets, causal, dropout_pr,
-                num_targets, max_attn_len, contextual_seq_len, min_full_attn_seq_len,
+                training, num_targets, max_attn_len, contextual_seq_len, min_full_attn_seq_len,
                 sort_by_length, attn_func, scaling_seqlen)
 
 
@@ -397,7 +400,7 @@ def hstu_mha_tma(
 ) -> torch.Tensor:
     """HSTU attention ``[L, H, V]`` through tensor descriptors (``..._triton_tma``)."""
     return _mha(_hstu_mha_tma_op, max_seq_len, alpha, q, k, v, seq_offsets, causal, dropout_pr,
-                num_targets, max_attn_len, contextual_seq_len, min_full_attn_seq_len,
+                training, num_targets, max_attn_len, contextual_seq_len, min_full_attn_seq_len,
                 sort_by_length, attn_func, scaling_seqlen)
 
 

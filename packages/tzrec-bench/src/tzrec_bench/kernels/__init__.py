@@ -1,0 +1,1 @@
+"""Kernel benchmarks, one module per op family (``python -m tzrec_bench.kernels.<name>``)."""

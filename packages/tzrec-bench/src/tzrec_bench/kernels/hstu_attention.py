@@ -1,0 +1,144 @@
+"""HSTU attention benchmark: forward and backward TFLOP/s per backend (architecture §6).
+
+    python -m tzrec_bench.kernels.hstu_attention                     # N = 256 ... 4096
+    python -m tzrec_bench.kernels.hstu_attention --seq-lens 1024 --providers triton
+
+Shapes: B sequences with lengths uniform in ``[0.9 N, N)``, ``num_targets`` uniform in
+``[1, 20]``, H heads, q/k dim A and value dim V, q, k, v sliced from one ``[L, H, 2A + V]``
+buffer (row stride ``H (2A + V)``), ``alpha = 1 / A``, ``sort_by_length=True``.
+
+FLOPs per sequence of length n: forward ``H (A + V) n^2``, backward ``H n^2 (3A + 2V)``;
+TFLOP/s = FLOPs / ms / 1e9. Times are ``triton.testing.do_bench`` medians (warm-up 25 ms,
+rep >= 200 ms). The backward time is ``torch.autograd.grad`` of the output with respect to
+q, k, v (leaf views of the fused buffer, so no gradient copies are added). Argument value
+checks (one host sync per call) are turned off while timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def make_inputs(
+    batch: int, heads: int, attn_dim: int, hidden_dim: int, max_seq_len: int,
+    dtype: torch.dtype, seed: int, device: str = "cuda",
+) -> Dict[str, object]:
+    """One benchmark batch; q, k, v are leaf views of one fused buffer."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(int(0.9 * max_seq_len), max_seq_len, (batch,), generator=g)
+    targets = torch.minimum(torch.randint(1, 21, (batch,), generator=g), lengths)
+    offsets = torch.zeros(batch + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    total = int(offsets[-1])
+    buf = torch.empty(total, heads, 2 * attn_dim + hidden_dim, dtype=dtype, device=device)
+    buf.uniform_(-0.01, 0.01, generator=torch.Generator(device).manual_seed(seed))
+    q, k, v = torch.split(buf, [attn_dim, attn_dim, hidden_dim], dim=-1)
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    return dict(
+        q=q, k=k, v=v, seq_offsets=offsets.to(device), num_targets=targets.to(device),
+        lengths=lengths, max_seq_len=max_seq_len,
+    )
+
+
+def flops(lengths: torch.Tensor, heads: int, attn_dim: int, hidden_dim: int, mode: str) -> float:
+    sq = float((lengths.double() ** 2).sum())
+    if mode == "fwd":
+        return heads * (attn_dim + hidden_dim) * sq
+    return heads * (3 * attn_dim + 2 * hidden_dim) * sq
+
+
+def _bench(fn: Callable[[], object], rep: int) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
+
+
+def run_point(inputs: Dict[str, object], provider: str, mode: str, rep: int) -> float:
+    """Median milliseconds of one provider (backend name) in one mode (fwd | bwd)."""
+    from tzrec_ops.ops.hstu_attention import hstu_mha
+
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+
+    def forward():
+        return hstu_mha(
+            inputs["max_seq_len"], 1.0 / q.shape[2], q, k, v, inputs["seq_offsets"],
+            num_targets=inputs["num_targets"], sort_by_length=True, backend=provider,
+        )
+
+    if mode == "fwd":
+        with torch.no_grad():
+            return _bench(forward, rep)
+    out = forward()
+    dout = torch.randn_like(out)
+    return _bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), rep)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--attn-dim", type=int, default=128)
+    parser.add_argument("--hidden-dim", type=int, default=128)
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
+    parser.add_argument("--seq-lens", default="256,512,1024,2048,4096")
+    parser.add_argument("--providers", default="triton,triton_tma,pytorch",
+                        help="backend names; pytorch runs only up to --pytorch-max-seq-len")
+    parser.add_argument("--pytorch-max-seq-len", type=int, default=512)
+    parser.add_argument("--modes", default="fwd,bwd")
+    parser.add_argument("--rep", type=int, default=200, help="do_bench rep in ms (>= 200)")
+    parser.add_argument("--seed", type=int, default=1001)
+    args = parser.parse_args(argv)
+    if args.rep < 200:
+        parser.error(f"--rep must be >= 200 ms, got {args.rep}")
+
+    import triton
+    from tzrec_ops.ops.validation import set_value_checks
+    from tzrec_ops.registry import get_backend
+
+    set_value_checks(False)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
+          f"triton {triton.__version__}")
+    print(f"B={args.batch} H={args.heads} A={args.attn_dim} V={args.hidden_dim} "
+          f"{args.dtype}, lengths U[0.9N, N), targets U[1, 20], fused q/k/v buffer, "
+          "sort_by_length=True; value checks OFF while timing; do_bench median, "
+          f"warmup 25 ms, rep {args.rep} ms")
+    providers = [p for p in args.providers.split(",") if p]
+    for p in providers:
+        reason = get_backend(p).unavailable_reason()
+        if reason is not None:
+            print(f"skipping provider {p}: {reason}")
+    providers = [p for p in providers if get_backend(p).unavailable_reason() is None]
+    modes = [m for m in args.modes.split(",") if m]
+    rows: List[Dict[str, object]] = []
+    header = f"{'N':>5} {'provider':>11} " + " ".join(
+        f"{m + ' ms':>9} {m + ' TFLOP/s':>12}" for m in modes)
+    print(header, flush=True)
+    for n in (int(x) for x in args.seq_lens.split(",")):
+        inputs = make_inputs(args.batch, args.heads, args.attn_dim, args.hidden_dim, n,
+                             _DTYPES[args.dtype], args.seed)
+        for p in providers:
+            if p == "pytorch" and n > args.pytorch_max_seq_len:
+                continue
+            row: Dict[str, object] = {"N": n, "provider": p}
+            cells = []
+            for m in modes:
+                ms = run_point(inputs, p, m, args.rep)
+                tflops = flops(inputs["lengths"], args.heads, args.attn_dim, args.hidden_dim,
+                               m) / ms / 1e9
+                row[f"{m}_ms"], row[f"{m}_tflops"] = ms, tflops
+                cells.append(f"{ms:9.3f} {tflops:12.1f}")
+            rows.append(row)
+            print(f"{n:5d} {p:>11} " + " ".join(cells), flush=True)
+        del inputs
+        torch.cuda.empty_cache()
+    return rows
+
+
+if __name__ == "__main__":
+    main()

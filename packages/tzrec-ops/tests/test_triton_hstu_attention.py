@@ -1,0 +1,446 @@
+"""Triton HSTU attention (backends ``triton`` and ``triton_tma``) against the float64 oracle.
+
+The oracle is the ``pytorch`` backend run on float64 copies of the same inputs, forward and
+backward. On a CPU the kernels run in the Triton interpreter (``TRITON_INTERPRET=1``, set
+below before triton is imported when no GPU is visible) at small shapes; the ``gpu`` tests
+(``pytest -m gpu``) repeat the comparisons at real sizes and cover TMA, torch.compile,
+torch.export and AOTInductor.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    # triton.jit decides at decoration time whether a kernel is interpreted
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tzrec_ops.ops.hstu_attention import delta_hstu_mha, hstu_mha  # noqa: E402
+from tzrec_ops.registry import BackendError, reset_registry  # noqa: E402
+from tzrec_ops.testing.jagged import jagged_cases, make_attention_inputs  # noqa: E402
+from tzrec_ops.testing.tolerances import TF32, assert_close  # noqa: E402
+
+pytest.importorskip("triton")
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+CPU = pytest.mark.skipif(not INTERPRET, reason="CPU tests run in the Triton interpreter")
+SETTINGS = settings(max_examples=30, deadline=None, derandomize=True)
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _tol_dtype(dtype):
+    """fp32 on a GPU follows allow_tf32, which the TF32 tolerance covers."""
+    if dtype == torch.float32 and not INTERPRET and torch.backends.cuda.matmul.allow_tf32:
+        return None
+    return dtype
+
+
+def _compare(actual, expected, dtype, grad, name):
+    tol_dtype = _tol_dtype(dtype)
+    if tol_dtype is None:
+        scale = float(expected.abs().max()) if expected.numel() else 1.0
+        torch.testing.assert_close(
+            actual.double(), expected, atol=TF32.atol * max(scale, 1e-30), rtol=TF32.rtol,
+            msg=lambda m: f"{name} (tf32): {m}",
+        )
+    else:
+        assert_close(actual, expected, dtype, grad=grad, name=name)
+
+
+def check_against_oracle(
+    inputs, backend, dtype, *, causal=True, max_attn_len=0, contextual_seq_len=0,
+    scaling_seqlen=-1, sort_by_length=False, alpha=0.37, backward=True,
+):
+    """Forward (and backward) of ``backend`` in ``dtype`` vs the pytorch backend in float64."""
+    ins = inputs.to(dtype, requires_grad=backward)
+    kwargs = dict(
+        causal=causal, num_targets=inputs.num_targets, max_attn_len=max_attn_len,
+        contextual_seq_len=contextual_seq_len, scaling_seqlen=scaling_seqlen,
+    )
+    out = hstu_mha(inputs.max_seq_len, alpha, ins.q, ins.k, ins.v, inputs.seq_offsets,
+                   sort_by_length=sort_by_length, backend=backend, **kwargs)
+    ref_in = inputs.to(torch.float64, requires_grad=backward)
+    expected = hstu_mha(inputs.max_seq_len, alpha, ref_in.q, ref_in.k, ref_in.v,
+                        inputs.seq_offsets, backend="pytorch", **kwargs)
+    assert out.dtype == dtype and out.shape == expected.shape
+    _compare(out, expected, dtype, False, "out")
+    if not backward or out.numel() == 0:
+        return
+    dout = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    dout = dout.to(out.device)
+    out.backward(dout.to(dtype))
+    expected.backward(dout)
+    for name, got, want in zip("qkv", (ins.q, ins.k, ins.v), (ref_in.q, ref_in.k, ref_in.v)):
+        _compare(got.grad, want.grad, dtype, True, f"d{name}")
+
+
+def _inputs(case, heads, attn_dim, hidden_dim, device="cpu", seed=0, extra_len=0):
+    return make_attention_inputs(
+        case.lengths, heads, attn_dim, hidden_dim, seed=seed, device=device,
+        layout=case.layout, num_targets=case.num_targets, offsets_dtype=case.offsets_dtype,
+        max_seq_len=max([1, *case.lengths]) + extra_len,
+    )
+
+
+# ------------------------------------------------------------------------------ CPU (interpreter)
+
+
+@CPU
+@SETTINGS
+@given(
+    case=jagged_cases(max_batch=3, max_len=40, layouts=("contiguous", "fused")),
+    attn_dim=st.sampled_from([16, 24, 32]),
+    hidden_dim=st.sampled_from([16, 24, 32]),
+    causal=st.booleans(),
+    max_attn_len=st.sampled_from([0, 0, 1, 5, 50]),
+    contextual_seq_len=st.sampled_from([0, 0, 1, 3, 45]),
+    scaling_seqlen=st.sampled_from([-1, 64]),
+    extra_len=st.sampled_from([0, 7]),
+    sort_by_length=st.booleans(),
+    dtype=st.sampled_from(DTYPES),
+)
+def test_interpreter_matches_oracle(
+    case, attn_dim, hidden_dim, causal, max_attn_len, contextual_seq_len, scaling_seqlen,
+    extra_len, sort_by_length, dtype,
+):
+    inputs = _inputs(case, 2, attn_dim, hidden_dim, extra_len=extra_len)
+    check_against_oracle(
+        inputs, "triton", dtype, causal=causal, max_attn_len=max_attn_len,
+        contextual_seq_len=contextual_seq_len, scaling_seqlen=scaling_seqlen,
+        sort_by_length=sort_by_length,
+    )
+
+
+EDGE_CASES = {
+    "empty_and_length_one": dict(lengths=(0, 1, 33, 0), num_targets=None),
+    "targets_equal_length": dict(lengths=(5, 40, 17), num_targets=(5, 40, 2)),
+    "contextual_longer_than_sequence": dict(lengths=(3, 37), num_targets=(1, 4), ctx=12),
+    "window_with_targets_and_prefix": dict(lengths=(40, 21), num_targets=(6, 1), ctx=3, w=4),
+    "all_empty": dict(lengths=(0, 0), num_targets=None),
+}
+
+
+@CPU
+@pytest.mark.parametrize("name", sorted(EDGE_CASES))
+@pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("causal", [True, False])
+def test_interpreter_edge_cases(name, offsets_dtype, causal):
+    spec = EDGE_CASES[name]
+    inputs = make_attention_inputs(
+        spec["lengths"], 2, 16, 24, seed=3, layout="fused", num_targets=spec["num_targets"],
+        offsets_dtype=offsets_dtype,
+    )
+    check_against_oracle(
+        inputs, "triton", torch.float32, causal=causal, max_attn_len=spec.get("w", 0),
+        contextual_seq_len=spec.get("ctx", 0),
+    )
+
+
+@CPU
+def test_interpreter_strided_last_dim_is_made_contiguous():
+    inputs = make_attention_inputs((9, 30), 2, 16, 16, seed=4, layout="strided")
+    assert inputs.q.stride(-1) != 1
+    check_against_oracle(inputs, "triton", torch.float32)
+
+
+@CPU
+@pytest.mark.parametrize("delta", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_interpreter_delta_matches_oracle_and_full_forward(delta, dtype):
+    lengths, targets = (7, 40, 3), (2, 5, 3)
+    inputs = make_attention_inputs(lengths, 2, 32, 16, seed=6, num_targets=targets,
+                                   layout="fused", dtype=dtype)
+    offsets = inputs.seq_offsets
+    rows = torch.cat([torch.arange(int(offsets[b + 1]) - delta, int(offsets[b + 1]))
+                      for b in range(len(lengths))])
+    kwargs = dict(num_targets=inputs.num_targets, max_attn_len=6, contextual_seq_len=2)
+    delta_q = inputs.q[rows]
+    got = delta_hstu_mha(inputs.max_seq_len, 0.4, delta_q, inputs.k, inputs.v, offsets,
+                         backend="triton", **kwargs)
+    f64 = inputs.to(torch.float64)
+    expected = delta_hstu_mha(inputs.max_seq_len, 0.4, f64.q[rows], f64.k, f64.v, offsets,
+                              backend="pytorch", **kwargs)
+    assert_close(got, expected, dtype, name="delta out")
+    full = hstu_mha(inputs.max_seq_len, 0.4, inputs.q, inputs.k, inputs.v, offsets,
+                    backend="triton", **kwargs)
+    assert_close(got, full[rows].double(), dtype, name="delta vs full forward rows")
+
+
+@CPU
+def test_interpreter_backward_is_deterministic():
+    inputs = make_attention_inputs((40, 25), 2, 16, 16, seed=8, num_targets=(3, 1))
+    grads = []
+    for _ in range(2):
+        ins = inputs.to(torch.float32, requires_grad=True)
+        out = hstu_mha(inputs.max_seq_len, 0.5, ins.q, ins.k, ins.v, inputs.seq_offsets,
+                       num_targets=inputs.num_targets, contextual_seq_len=2, backend="triton")
+        out.backward(torch.ones_like(out))
+        grads.append([t.grad.clone() for t in (ins.q, ins.k, ins.v)])
+    for first, second in zip(*grads):
+        assert torch.equal(first, second)
+
+
+@CPU
+def test_interpreter_non_power_of_two_and_unequal_dims():
+    inputs = make_attention_inputs((13, 38), 1, 20, 40, seed=9, num_targets=(2, 2))
+    check_against_oracle(inputs, "triton", torch.float32, contextual_seq_len=2)
+
+
+# ------------------------------------------------------------------------- errors and plumbing
+
+
+@pytest.fixture
+def fresh_registry():
+    reset_registry()
+    yield
+    reset_registry()
+
+
+def _small(**over):
+    inputs = make_attention_inputs((3, 5), 2, 16, 16, seed=1)
+    args = dict(max_seq_len=8, alpha=0.5, q=inputs.q, k=inputs.k, v=inputs.v,
+                seq_offsets=inputs.seq_offsets)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize(
+    "over,reason",
+    [
+        (dict(dropout_pr=0.2), r"dropout_pr=0.2 is not supported"),
+        (dict(min_full_attn_seq_len=1, max_attn_len=2), r"min_full_attn_seq_len=1 is not supported"),
+        (dict(attn_func=torch.zeros(2, 3, 8, dtype=torch.int32)), r"attn_func \(arbitrary masks\)"),
+    ],
+)
+@pytest.mark.parametrize("backend", ["triton", "triton_tma"])
+def test_unsupported_options_rejected_before_launch(monkeypatch, fresh_registry, over, reason,
+                                                    backend):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if backend == "triton_tma":
+        reason = r"tensor descriptors are not supported by the Triton interpreter"
+    with pytest.raises(BackendError, match=reason):
+        hstu_mha(**_small(**over), backend=backend)
+
+
+def test_cpu_tensors_without_interpreter_rejected(monkeypatch, fresh_registry):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if torch.cuda.is_available():
+        pattern = r"backend 'triton' .* cannot run hstu_mha: tensors are on cpu, needs CUDA"
+    else:
+        pattern = r"backend 'triton' .* cannot run hstu_mha: unavailable: no CUDA/ROCm device"
+    with pytest.raises(BackendError, match=pattern):
+        hstu_mha(**_small(), backend="triton")
+
+
+@CPU
+def test_backend_function_rejects_options_itself():
+    from tzrec_ops.backends.triton import hstu_attention as impl
+
+    args = _small()
+    args.pop("seq_offsets")
+    offsets = _small()["seq_offsets"]
+    with pytest.raises(ValueError, match=r"dropout_pr must be 0.0 on the triton backends, got 0.1"):
+        impl.hstu_mha(args["max_seq_len"], 0.5, args["q"], args["k"], args["v"], offsets,
+                      dropout_pr=0.1)
+    with pytest.raises(ValueError, match=r"min_full_attn_seq_len must be 0"):
+        impl.hstu_mha(8, 0.5, args["q"], args["k"], args["v"], offsets, min_full_attn_seq_len=2)
+    # eval mode turns dropout off, so it is accepted
+    out = impl.hstu_mha(8, 0.5, args["q"], args["k"], args["v"], offsets, dropout_pr=0.1,
+                        training=False)
+    assert out.shape == (8, 2, 16)
+
+
+@CPU
+def test_head_dim_above_256_is_a_clear_error():
+    inputs = make_attention_inputs((3,), 1, 264, 16, seed=2)
+    with pytest.raises(ValueError, match=r"head dims up to 256 are supported, got 264"):
+        hstu_mha(4, 0.5, inputs.q, inputs.k, inputs.v, inputs.seq_offsets, backend="triton")
+
+
+@CPU
+def test_autotune_keys_and_configs():
+    from tzrec_ops.backends.rocm import configs as rocm
+    from tzrec_ops.backends.triton import autotune
+    from tzrec_ops.backends.triton import hstu_attention as impl
+
+    for kernel in (impl._fwd_kernel, impl._bwd_dq_kernel, impl._bwd_dkdv_kernel):
+        assert "AUTOTUNE_MAX_SEQ_LEN" in kernel.keys and "AUTOTUNE_Z" in kernel.keys
+        assert len(kernel.configs) == 1  # the interpreter's single config
+    for name in (autotune.FWD, autotune.BWD_DQ, autotune.BWD_DKDV):
+        hip = rocm.for_kernel(name)
+        assert hip and all("matrix_instr_nonkdim" in c.kwargs for c in hip)
+    wide = [c for c in autotune.configs(autotune.FWD)]
+    assert autotune._prune(wide, {"BLOCK_D_Q": 256, "BLOCK_D_V": 64})
+
+
+def _opcheck(device, test_utils):
+    inputs = make_attention_inputs((5, 19), 2, 16, 16, seed=12, num_targets=(1, 3),
+                                   device=device)
+    q, k, v = (t.detach().requires_grad_() for t in inputs.tensors())
+    args = (inputs.max_seq_len, 0.5, q, k, v, inputs.seq_offsets, True, inputs.num_targets,
+            0, 2, True, -1)
+    ops = ["hstu_mha_triton"] + (["hstu_mha_triton_tma"] if device == "cuda" else [])
+    for name in ops:
+        torch.library.opcheck(getattr(torch.ops.tzrec_ops, name).default, args,
+                              test_utils=test_utils)
+
+
+@CPU
+def test_opcheck_in_interpreter():
+    """Schema, fake tensors and autograd registration (AOT dispatch needs a GPU: below)."""
+    _opcheck("cpu", ("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+@pytest.mark.gpu
+def test_gpu_opcheck():
+    _opcheck("cuda", ("test_schema", "test_autograd_registration", "test_faketensor",
+                      "test_aot_dispatch_dynamic"))
+
+
+# ------------------------------------------------------------------------------------- GPU
+
+GPU_BACKENDS = ["triton", "triton_tma"]
+GPU_OPTIONS = {
+    "plain": dict(),
+    "targets_ctx": dict(targets=True, contextual_seq_len=5),
+    "window_targets": dict(targets=True, max_attn_len=100),
+    "noncausal": dict(causal=False),
+}
+
+
+def _gpu_inputs(lengths, attn_dim, hidden_dim, dtype, targets=False, layout="fused", seed=0):
+    g = torch.Generator().manual_seed(seed + 99)
+    nt = [int(x) for x in torch.randint(0, 20, (len(lengths),), generator=g)] if targets else None
+    nt = None if nt is None else [min(t, n) for t, n in zip(nt, lengths)]
+    return make_attention_inputs(lengths, 4, attn_dim, hidden_dim, dtype=torch.float32,
+                                 seed=seed, device="cuda", layout=layout, num_targets=nt,
+                                 scale=0.5)
+
+
+def _gpu_lengths(batch, max_len, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, max_len + 1, (batch,), generator=g).tolist()
+    lengths[0] = max_len
+    return lengths
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("option", sorted(GPU_OPTIONS))
+def test_gpu_matches_oracle(backend, dtype, option):
+    opts = dict(GPU_OPTIONS[option])
+    targets = opts.pop("targets", False)
+    inputs = _gpu_inputs(_gpu_lengths(8, 1024), 128, 128, dtype, targets=targets)
+    check_against_oracle(inputs, backend, dtype, sort_by_length=True, alpha=1 / 128, **opts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("dims", [(64, 64), (96, 96), (128, 64), (256, 256), (32, 48)])
+def test_gpu_head_dims(backend, dims):
+    inputs = _gpu_inputs(_gpu_lengths(4, 700, seed=1), dims[0], dims[1], torch.bfloat16,
+                         targets=True)
+    check_against_oracle(inputs, backend, torch.bfloat16, contextual_seq_len=3,
+                         alpha=dims[0] ** -0.5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("layout", ["contiguous", "fused"])
+def test_gpu_long_sequences_int32_offsets(backend, layout):
+    lengths = _gpu_lengths(6, 2048, seed=2)
+    g = torch.Generator().manual_seed(3)
+    nt = [min(int(x), n) for x, n in zip(torch.randint(1, 21, (6,), generator=g), lengths)]
+    inputs = make_attention_inputs(lengths, 2, 128, 128, seed=4, device="cuda", layout=layout,
+                                   num_targets=nt, offsets_dtype=torch.int32, scale=0.5)
+    check_against_oracle(inputs, backend, torch.bfloat16, sort_by_length=True, alpha=1 / 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_delta_matches_full_forward(backend, dtype):
+    lengths = [300, 1000, 57, 800]
+    inputs = _gpu_inputs(lengths, 128, 128, dtype, targets=True, seed=5).to(dtype)
+    delta = 16
+    offsets = inputs.seq_offsets
+    rows = torch.cat([torch.arange(int(offsets[b + 1]) - delta, int(offsets[b + 1]))
+                      for b in range(len(lengths))]).cuda()
+    kwargs = dict(num_targets=inputs.num_targets, max_attn_len=200, contextual_seq_len=4)
+    got = delta_hstu_mha(inputs.max_seq_len, 0.1, inputs.q[rows], inputs.k, inputs.v, offsets,
+                         backend=backend, **kwargs)
+    f64 = inputs.to(torch.float64)
+    expected = hstu_mha(inputs.max_seq_len, 0.1, f64.q, f64.k, f64.v, offsets,
+                        backend="pytorch", **kwargs)[rows]
+    assert_close(got, expected, dtype, name="delta vs oracle full-forward rows")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_gpu_every_config_is_correct(backend, monkeypatch):
+    """Each autotune candidate (not only the winner) compiles and gives the right answer with
+    the default ptxas: the public backward crashed on Hopper with triton 3.6's ptxas."""
+    from tzrec_ops.backends.triton import autotune
+    from tzrec_ops.backends.triton import hstu_attention as impl
+
+    inputs = _gpu_inputs(_gpu_lengths(4, 600, seed=6), 128, 128, torch.bfloat16, targets=True)
+    for name, kernel in ((autotune.FWD, impl._fwd_kernel), (autotune.BWD_DQ, impl._bwd_dq_kernel),
+                         (autotune.BWD_DKDV, impl._bwd_dkdv_kernel)):
+        for config in _all_cuda_configs(name):
+            monkeypatch.setattr(kernel, "configs", [config])
+            kernel.cache.clear()
+            check_against_oracle(inputs, backend, torch.bfloat16, contextual_seq_len=2,
+                                 alpha=1 / 128)
+        kernel.cache.clear()
+
+
+def _all_cuda_configs(name):
+    import triton
+
+    from tzrec_ops.backends.triton import autotune
+
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bm, bn, w, s in autotune._CUDA[name]]
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, backend):
+        super().__init__()
+        self.backend = backend
+
+    def forward(self, q, k, v, seq_offsets, num_targets):
+        return hstu_mha(64, 0.25, q, k, v, seq_offsets, num_targets=num_targets,
+                        contextual_seq_len=2, backend=self.backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_gpu_compile_export_aoti(backend, tmp_path):
+    inputs = make_attention_inputs([40, 64, 0, 17], 2, 32, 32, dtype=torch.bfloat16, seed=7,
+                                   device="cuda", layout="fused", num_targets=[3, 1, 0, 2])
+    module = _Attention(backend)
+    args = (inputs.q, inputs.k, inputs.v, inputs.seq_offsets, inputs.num_targets)
+    eager = module(*args)
+
+    q, k, v = (t.detach().requires_grad_() for t in inputs.tensors())
+    compiled = torch.compile(module, fullgraph=True)
+    out = compiled(q, k, v, inputs.seq_offsets, inputs.num_targets)
+    torch.testing.assert_close(out, eager, atol=0, rtol=0)
+    out.float().sum().backward()
+    q2, k2, v2 = (t.detach().requires_grad_() for t in inputs.tensors())
+    module(q2, k2, v2, inputs.seq_offsets, inputs.num_targets).float().sum().backward()
+    for a, b in ((q, q2), (k, k2), (v, v2)):
+        torch.testing.assert_close(a.grad, b.grad, atol=0, rtol=0)
+
+    exported = torch.export.export(module, args)
+    torch.testing.assert_close(exported.module()(*args), eager, atol=0, rtol=0)
+    path = torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "m.pt2"))
+    loaded = torch._inductor.aoti_load_package(path)
+    torch.testing.assert_close(loaded(*args), eager, atol=0, rtol=0)
