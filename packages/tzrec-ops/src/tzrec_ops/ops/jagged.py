@@ -176,9 +176,15 @@ def split_2D_jagged(
             check_non_negative(name, value)
     rows = values.shape[0]
     batch = _batch(offsets_left, offsets_right, (rows, rows), (None, None))
-    if offsets_left is None and max_len_left is not None:
+    for side, offsets, max_len in (
+        ("left", offsets_left, max_len_left),
+        ("right", offsets_right, max_len_right),
+    ):
+        if offsets is None and max_len is None:
+            raise ValueError(f"max_len_{side} is required when offsets_{side} is None (dense side)")
+    if offsets_left is None:
         total_len_left = _dense_total("left", total_len_left, batch * max_len_left)
-    if offsets_right is None and max_len_right is not None:
+    if offsets_right is None:
         total_len_right = _dense_total("right", total_len_right, batch * max_len_right)
     if total_len_left is None and total_len_right is None:
         total_len_left = int(offsets_left[-1])

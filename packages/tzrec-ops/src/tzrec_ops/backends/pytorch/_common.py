@@ -7,8 +7,6 @@ from the caller, never from a device-to-host copy.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 
@@ -22,14 +20,17 @@ def upcast(t: torch.Tensor) -> torch.Tensor:
     return t.to(compute_dtype(t.dtype))
 
 
-@functools.lru_cache(maxsize=None)
-def fbgemm_available() -> bool:
-    """True when fbgemm-gpu's jagged operators are importable (checked once)."""
+def _import_fbgemm() -> bool:
     try:
         import fbgemm_gpu  # noqa: F401
-    except Exception:
+    except Exception:  # not installed, or a build that does not load with this torch
         return False
     return hasattr(torch.ops.fbgemm, "jagged_to_padded_dense")
+
+
+# Decided once, when the backend is first used (this module is imported lazily), so that
+# torch.compile never traces an import.
+HAS_FBGEMM: bool = _import_fbgemm()
 
 
 def segment_ids(offsets: torch.Tensor, total: int) -> torch.Tensor:
@@ -49,7 +50,7 @@ def positions(offsets: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
 def jagged_to_padded(values: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
     """[L, D] jagged values -> [B, max_len, D], zero padded (lengths must be <= max_len)."""
     batch = offsets.numel() - 1
-    if fbgemm_available():
+    if HAS_FBGEMM:
         return torch.ops.fbgemm.jagged_to_padded_dense(
             values, [offsets.to(torch.int64)], [max_len], 0.0
         )
@@ -61,7 +62,7 @@ def jagged_to_padded(values: torch.Tensor, offsets: torch.Tensor, max_len: int) 
 
 def padded_to_jagged(padded: torch.Tensor, offsets: torch.Tensor, total: int) -> torch.Tensor:
     """[B, N, D] padded -> [L, D]: the first ``length_b`` rows of every sequence."""
-    if fbgemm_available():
+    if HAS_FBGEMM:
         return torch.ops.fbgemm.dense_to_jagged(padded, [offsets.to(torch.int64)], total)[0]
     seg = segment_ids(offsets, total)
     return padded[seg, positions(offsets, seg)]
