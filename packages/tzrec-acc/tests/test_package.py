@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -55,3 +58,17 @@ def test_missing_extra_raises_naming_the_extra(monkeypatch, module, extra):
 
 def test_installed_dependency_is_returned():
     assert require("torch", "torch", "anything") is torch
+
+
+def test_readme_python_examples_run(capsys):
+    readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+    blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), re.S)
+    assert blocks
+    exec(compile("\n".join(blocks), str(readme), "exec"), {})
+    out = capsys.readouterr().out
+    missing = (
+        "needs the optional dependency torch_tensorrt, which is not installed: "
+        "pip install 'tzrec-acc[tensorrt]'"
+    )
+    assert (missing in out) == (importlib.util.find_spec("torch_tensorrt") is None)
+    assert out.startswith("0.1.0\n")
