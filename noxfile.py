@@ -223,22 +223,26 @@ def _source_of(session: nox.Session, dist: str, version: Version) -> str:
     """A source tree of ``dist`` at ``version``.
 
     In order: the release tag ``<dist>-v<version>``; the working tree if it is still at that
-    version (unreleased); else the newest commit whose pyproject has that version.
+    version (unreleased); else the last commit before the version was bumped past it.
     """
     tags = _git("tag", "--list", f"{dist}-v*").split()
-    commit = next((t for t in tags if Version(t[len(dist) + 2 :]) == version), None)
-    if commit is None:
+    ref = next((t for t in tags if Version(t[len(dist) + 2 :]) == version), None)
+    if ref is None:
         if Version(_pyproject(dist)["version"]) == version:
             session.log(f"{dist} {version} is the in-repo version (not tagged): using the tree")
             return _package_path(dist)
+        # commits that touched the pyproject, newest first; the one after the newest commit
+        # at `version` is the bump away from it, and its parent the last commit at `version`
         log = _git("log", "--format=%H", "--", f"packages/{dist}/pyproject.toml").split()
-        commit = next((c for c in log if _version_at(c, dist) == version), None)
-        if commit is None:
+        at = next((i for i, c in enumerate(log) if _version_at(c, dist) == version), None)
+        if at is None:
             session.error(
                 f"cannot find {dist} {version}: no tag {dist}-v{version} and no commit in "
                 "this clone's history has that version (a shallow clone? run git fetch --tags)"
             )
-        session.warn(f"no tag {dist}-v{version}; using commit {commit}, the last at {version}")
+        ref = f"{log[at - 1]}^" if at > 0 else "HEAD"
+        session.warn(f"no tag {dist}-v{version}; using {ref}, the last commit at {version}")
+    commit = _git("rev-parse", f"{ref}^{{commit}}").strip()
     target = ROOT / ".nox" / "_sources" / f"{dist}-{version}-{commit[:12]}"
     if not target.exists():
         archive = subprocess.run(
@@ -250,7 +254,7 @@ def _source_of(session: nox.Session, dist: str, version: Version) -> str:
                 tar.extractall(target, filter="data")
             else:
                 tar.extractall(target)
-    session.log(f"{dist} {version} from {commit}")
+    session.log(f"{dist} {version} from {ref} ({commit})")
     return str(target / "packages" / dist)
 
 
