@@ -158,6 +158,17 @@ def test_padding_helpers_without_fbgemm(monkeypatch):
     torch.testing.assert_close(_common.padded_to_jagged(padded, offsets, 5), values, atol=0, rtol=0)
 
 
+@pytest.mark.skipif(not _common.HAS_FBGEMM, reason="fbgemm-gpu is not installed")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fbgemm_path_equals_index_path(monkeypatch, dtype):
+    offsets = offsets_from_lengths([3, 0, 5, 1], torch.int64)
+    _, inputs = _bmm_inputs([3, 0, 5, 1], 6, 4, dtype, torch.int64)
+    with_fbgemm = jagged_dense_bmm_broadcast_add(7, offsets, *inputs, backend=PT)
+    monkeypatch.setattr(_common, "HAS_FBGEMM", False)
+    without = jagged_dense_bmm_broadcast_add(7, offsets, *inputs, backend=PT)
+    torch.testing.assert_close(with_fbgemm, without, atol=0, rtol=0)
+
+
 def test_compile_and_export():
     offsets, inputs = _bmm_inputs([3, 1, 4], 5, 6, torch.float32, torch.int64)
     jagged, dense, bias = (t.detach() for t in inputs)

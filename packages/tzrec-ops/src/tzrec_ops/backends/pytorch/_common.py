@@ -31,6 +31,8 @@ def _import_fbgemm() -> bool:
 # Decided once, when the backend is first used (this module is imported lazily), so that
 # torch.compile never traces an import.
 HAS_FBGEMM: bool = _import_fbgemm()
+# fbgemm's jagged<->padded kernels have no float64 version: float64 takes the index path.
+_FBGEMM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def segment_ids(offsets: torch.Tensor, total: int) -> torch.Tensor:
@@ -50,7 +52,7 @@ def positions(offsets: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
 def jagged_to_padded(values: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
     """[L, D] jagged values -> [B, max_len, D], zero padded (lengths must be <= max_len)."""
     batch = offsets.numel() - 1
-    if HAS_FBGEMM:
+    if HAS_FBGEMM and values.dtype in _FBGEMM_DTYPES:
         return torch.ops.fbgemm.jagged_to_padded_dense(
             values, [offsets.to(torch.int64)], [max_len], 0.0
         )
@@ -62,7 +64,7 @@ def jagged_to_padded(values: torch.Tensor, offsets: torch.Tensor, max_len: int) 
 
 def padded_to_jagged(padded: torch.Tensor, offsets: torch.Tensor, total: int) -> torch.Tensor:
     """[B, N, D] padded -> [L, D]: the first ``length_b`` rows of every sequence."""
-    if HAS_FBGEMM:
+    if HAS_FBGEMM and padded.dtype in _FBGEMM_DTYPES:
         return torch.ops.fbgemm.dense_to_jagged(padded, [offsets.to(torch.int64)], total)[0]
     seg = segment_ids(offsets, total)
     return padded[seg, positions(offsets, seg)]
