@@ -177,7 +177,7 @@ def add_positional_embeddings(
         high = min(_history_end(e - s, t, interleave_targets), table.shape[0] - 1)
         for p in range(e - s):
             rows.append(alpha * x[s + p] + table[min(p, high)])
-    return torch.stack(rows) if rows else x.new_zeros(0, x.shape[1])
+    return torch.stack(rows) if rows else alpha * x[:0] + table[:0]
 
 
 def timestamp_bucket(query_time: float, ts: float, fn: str, increments: float, top: int) -> int:
@@ -213,14 +213,14 @@ def add_timestamp_positional_embeddings(
     for b, (s, e) in enumerate(spans(seq_offsets)):
         t = None if num_targets is None else int(num_targets[b])
         high = _history_end(e - s, t, interleave_targets)
-        qt = ts[e - 1] if query_time is None else query_time[b]
         for p in range(e - s):
+            qt = ts[e - 1] if query_time is None else query_time[b]
             pos = timestamp_position(p, high, max_contextual_seq_len, pos_table.shape[0])
             bucket = timestamp_bucket(
                 qt, ts[s + p], time_bucket_fn, time_bucket_increments, ts_table.shape[0] - 1
             )
             rows.append(alpha * x[s + p] + pos_table[pos] + ts_table[bucket])
-    return torch.stack(rows) if rows else x.new_zeros(0, x.shape[1])
+    return torch.stack(rows) if rows else alpha * x[:0] + pos_table[:0] + ts_table[:0]
 
 
 # ------------------------------------------------------------------------------ hstu_compute
