@@ -189,6 +189,32 @@ def test_plugins(session: nox.Session) -> None:
     _pytest(session, str(EXAMPLE_PLUGIN / "tests"), str(ROOT / "tests"), f"--rootdir={ROOT}")
 
 
+# -- optional CPU extras: fbgemm-gpu-cpu and torchrec -------------------------------------------
+
+TORCHREC_OVERRIDES = ROOT / "constraints" / "torchrec-cpu-overrides.txt"
+# torchrec 1.8.0's requirements other than fbgemm-gpu (pip cannot override a requirement)
+TORCHREC_DEPS = ("tensordict", "torchmetrics==1.0.3", "tqdm", "pyre-extensions")
+
+
+@nox.session(name="test-ops-fbgemm", tags=["test"])
+def test_ops_fbgemm(session: nox.Session) -> None:
+    """tzrec-ops' tests with fbgemm-gpu-cpu installed (the pytorch backend then uses it)."""
+    _install_packages(session, "tzrec-ops", "fbgemm-gpu-cpu")
+    _pytest(session, str(ROOT / "packages" / "tzrec-ops" / "tests"), parallel=True)
+
+
+@nox.session(name="test-gr-torchrec", tags=["test"])
+def test_gr_torchrec(session: nox.Session) -> None:
+    """tzrec-gr's tests with torchrec and fbgemm-gpu-cpu installed."""
+    _install_packages(session, "tzrec-gr", "fbgemm-gpu-cpu")
+    if session.venv_backend == "uv":
+        _install(session, "--override", str(TORCHREC_OVERRIDES), "torchrec")
+    else:
+        _install(session, "--no-deps", "torchrec")
+        _install(session, *TORCHREC_DEPS)
+    _pytest(session, str(ROOT / "packages" / "tzrec-gr" / "tests"), parallel=True)
+
+
 # -- compatibility --------------------------------------------------------------------------
 
 
@@ -305,6 +331,8 @@ CI_SESSIONS = (
     "test-acc",
     "test-bench",
     "test-plugins",
+    "test-ops-fbgemm",
+    "test-gr-torchrec",
     "compat-gr-ops-min",
 )
 
