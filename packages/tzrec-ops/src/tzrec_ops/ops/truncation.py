@@ -108,6 +108,7 @@ def compute_stu_truncation_plan(
     checks = ValueChecks()
     checks.require(offsets[:1] == 0, "x_offsets[0] must be 0")
     checks.require(lengths >= 0, "x_offsets must be non-decreasing (a length is negative)")
+    checks.require(lengths <= max_seq_len, f"sequence lengths must be <= max_seq_len ({max_seq_len})")
     checks.require(targets >= 0, "num_targets must be >= 0")
     checks.require(
         lengths >= targets + contextual_seq_len,
