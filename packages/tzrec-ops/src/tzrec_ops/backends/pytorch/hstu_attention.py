@@ -35,6 +35,9 @@ from torch.utils.checkpoint import checkpoint
 CHUNK_ENV = "TZREC_OPS_PYTORCH_ATTN_CHUNK"
 DEFAULT_CHUNK_ELEMENTS = 1 << 28
 
+# dtypes fbgemm's jagged/padded conversions support (float64 raises "not implemented")
+_FBGEMM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
 _chunk_elements_override: Optional[int] = None
 _use_fbgemm_override: Optional[bool] = None
 
@@ -97,7 +100,7 @@ def _to_padded(values: torch.Tensor, offsets: torch.Tensor, max_len: int) -> tor
     """``[L, *rest]`` jagged -> ``[B, max_len, *rest]`` zero-padded."""
     rest = values.shape[1:]
     flat = values.flatten(1) if values.dim() > 1 else values[:, None]
-    if fbgemm_enabled() and values.is_floating_point():
+    if fbgemm_enabled() and values.dtype in _FBGEMM_DTYPES:
         dense = torch.ops.fbgemm.jagged_to_padded_dense(
             flat, [offsets.to(torch.int64)], [max_len], 0.0
         )
@@ -118,7 +121,7 @@ def _to_jagged(dense: torch.Tensor, offsets: torch.Tensor, total: int) -> torch.
     batch, max_len = dense.shape[0], dense.shape[1]
     rest = dense.shape[2:]
     flat = dense.flatten(2) if dense.dim() > 2 else dense[..., None]
-    if fbgemm_enabled():
+    if fbgemm_enabled() and dense.dtype in _FBGEMM_DTYPES:
         values = torch.ops.fbgemm.dense_to_jagged(flat, [offsets.to(torch.int64)], total)[0]
     else:
         offsets64 = offsets.to(torch.int64)
