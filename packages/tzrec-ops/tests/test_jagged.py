@@ -33,10 +33,16 @@ def _side(lengths, dense_len, dim, dtype, seed, offsets_dtype, strided=False):
     return values.requires_grad_(), offsets, spans, max([0, *lengths])
 
 
-def _check_concat_split(lengths_l, lengths_r, dense, dim, dtype, offsets_dtype, seed=0, strided=False):
+def _check_concat_split(
+    lengths_l, lengths_r, dense, dim, dtype, offsets_dtype, seed=0, strided=False
+):
     """concat vs the oracle (fwd + bwd), then split(concat) vs the oracle (fwd + bwd)."""
-    left, off_l, spans_l, max_l = _side(lengths_l, dense[0], dim, dtype, seed, offsets_dtype, strided)
-    right, off_r, spans_r, max_r = _side(lengths_r, dense[1], dim, dtype, seed + 1, offsets_dtype, strided)
+    left, off_l, spans_l, max_l = _side(
+        lengths_l, dense[0], dim, dtype, seed, offsets_dtype, strided
+    )
+    right, off_r, spans_r, max_r = _side(
+        lengths_r, dense[1], dim, dtype, seed + 1, offsets_dtype, strided
+    )
     out = concat_2D_jagged(left, right, max_l, max_r, off_l, off_r, backend=PT)
     ref_in = oracle.f64_copies(left, right)
     expected = oracle.concat_2D_jagged(*ref_in, spans_l, spans_r)
@@ -60,7 +66,9 @@ def _check_concat_split(lengths_l, lengths_r, dense, dim, dtype, offsets_dtype, 
     (ref_values,) = oracle.f64_copies(values)
     exp_l, exp_r = oracle.split_2D_jagged(ref_values, nl, nr)
     both = torch.cat([got_l, got_r])
-    oracle.assert_fwd_bwd(both, torch.cat([exp_l, exp_r]), [values], [ref_values], ["values"], dtype, seed)
+    oracle.assert_fwd_bwd(
+        both, torch.cat([exp_l, exp_r]), [values], [ref_values], ["values"], dtype, seed
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -137,7 +145,8 @@ def test_gradcheck():
     )
     values = random_values(8, (3,), torch.float64).requires_grad_()
     assert torch.autograd.gradcheck(
-        lambda v: split_2D_jagged(5, v, offsets_left=off_l, offsets_right=off_r, backend=PT), (values,)
+        lambda v: split_2D_jagged(5, v, offsets_left=off_l, offsets_right=off_r, backend=PT),
+        (values,),
     )
     offsets, inputs = _bmm_inputs([2, 0, 3], 3, 2, torch.float64, torch.int64)
     assert torch.autograd.gradcheck(
@@ -178,7 +187,9 @@ def test_compile_and_export():
     def fn(jagged, dense, bias, right):
         out = jagged_dense_bmm_broadcast_add(4, offsets, jagged, dense, bias, backend=PT)
         cat = concat_2D_jagged(jagged, right, 4, 2, offsets, off_r, backend=PT)
-        left, rest = split_2D_jagged(6, cat, total_len_left=8, offsets_left=offsets, offsets_right=off_r, backend=PT)
+        left, rest = split_2D_jagged(
+            6, cat, total_len_left=8, offsets_left=offsets, offsets_right=off_r, backend=PT
+        )
         return out, cat, left, rest
 
     expected = fn(jagged, dense, bias, right)
@@ -204,31 +215,156 @@ def _concat_args():
 @pytest.mark.parametrize(
     "call, error, match",
     [
-        (lambda l, r, ol, orr: concat_2D_jagged(l[0], r, 3, 2, ol, orr), ValueError, r"values_left must be 2-D, got 1-D"),
-        (lambda l, r, ol, orr: concat_2D_jagged(l, r[:, :2], 3, 2, ol, orr), ValueError, r"values_right.shape\[1\] \(2\) must equal values_left.shape\[1\] \(3\)"),
-        (lambda l, r, ol, orr: concat_2D_jagged(l, r.double(), 3, 2, ol, orr), TypeError, r"values_right has dtype torch.float64 but values_left has torch.float32"),
-        (lambda l, r, ol, orr: concat_2D_jagged(l, r.to("meta"), 3, 2, ol, orr), ValueError, r"values_right is on meta but values_left is on cpu"),
-        (lambda l, r, ol, orr: concat_2D_jagged(l, r, -1, 2, ol, orr), ValueError, r"max_len_left must be >= 0, got -1"),
-        (lambda l, r, ol, orr: concat_2D_jagged(l, r, 3, 2, ol.float(), orr), TypeError, r"offsets_left must be int32 or int64, got torch.float32"),
-        (lambda l, r, ol, orr: concat_2D_jagged(l, r, 3, 2, ol, orr[:2]), ValueError, r"offsets_left \(3 entries\) and offsets_right \(2 entries\) must describe the same batch"),
-        (lambda l, r, ol, orr: concat_2D_jagged(l, r, 3, 2, ol, None), ValueError, r"values_right has 3 rows but a dense right side needs B \* max_len_right = 2 \* 2 = 4"),
-        (lambda l, r, ol, orr: concat_2D_jagged(l, r, 3, 2, torch.tensor([0, 3, 2]), orr), ValueError, r"offsets_left must be non-decreasing"),
-        (lambda l, r, ol, orr: concat_2D_jagged(l, r, 3, 2, torch.tensor([0, 2, 4]), orr), ValueError, r"offsets_left\[-1\] must equal the number of tokens \(5\)"),
-        (lambda l, r, ol, orr: concat_2D_jagged(l, r, 3, 2, torch.tensor([1, 2, 5]), orr), ValueError, r"offsets_left\[0\] must be 0"),
-        (lambda l, r, ol, orr: concat_2D_jagged(l, r, 2, 2, ol, orr), ValueError, r"lengths from offsets_left must be <= max_len_left \(2\)"),
-        (lambda l, r, ol, orr: split_2D_jagged(5, l, max_len_left=2), ValueError, r"needs offsets_left or offsets_right"),
-        (lambda l, r, ol, orr: split_2D_jagged(5, l, offsets_right=ol), ValueError, r"max_len_left is required when offsets_left is None"),
-        (lambda l, r, ol, orr: split_2D_jagged(5, torch.randn(8, 3), total_len_left=3, total_len_right=4, offsets_left=ol, offsets_right=orr), ValueError, r"total_len_left \(3\) \+ total_len_right \(4\) must equal values.shape\[0\] \(8\)"),
-        (lambda l, r, ol, orr: split_2D_jagged(5, torch.randn(7, 3), total_len_left=3, max_len_left=2, offsets_right=orr), ValueError, r"total_len_left \(3\) must equal B \* max_len_left \(4\) for a dense left side"),
-        (lambda l, r, ol, orr: split_2D_jagged(4, torch.randn(8, 3), offsets_left=ol, offsets_right=orr), ValueError, r"left \+ right lengths must be <= max_seq_len \(4\)"),
-        (lambda l, r, ol, orr: split_2D_jagged(-1, l, offsets_left=ol), ValueError, r"max_seq_len must be >= 0, got -1"),
-        (lambda l, r, ol, orr: jagged_dense_bmm_broadcast_add(3, ol, l, torch.randn(2, 4, 2), torch.randn(2, 2)), ValueError, r"dense.shape\[1\] \(4\) must equal jagged.shape\[1\] \(3\)"),
-        (lambda l, r, ol, orr: jagged_dense_bmm_broadcast_add(3, ol, l, torch.randn(2, 3, 2), torch.randn(2, 5)), ValueError, r"bias.shape\[1\] \(5\) must equal dense.shape\[2\] \(2\)"),
-        (lambda l, r, ol, orr: jagged_dense_bmm_broadcast_add(3, ol, l, torch.randn(3, 3, 2), torch.randn(3, 2)), ValueError, r"seq_offsets must have B \+ 1 = 4 entries, got 3"),
-        (lambda l, r, ol, orr: jagged_dense_bmm_broadcast_add(3, ol, l, torch.randn(2, 3, 2), torch.randn(2, 2)[0]), ValueError, r"bias must be 2-D, got 1-D"),
-        (lambda l, r, ol, orr: jagged_dense_bmm_broadcast_add(3, ol, l, torch.randn(2, 3, 2).half(), torch.randn(2, 2)), TypeError, r"dense has dtype torch.float16 but jagged has torch.float32"),
-        (lambda l, r, ol, orr: jagged_dense_bmm_broadcast_add(2, ol, l, torch.randn(2, 3, 2), torch.randn(2, 2)), ValueError, r"sequence lengths must be <= max_seq_len \(2\)"),
-        (lambda l, r, ol, orr: jagged_dense_bmm_broadcast_add(3, ol.to("meta"), l, torch.randn(2, 3, 2), torch.randn(2, 2)), ValueError, r"seq_offsets is on meta but jagged is on cpu"),
+        (
+            lambda lv, r, ol, orr: concat_2D_jagged(lv[0], r, 3, 2, ol, orr),
+            ValueError,
+            r"values_left must be 2-D, got 1-D",
+        ),
+        (
+            lambda lv, r, ol, orr: concat_2D_jagged(lv, r[:, :2], 3, 2, ol, orr),
+            ValueError,
+            r"values_right.shape\[1\] \(2\) must equal values_left.shape\[1\] \(3\)",
+        ),
+        (
+            lambda lv, r, ol, orr: concat_2D_jagged(lv, r.double(), 3, 2, ol, orr),
+            TypeError,
+            r"values_right has dtype torch.float64 but values_left has torch.float32",
+        ),
+        (
+            lambda lv, r, ol, orr: concat_2D_jagged(lv, r.to("meta"), 3, 2, ol, orr),
+            ValueError,
+            r"values_right is on meta but values_left is on cpu",
+        ),
+        (
+            lambda lv, r, ol, orr: concat_2D_jagged(lv, r, -1, 2, ol, orr),
+            ValueError,
+            r"max_len_left must be >= 0, got -1",
+        ),
+        (
+            lambda lv, r, ol, orr: concat_2D_jagged(lv, r, 3, 2, ol.float(), orr),
+            TypeError,
+            r"offsets_left must be int32 or int64, got torch.float32",
+        ),
+        (
+            lambda lv, r, ol, orr: concat_2D_jagged(lv, r, 3, 2, ol, orr[:2]),
+            ValueError,
+            r"offsets_left \(3 entries\) and offsets_right \(2 entries\) must describe the same batch",  # noqa: E501
+        ),
+        (
+            lambda lv, r, ol, orr: concat_2D_jagged(lv, r, 3, 2, ol, None),
+            ValueError,
+            r"values_right has 3 rows but a dense right side needs B \* max_len_right = 2 \* 2 = 4",
+        ),
+        (
+            lambda lv, r, ol, orr: concat_2D_jagged(lv, r, 3, 2, torch.tensor([0, 3, 2]), orr),
+            ValueError,
+            r"offsets_left must be non-decreasing",
+        ),
+        (
+            lambda lv, r, ol, orr: concat_2D_jagged(lv, r, 3, 2, torch.tensor([0, 2, 4]), orr),
+            ValueError,
+            r"offsets_left\[-1\] must equal the number of tokens \(5\)",
+        ),
+        (
+            lambda lv, r, ol, orr: concat_2D_jagged(lv, r, 3, 2, torch.tensor([1, 2, 5]), orr),
+            ValueError,
+            r"offsets_left\[0\] must be 0",
+        ),
+        (
+            lambda lv, r, ol, orr: concat_2D_jagged(lv, r, 2, 2, ol, orr),
+            ValueError,
+            r"lengths from offsets_left must be <= max_len_left \(2\)",
+        ),
+        (
+            lambda lv, r, ol, orr: split_2D_jagged(5, lv, max_len_left=2),
+            ValueError,
+            r"needs offsets_left or offsets_right",
+        ),
+        (
+            lambda lv, r, ol, orr: split_2D_jagged(5, lv, offsets_right=ol),
+            ValueError,
+            r"max_len_left is required when offsets_left is None",
+        ),
+        (
+            lambda lv, r, ol, orr: split_2D_jagged(
+                5,
+                torch.randn(8, 3),
+                total_len_left=3,
+                total_len_right=4,
+                offsets_left=ol,
+                offsets_right=orr,
+            ),
+            ValueError,
+            r"total_len_left \(3\) \+ total_len_right \(4\) must equal values.shape\[0\] \(8\)",
+        ),
+        (
+            lambda lv, r, ol, orr: split_2D_jagged(
+                5, torch.randn(7, 3), total_len_left=3, max_len_left=2, offsets_right=orr
+            ),
+            ValueError,
+            r"total_len_left \(3\) must equal B \* max_len_left \(4\) for a dense left side",
+        ),
+        (
+            lambda lv, r, ol, orr: split_2D_jagged(
+                4, torch.randn(8, 3), offsets_left=ol, offsets_right=orr
+            ),
+            ValueError,
+            r"left \+ right lengths must be <= max_seq_len \(4\)",
+        ),
+        (
+            lambda lv, r, ol, orr: split_2D_jagged(-1, lv, offsets_left=ol),
+            ValueError,
+            r"max_seq_len must be >= 0, got -1",
+        ),
+        (
+            lambda lv, r, ol, orr: jagged_dense_bmm_broadcast_add(
+                3, ol, lv, torch.randn(2, 4, 2), torch.randn(2, 2)
+            ),
+            ValueError,
+            r"dense.shape\[1\] \(4\) must equal jagged.shape\[1\] \(3\)",
+        ),
+        (
+            lambda lv, r, ol, orr: jagged_dense_bmm_broadcast_add(
+                3, ol, lv, torch.randn(2, 3, 2), torch.randn(2, 5)
+            ),
+            ValueError,
+            r"bias.shape\[1\] \(5\) must equal dense.shape\[2\] \(2\)",
+        ),
+        (
+            lambda lv, r, ol, orr: jagged_dense_bmm_broadcast_add(
+                3, ol, lv, torch.randn(3, 3, 2), torch.randn(3, 2)
+            ),
+            ValueError,
+            r"seq_offsets must have B \+ 1 = 4 entries, got 3",
+        ),
+        (
+            lambda lv, r, ol, orr: jagged_dense_bmm_broadcast_add(
+                3, ol, lv, torch.randn(2, 3, 2), torch.randn(2, 2)[0]
+            ),
+            ValueError,
+            r"bias must be 2-D, got 1-D",
+        ),
+        (
+            lambda lv, r, ol, orr: jagged_dense_bmm_broadcast_add(
+                3, ol, lv, torch.randn(2, 3, 2).half(), torch.randn(2, 2)
+            ),
+            TypeError,
+            r"dense has dtype torch.float16 but jagged has torch.float32",
+        ),
+        (
+            lambda lv, r, ol, orr: jagged_dense_bmm_broadcast_add(
+                2, ol, lv, torch.randn(2, 3, 2), torch.randn(2, 2)
+            ),
+            ValueError,
+            r"sequence lengths must be <= max_seq_len \(2\)",
+        ),
+        (
+            lambda lv, r, ol, orr: jagged_dense_bmm_broadcast_add(
+                3, ol.to("meta"), lv, torch.randn(2, 3, 2), torch.randn(2, 2)
+            ),
+            ValueError,
+            r"seq_offsets is on meta but jagged is on cpu",
+        ),
     ],
 )
 def test_errors(call, error, match):

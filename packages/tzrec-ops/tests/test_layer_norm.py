@@ -49,7 +49,10 @@ NORMS = {
         lambda x, w, b, eps: swish_layer_norm(x, w, b, eps, backend=PT),
         oracle.swish_layer_norm,
     ),
-    "rms_norm": (lambda x, w, b, eps: rms_norm(x, w, eps, backend=PT), lambda x, w, b, eps: oracle.rms_norm(x, w, eps)),
+    "rms_norm": (
+        lambda x, w, b, eps: rms_norm(x, w, eps, backend=PT),
+        lambda x, w, b, eps: oracle.rms_norm(x, w, eps),
+    ),
 }
 
 
@@ -75,7 +78,6 @@ def _check_norm(name, rows, dim, dtype, param_dtype, present, seed=0, strided=Fa
 def test_norm_matches_oracle(name, dtype, rows, dim):
     # fp32 parameters with low-precision activations, as the STU uses them
     _check_norm(name, rows, dim, dtype, torch.float32, (True, True))
-
 
 
 @SETTINGS
@@ -107,11 +109,15 @@ def _mul_inputs(rows, heads, head_dim, dtype, group, seed=0, strided=False):
 
 def _run_mul(x, u, w, b, group, heads, p, training, concat_ux, seed=None, eps=1e-5):
     if group:
-        return group_norm_mul_dropout(x, u, w, b, eps, p, training, heads, concat_ux, seed, backend=PT)
+        return group_norm_mul_dropout(
+            x, u, w, b, eps, p, training, heads, concat_ux, seed, backend=PT
+        )
     return layer_norm_mul_dropout(x, u, w, b, eps, p, training, concat_ux, seed, backend=PT)
 
 
-def _check_mul(rows, heads, head_dim, dtype, group, concat_ux, seed=0, strided=False, p=0.0, training=False):
+def _check_mul(
+    rows, heads, head_dim, dtype, group, concat_ux, seed=0, strided=False, p=0.0, training=False
+):
     x, u, w, b = _mul_inputs(rows, heads, head_dim, dtype, group, seed, strided)
     out = _run_mul(x, u, w, b, group, heads, p, training, concat_ux, seed=seed)
     width = heads * head_dim * (3 if concat_ux else 1)
@@ -121,7 +127,9 @@ def _check_mul(rows, heads, head_dim, dtype, group, concat_ux, seed=0, strided=F
     if training and p > 0:
         keep = out.detach() != 0  # the oracle's values are non-zero almost surely
         expected = expected * keep / (1.0 - p)
-    oracle.assert_fwd_bwd(out, expected, [x, u, w, b], ref_in, ["x", "u", "weight", "bias"], dtype, seed)
+    oracle.assert_fwd_bwd(
+        out, expected, [x, u, w, b], ref_in, ["x", "u", "weight", "bias"], dtype, seed
+    )
 
 
 @pytest.mark.parametrize("group", [False, True])
@@ -232,22 +240,78 @@ def _norm_args():
     "call, error, match",
     [
         (lambda x, w, b: layer_norm(x[0], w, b), ValueError, r"x must be 2-D, got 1-D"),
-        (lambda x, w, b: layer_norm(x.int(), w, b), TypeError, r"x must be float16 or .* got torch.int32"),
-        (lambda x, w, b: layer_norm(x, w[:5], b), ValueError, r"weight.shape\[0\] \(5\) must equal x.shape\[1\] \(6\)"),
+        (
+            lambda x, w, b: layer_norm(x.int(), w, b),
+            TypeError,
+            r"x must be float16 or .* got torch.int32",
+        ),
+        (
+            lambda x, w, b: layer_norm(x, w[:5], b),
+            ValueError,
+            r"weight.shape\[0\] \(5\) must equal x.shape\[1\] \(6\)",
+        ),
         (lambda x, w, b: layer_norm(x, w, b[None]), ValueError, r"bias must be 1-D, got 2-D"),
-        (lambda x, w, b: swish_layer_norm(x, w, b.to("meta")), ValueError, r"bias is on meta but x is on cpu"),
+        (
+            lambda x, w, b: swish_layer_norm(x, w, b.to("meta")),
+            ValueError,
+            r"bias is on meta but x is on cpu",
+        ),
         (lambda x, w, b: rms_norm(x, w, eps=-1.0), ValueError, r"eps must be >= 0, got -1.0"),
-        (lambda x, w, b: rms_norm(x, w.long()), TypeError, r"weight must be float16 .* got torch.int64"),
-        (lambda x, w, b: layer_norm_mul_dropout(x, x, None, b, 1e-5, 0.0, False), TypeError, r"weight must be a torch.Tensor, got None"),
-        (lambda x, w, b: layer_norm_mul_dropout(x, x[:3], w, b, 1e-5, 0.0, False), ValueError, r"u must have x's shape \[4, 6\], got \[3, 6\]"),
-        (lambda x, w, b: layer_norm_mul_dropout(x, x.double(), w, b, 1e-5, 0.0, False), TypeError, r"u has dtype torch.float64 but x has torch.float32"),
-        (lambda x, w, b: layer_norm_mul_dropout(x, x, w, b, 1e-5, 1.0, True), ValueError, r"dropout_ratio must be in \[0, 1\), got 1.0"),
-        (lambda x, w, b: layer_norm_mul_dropout(x, x, w, b, 1e-5, -0.1, True), ValueError, r"dropout_ratio must be in \[0, 1\), got -0.1"),
-        (lambda x, w, b: layer_norm_mul_dropout(x, x, w, b, 1e-5, 0.1, True, seed=-1), ValueError, r"seed must be None or an int in \[0, 2\*\*63\), got -1"),
-        (lambda x, w, b: layer_norm_mul_dropout(x, x, w, b, 1e-5, 0.1, True, seed=1.5), ValueError, r"seed must be None or an int .* got 1.5"),
-        (lambda x, w, b: group_norm_mul_dropout(x, x, w[:2], b[:2], 1e-5, 0.0, False, 4), ValueError, r"x.shape\[1\] \(6\) must be a multiple of num_heads \(4\)"),
-        (lambda x, w, b: group_norm_mul_dropout(x, x, w, b, 1e-5, 0.0, False, 0), ValueError, r"num_heads must be > 0, got 0"),
-        (lambda x, w, b: group_norm_mul_dropout(x, x, w, b, 1e-5, 0.0, False, 2), ValueError, r"weight.shape\[0\] \(6\) must equal num_heads \(2\)"),
+        (
+            lambda x, w, b: rms_norm(x, w.long()),
+            TypeError,
+            r"weight must be float16 .* got torch.int64",
+        ),
+        (
+            lambda x, w, b: layer_norm_mul_dropout(x, x, None, b, 1e-5, 0.0, False),
+            TypeError,
+            r"weight must be a torch.Tensor, got None",
+        ),
+        (
+            lambda x, w, b: layer_norm_mul_dropout(x, x[:3], w, b, 1e-5, 0.0, False),
+            ValueError,
+            r"u must have x's shape \[4, 6\], got \[3, 6\]",
+        ),
+        (
+            lambda x, w, b: layer_norm_mul_dropout(x, x.double(), w, b, 1e-5, 0.0, False),
+            TypeError,
+            r"u has dtype torch.float64 but x has torch.float32",
+        ),
+        (
+            lambda x, w, b: layer_norm_mul_dropout(x, x, w, b, 1e-5, 1.0, True),
+            ValueError,
+            r"dropout_ratio must be in \[0, 1\), got 1.0",
+        ),
+        (
+            lambda x, w, b: layer_norm_mul_dropout(x, x, w, b, 1e-5, -0.1, True),
+            ValueError,
+            r"dropout_ratio must be in \[0, 1\), got -0.1",
+        ),
+        (
+            lambda x, w, b: layer_norm_mul_dropout(x, x, w, b, 1e-5, 0.1, True, seed=-1),
+            ValueError,
+            r"seed must be None or an int in \[0, 2\*\*63\), got -1",
+        ),
+        (
+            lambda x, w, b: layer_norm_mul_dropout(x, x, w, b, 1e-5, 0.1, True, seed=1.5),
+            ValueError,
+            r"seed must be None or an int .* got 1.5",
+        ),
+        (
+            lambda x, w, b: group_norm_mul_dropout(x, x, w[:2], b[:2], 1e-5, 0.0, False, 4),
+            ValueError,
+            r"x.shape\[1\] \(6\) must be a multiple of num_heads \(4\)",
+        ),
+        (
+            lambda x, w, b: group_norm_mul_dropout(x, x, w, b, 1e-5, 0.0, False, 0),
+            ValueError,
+            r"num_heads must be > 0, got 0",
+        ),
+        (
+            lambda x, w, b: group_norm_mul_dropout(x, x, w, b, 1e-5, 0.0, False, 2),
+            ValueError,
+            r"weight.shape\[0\] \(6\) must equal num_heads \(2\)",
+        ),
     ],
 )
 def test_errors(call, error, match):

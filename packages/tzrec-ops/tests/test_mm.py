@@ -21,7 +21,11 @@ def _inputs(m, k, n, dtype, bias_2d, seed=0, transposed=False):
         mat2 = random_values(n, (k,), dtype, seed + 1).t()
     else:
         mat2 = random_values(k, (n,), dtype, seed + 1)
-    bias = random_values(m, (n,), dtype, seed + 2) if bias_2d else random_values(n, (), dtype, seed + 2)
+    bias = (
+        random_values(m, (n,), dtype, seed + 2)
+        if bias_2d
+        else random_values(n, (), dtype, seed + 2)
+    )
     return [t.requires_grad_() for t in (bias, mat1, mat2)]
 
 
@@ -30,7 +34,9 @@ def _check(m, k, n, dtype, bias_2d, seed=0, transposed=False):
     out = addmm(*inputs, backend="pytorch")
     assert out.dtype == dtype and out.shape == (m, n)
     ref_in = oracle.f64_copies(*inputs)
-    oracle.assert_fwd_bwd(out, oracle.addmm(*ref_in), inputs, ref_in, ["input", "mat1", "mat2"], dtype, seed)
+    oracle.assert_fwd_bwd(
+        out, oracle.addmm(*ref_in), inputs, ref_in, ["input", "mat1", "mat2"], dtype, seed
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -93,11 +99,31 @@ def _ok():
     [
         (lambda b, x, w: (b, x[0], w), ValueError, r"mat1 must be 2-D, got 1-D"),
         (lambda b, x, w: (b, x, w[0]), ValueError, r"mat2 must be 2-D, got 1-D"),
-        (lambda b, x, w: (b, x, w[:2]), ValueError, r"mat2.shape\[0\] \(2\) must equal mat1.shape\[1\] \(3\)"),
-        (lambda b, x, w: (b[:1], x, w), ValueError, r"input must have shape \[2\] or \[4, 2\].*got \[1\]"),
-        (lambda b, x, w: (b, x.int(), w), TypeError, r"mat1 must be float16 or bfloat16 or float32 or float64, got torch.int32"),
-        (lambda b, x, w: (b, x, w.double()), TypeError, r"mat2 has dtype torch.float64 but mat1 has torch.float32"),
-        (lambda b, x, w: (b.half(), x, w), TypeError, r"input has dtype torch.float16 but mat1 has torch.float32"),
+        (
+            lambda b, x, w: (b, x, w[:2]),
+            ValueError,
+            r"mat2.shape\[0\] \(2\) must equal mat1.shape\[1\] \(3\)",
+        ),
+        (
+            lambda b, x, w: (b[:1], x, w),
+            ValueError,
+            r"input must have shape \[2\] or \[4, 2\].*got \[1\]",
+        ),
+        (
+            lambda b, x, w: (b, x.int(), w),
+            TypeError,
+            r"mat1 must be float16 or bfloat16 or float32 or float64, got torch.int32",
+        ),
+        (
+            lambda b, x, w: (b, x, w.double()),
+            TypeError,
+            r"mat2 has dtype torch.float64 but mat1 has torch.float32",
+        ),
+        (
+            lambda b, x, w: (b.half(), x, w),
+            TypeError,
+            r"input has dtype torch.float16 but mat1 has torch.float32",
+        ),
         (lambda b, x, w: (b, x, w.to("meta")), ValueError, r"mat2 is on meta but mat1 is on cpu"),
         (lambda b, x, w: (b.tolist(), x, w), TypeError, r"input must be a torch.Tensor, got list"),
     ],

@@ -13,8 +13,8 @@ from tzrec_ops.ops.truncation import (
     apply_stu_truncation_plan,
     compute_stu_truncation_plan,
 )
-from tzrec_ops.testing.ops_oracle import reference_stu_truncation
 from tzrec_ops.testing.jagged import offsets_from_lengths, random_values
+from tzrec_ops.testing.ops_oracle import reference_stu_truncation
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
 PT = "pytorch"
@@ -33,7 +33,9 @@ def _check(lengths, targets, contextual, tail, offsets_dtype=torch.int64, dim=3)
     offsets = offsets_from_lengths(lengths, offsets_dtype)
     nt = None if targets is None else torch.tensor(targets, dtype=offsets_dtype)
     max_len = max([0, *lengths])
-    plan = compute_stu_truncation_plan(offsets, nt, max_len, truncate_tail_len=tail, contextual_seq_len=contextual)
+    plan = compute_stu_truncation_plan(
+        offsets, nt, max_len, truncate_tail_len=tail, contextual_seq_len=contextual
+    )
     new_lengths, kept = reference_stu_truncation(lengths, targets, contextual, tail)
     assert plan.new_lengths.tolist() == new_lengths
     assert plan.new_lengths.dtype == offsets_dtype and plan.new_x_offsets.dtype == offsets_dtype
@@ -46,7 +48,9 @@ def _check(lengths, targets, contextual, tail, offsets_dtype=torch.int64, dim=3)
     assert plan.total_dropped == sum(lengths) - len(kept)
     assert plan.total_rest == sum(lengths) - batch * contextual
     assert plan.offsets_prefix.tolist() == [b * contextual for b in range(batch + 1)]
-    assert plan.offsets_rest.tolist() == [o - b * contextual for b, o in enumerate(offsets.tolist())]
+    assert plan.offsets_rest.tolist() == [
+        o - b * contextual for b, o in enumerate(offsets.tolist())
+    ]
     x = random_values(sum(lengths), (dim,), torch.float32).requires_grad_()
     ts = torch.arange(sum(lengths), dtype=torch.int64) * 10
     out = apply_stu_truncation_plan(x, plan, backend=PT)
@@ -93,34 +97,84 @@ def test_sweep(case, offsets_dtype):
 
 def test_replay_compiles_and_exports():
     offsets = offsets_from_lengths([6, 12, 20])
-    plan = compute_stu_truncation_plan(offsets, torch.tensor([1, 2, 4]), 20, truncate_tail_len=4, contextual_seq_len=3)
+    plan = compute_stu_truncation_plan(
+        offsets, torch.tensor([1, 2, 4]), 20, truncate_tail_len=4, contextual_seq_len=3
+    )
     x = random_values(38, (4,), torch.float32)
     expected = apply_stu_truncation_plan(x, plan, backend=PT)
-    compiled = torch.compile(lambda x: apply_stu_truncation_plan(x, plan, backend=PT), fullgraph=True)
+    compiled = torch.compile(
+        lambda x: apply_stu_truncation_plan(x, plan, backend=PT), fullgraph=True
+    )
     torch.testing.assert_close(compiled(x), expected, atol=0, rtol=0)
 
     class Model(torch.nn.Module):
         def forward(self, x):
             return apply_stu_truncation_plan(x, plan, backend=PT)
 
-    torch.testing.assert_close(torch.export.export(Model(), (x,)).module()(x), expected, atol=0, rtol=0)
+    torch.testing.assert_close(
+        torch.export.export(Model(), (x,)).module()(x), expected, atol=0, rtol=0
+    )
 
 
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
         (dict(truncate_tail_len=-1), ValueError, r"truncate_tail_len must be >= 0, got -1"),
-        (dict(truncate_tail_len=2, contextual_seq_len=-1), ValueError, r"contextual_seq_len must be >= 0, got -1"),
-        (dict(truncate_tail_len=2, contextual_seq_len=4), ValueError, r"every sequence must hold contextual_seq_len \(4\) \+ num_targets tokens"),
-        (dict(truncate_tail_len=2, num_targets=torch.tensor([4, 0])), ValueError, r"every sequence must hold"),
-        (dict(truncate_tail_len=2, num_targets=torch.tensor([-1, 0])), ValueError, r"num_targets must be >= 0"),
-        (dict(truncate_tail_len=2, num_targets=torch.tensor([1])), ValueError, r"num_targets.shape\[0\] \(1\) must equal x_offsets.numel\(\) - 1 \(2\)"),
-        (dict(truncate_tail_len=2, num_targets=torch.tensor([1.0, 1.0])), TypeError, r"num_targets must be int32 or int64, got torch.float32"),
-        (dict(truncate_tail_len=2, x_offsets=torch.tensor([0, 5, 3])), ValueError, r"x_offsets must be non-decreasing"),
-        (dict(truncate_tail_len=2, x_offsets=torch.tensor([1, 3, 7])), ValueError, r"x_offsets\[0\] must be 0"),
-        (dict(truncate_tail_len=2, x_offsets=torch.tensor([0.0, 3.0])), TypeError, r"x_offsets must be int32 or int64, got torch.float32"),
-        (dict(truncate_tail_len=2, max_seq_len=-3), ValueError, r"max_seq_len must be >= 0, got -3"),
-        (dict(truncate_tail_len=2, max_seq_len=3), ValueError, r"sequence lengths must be <= max_seq_len \(3\)"),
+        (
+            dict(truncate_tail_len=2, contextual_seq_len=-1),
+            ValueError,
+            r"contextual_seq_len must be >= 0, got -1",
+        ),
+        (
+            dict(truncate_tail_len=2, contextual_seq_len=4),
+            ValueError,
+            r"every sequence must hold contextual_seq_len \(4\) \+ num_targets tokens",
+        ),
+        (
+            dict(truncate_tail_len=2, num_targets=torch.tensor([4, 0])),
+            ValueError,
+            r"every sequence must hold",
+        ),
+        (
+            dict(truncate_tail_len=2, num_targets=torch.tensor([-1, 0])),
+            ValueError,
+            r"num_targets must be >= 0",
+        ),
+        (
+            dict(truncate_tail_len=2, num_targets=torch.tensor([1])),
+            ValueError,
+            r"num_targets.shape\[0\] \(1\) must equal x_offsets.numel\(\) - 1 \(2\)",
+        ),
+        (
+            dict(truncate_tail_len=2, num_targets=torch.tensor([1.0, 1.0])),
+            TypeError,
+            r"num_targets must be int32 or int64, got torch.float32",
+        ),
+        (
+            dict(truncate_tail_len=2, x_offsets=torch.tensor([0, 5, 3])),
+            ValueError,
+            r"x_offsets must be non-decreasing",
+        ),
+        (
+            dict(truncate_tail_len=2, x_offsets=torch.tensor([1, 3, 7])),
+            ValueError,
+            r"x_offsets\[0\] must be 0",
+        ),
+        (
+            dict(truncate_tail_len=2, x_offsets=torch.tensor([0.0, 3.0])),
+            TypeError,
+            r"x_offsets must be int32 or int64, got torch.float32",
+        ),
+        (
+            dict(truncate_tail_len=2, max_seq_len=-3),
+            ValueError,
+            r"max_seq_len must be >= 0, got -3",
+        ),
+        (
+            dict(truncate_tail_len=2, max_seq_len=3),
+            ValueError,
+            r"sequence lengths must be <= max_seq_len \(3\)",
+        ),
     ],
 )
 def test_plan_errors(kwargs, error, match):
@@ -132,7 +186,9 @@ def test_plan_errors(kwargs, error, match):
 
 def test_apply_errors():
     plan = compute_stu_truncation_plan(torch.tensor([0, 3, 7]), None, 4, truncate_tail_len=1)
-    with pytest.raises(ValueError, match=r"x.shape\[0\] \(6\) must equal the planned token count \(7\)"):
+    with pytest.raises(
+        ValueError, match=r"x.shape\[0\] \(6\) must equal the planned token count \(7\)"
+    ):
         apply_stu_truncation_plan(torch.randn(6, 2), plan)
     with pytest.raises(ValueError, match=r"x must be 1-D or 2-D, got 3-D"):
         apply_stu_truncation_plan(torch.randn(7, 2, 2), plan)

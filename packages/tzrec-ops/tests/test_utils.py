@@ -16,7 +16,9 @@ def _restore_autotune_state():
     utils.set_use_runtime_max_seq_len(runtime)
 
 
-@pytest.mark.parametrize("n, expected", [(30, 16), (31, 16), (32, 32), (33, 32), (63, 32), (64, 64), (1, 1)])
+@pytest.mark.parametrize(
+    "n, expected", [(30, 16), (31, 16), (32, 32), (33, 32), (63, 32), (64, 64), (1, 1)]
+)
 def test_prev_power_of_2(n, expected):  # the values of the reference spec §1.1, plus 1
     assert utils.prev_power_of_2(n) == expected
 
@@ -64,5 +66,7 @@ def test_autotune_key_static_list():
 
 
 def test_static_max_seq_lens_rejects_non_positive():
-    with pytest.raises(ValueError, match=r"static max sequence lengths must be >= 1, got \[128, 0\]"):
+    with pytest.raises(
+        ValueError, match=r"static max sequence lengths must be >= 1, got \[128, 0\]"
+    ):
         utils.set_static_max_seq_lens([128, 0])

@@ -82,7 +82,9 @@ def hstu_compute_uqvk(
         (u [L, HV], q [L, H, A], k [L, H, A], v [L, H, V]) in x's dtype; q, k, v may be
         strided views of one buffer.
     """
-    _check_uqvk(x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim, uvqk_weight, uvqk_bias)
+    _check_uqvk(
+        x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim, uvqk_weight, uvqk_bias
+    )
     impl = select_backend(
         "hstu_compute_uqvk",
         backend,
@@ -159,8 +161,13 @@ def hstu_compute_output(
         names=("attn", "norm_weight", "norm_bias"),
     )
     check_tensor("output_weight", output_weight, ndim=2)
-    check_dim("output_weight", output_weight, 0, 3 * hv if concat_ux else hv,
-              "3 * num_heads * linear_dim (concat_ux)" if concat_ux else "num_heads * linear_dim")
+    check_dim(
+        "output_weight",
+        output_weight,
+        0,
+        3 * hv if concat_ux else hv,
+        "3 * num_heads * linear_dim (concat_ux)" if concat_ux else "num_heads * linear_dim",
+    )
     check_dim("output_weight", output_weight, 1, x.shape[1], "x.shape[1]")
     check_same_dtype(("x", x), ("attn", attn), ("u", u), ("output_weight", output_weight))
     check_same_device(("x", x), ("attn", attn), ("u", u), ("output_weight", output_weight))
@@ -234,7 +241,9 @@ def hstu_preprocess_and_attention(
         (u [L, HV], attn [L, HV], k [L, H, A] or None, v [L, H, V] or None).
     """
     check_positive("max_seq_len", max_seq_len)
-    _check_uqvk(x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim, uvqk_weight, uvqk_bias)
+    _check_uqvk(
+        x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim, uvqk_weight, uvqk_bias
+    )
     if not prefill:
         fused = _fused_impl(
             backend,
@@ -249,10 +258,27 @@ def hstu_preprocess_and_attention(
         )
         if fused is not None:
             return fused(
-                x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim,
-                uvqk_weight, uvqk_bias, max_seq_len, seq_offsets, attn_alpha, causal,
-                num_targets, max_attn_len, contextual_seq_len, recompute_uvqk_in_backward,
-                recompute_normed_x_in_backward, sort_by_length, prefill, attn_func,
+                x,
+                norm_weight,
+                norm_bias,
+                norm_eps,
+                num_heads,
+                attn_dim,
+                hidden_dim,
+                uvqk_weight,
+                uvqk_bias,
+                max_seq_len,
+                seq_offsets,
+                attn_alpha,
+                causal,
+                num_targets,
+                max_attn_len,
+                contextual_seq_len,
+                recompute_uvqk_in_backward,
+                recompute_normed_x_in_backward,
+                sort_by_length,
+                prefill,
+                attn_func,
                 scaling_seqlen,
             )
     from tzrec_ops.ops.hstu_attention import hstu_mha
@@ -266,8 +292,17 @@ def hstu_preprocess_and_attention(
         recompute_uvqk_in_backward=recompute_uvqk_in_backward,
     )
     u, q, k, v = uqvk(
-        x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim,
-        uvqk_weight, uvqk_bias, recompute_normed_x_in_backward, recompute_uvqk_in_backward,
+        x,
+        norm_weight,
+        norm_bias,
+        norm_eps,
+        num_heads,
+        attn_dim,
+        hidden_dim,
+        uvqk_weight,
+        uvqk_bias,
+        recompute_normed_x_in_backward,
+        recompute_uvqk_in_backward,
     )
     attn = hstu_mha(
         max_seq_len,

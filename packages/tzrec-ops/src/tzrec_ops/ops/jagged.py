@@ -58,7 +58,8 @@ def _check_side(
     checks.offsets(f"offsets_{side}", offsets, total=rows)
     if max_len is not None:
         checks.require(
-            _lengths(offsets) <= max_len, f"lengths from offsets_{side} must be <= max_len_{side} ({max_len})"
+            _lengths(offsets) <= max_len,
+            f"lengths from offsets_{side} must be <= max_len_{side} ({max_len})",
         )
 
 
@@ -164,8 +165,12 @@ def split_2D_jagged(
     check_tensor("values", values, ndim=2)
     check_non_negative("max_seq_len", max_seq_len)
     if offsets_left is None and offsets_right is None:
-        raise ValueError("split_2D_jagged needs offsets_left or offsets_right (at most one side may be dense)")
-    check_same_device(("values", values), ("offsets_left", offsets_left), ("offsets_right", offsets_right))
+        raise ValueError(
+            "split_2D_jagged needs offsets_left or offsets_right (at most one side may be dense)"
+        )
+    check_same_device(
+        ("values", values), ("offsets_left", offsets_left), ("offsets_right", offsets_right)
+    )
     for name, value in (
         ("total_len_left", total_len_left),
         ("total_len_right", total_len_right),
@@ -201,8 +206,12 @@ def split_2D_jagged(
     _check_side("left", "values", total_len_left, offsets_left, max_len_left, batch, checks)
     _check_side("right", "values", total_len_right, offsets_right, max_len_right, batch, checks)
     if checks.enabled:
-        both = _side_lengths(offsets_left, max_len_left) + _side_lengths(offsets_right, max_len_right)
-        checks.require(both <= max_seq_len, f"left + right lengths must be <= max_seq_len ({max_seq_len})")
+        both = _side_lengths(offsets_left, max_len_left) + _side_lengths(
+            offsets_right, max_len_right
+        )
+        checks.require(
+            both <= max_seq_len, f"left + right lengths must be <= max_seq_len ({max_seq_len})"
+        )
     checks.run()
     impl = select_backend("split_2D_jagged", backend, device=values.device, dtype=values.dtype)
     return impl(
@@ -259,7 +268,9 @@ def jagged_dense_bmm_broadcast_add(
     check_tensor("dense", dense, ndim=3)
     check_tensor("bias", bias, ndim=2)
     check_same_dtype(("jagged", jagged), ("dense", dense), ("bias", bias))
-    check_same_device(("jagged", jagged), ("dense", dense), ("bias", bias), ("seq_offsets", seq_offsets))
+    check_same_device(
+        ("jagged", jagged), ("dense", dense), ("bias", bias), ("seq_offsets", seq_offsets)
+    )
     batch = dense.shape[0]
     check_offsets("seq_offsets", seq_offsets, batch=batch)
     check_dim("dense", dense, 1, jagged.shape[1], "jagged.shape[1]")
@@ -268,7 +279,10 @@ def jagged_dense_bmm_broadcast_add(
     checks = ValueChecks()
     checks.offsets("seq_offsets", seq_offsets, total=jagged.shape[0])
     if checks.enabled:
-        checks.require(_lengths(seq_offsets) <= max_seq_len, f"sequence lengths must be <= max_seq_len ({max_seq_len})")
+        checks.require(
+            _lengths(seq_offsets) <= max_seq_len,
+            f"sequence lengths must be <= max_seq_len ({max_seq_len})",
+        )
     checks.run()
     impl = select_backend(
         "jagged_dense_bmm_broadcast_add", backend, device=jagged.device, dtype=jagged.dtype

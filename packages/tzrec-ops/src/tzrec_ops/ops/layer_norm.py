@@ -178,9 +178,7 @@ def group_norm_mul_dropout(
     check_positive("num_heads", num_heads)
     check_tensor("x", x, ndim=2, dtypes=FLOATS)
     if x.shape[1] % num_heads != 0:
-        raise ValueError(
-            f"x.shape[1] ({x.shape[1]}) must be a multiple of num_heads ({num_heads})"
-        )
+        raise ValueError(f"x.shape[1] ({x.shape[1]}) must be a multiple of num_heads ({num_heads})")
     _require_affine(weight, bias)
     check_norm_input(x, weight, bias, eps, param_size=num_heads)
     _check_mul_input(x, u)

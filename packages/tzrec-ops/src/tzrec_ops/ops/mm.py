@@ -5,7 +5,7 @@ Shapes: mat1 [M, K], mat2 [K, N], input [N] (a bias broadcast over rows) or [M, 
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Union
 
 import torch
 

@@ -72,7 +72,9 @@ def _check_sequences(
         seq_offsets[1:] - seq_offsets[:-1] == seq_lengths,
         "seq_lengths must equal seq_offsets[1:] - seq_offsets[:-1]",
     )
-    checks.require(seq_lengths <= max_seq_len, f"seq_lengths must be <= max_seq_len ({max_seq_len})")
+    checks.require(
+        seq_lengths <= max_seq_len, f"seq_lengths must be <= max_seq_len ({max_seq_len})"
+    )
     if num_targets is not None:
         factor = 2 if interleave_targets else 1
         checks.require(num_targets >= 0, "num_targets must be >= 0")
@@ -206,7 +208,8 @@ def add_timestamp_positional_embeddings(
         batch = seq_lengths.numel()
         if tuple(query_time.shape) not in ((batch,), (batch, 1)):
             raise ValueError(
-                f"query_time must have shape [{batch}] or [{batch}, 1], got {list(query_time.shape)}"
+                f"query_time must have shape [{batch}] or [{batch}, 1], "
+                f"got {list(query_time.shape)}"
             )
         if query_time.dtype != timestamps.dtype:
             raise TypeError(

@@ -108,7 +108,9 @@ def compute_stu_truncation_plan(
     checks = ValueChecks()
     checks.require(offsets[:1] == 0, "x_offsets[0] must be 0")
     checks.require(lengths >= 0, "x_offsets must be non-decreasing (a length is negative)")
-    checks.require(lengths <= max_seq_len, f"sequence lengths must be <= max_seq_len ({max_seq_len})")
+    checks.require(
+        lengths <= max_seq_len, f"sequence lengths must be <= max_seq_len ({max_seq_len})"
+    )
     checks.require(targets >= 0, "num_targets must be >= 0")
     checks.require(
         lengths >= targets + contextual_seq_len,
@@ -160,7 +162,9 @@ def apply_stu_truncation_plan(
         raise ValueError(f"x must be 1-D or 2-D, got {x.dim()}-D with shape {tuple(x.shape)}")
     expected = plan.total_prefix + plan.total_rest
     if x.shape[0] != expected:
-        raise ValueError(f"x.shape[0] ({x.shape[0]}) must equal the planned token count ({expected})")
+        raise ValueError(
+            f"x.shape[0] ({x.shape[0]}) must equal the planned token count ({expected})"
+        )
     values = x.unsqueeze(-1) if x.dim() == 1 else x
     c = plan.contextual_seq_len
     if c > 0:

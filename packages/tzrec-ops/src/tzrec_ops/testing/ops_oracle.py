@@ -69,7 +69,9 @@ def layer_norm(
     return y
 
 
-def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-5
+) -> torch.Tensor:
     x = _f64(x)
     y = x / torch.sqrt((x * x).sum(-1, keepdim=True) / x.shape[-1] + eps)
     return y if weight is None else y * _f64(weight)
@@ -262,7 +264,9 @@ def hstu_compute_output(
     group_norm: bool,
 ) -> torch.Tensor:
     """``x + norm_mul(attn, u) @ W`` without dropout."""
-    y = norm_mul(attn, u, norm_weight, norm_bias, norm_eps, concat_ux, num_heads if group_norm else None)
+    y = norm_mul(
+        attn, u, norm_weight, norm_bias, norm_eps, concat_ux, num_heads if group_norm else None
+    )
     return addmm(x, y, output_weight)
 
 

@@ -35,9 +35,7 @@ def _normed(
     x: torch.Tensor, norm_weight: torch.Tensor, norm_bias: torch.Tensor, norm_eps: float
 ) -> torch.Tensor:
     cd = compute_dtype(x.dtype)
-    return F.layer_norm(
-        x.to(cd), (x.shape[1],), norm_weight.to(cd), norm_bias.to(cd), norm_eps
-    )
+    return F.layer_norm(x.to(cd), (x.shape[1],), norm_weight.to(cd), norm_bias.to(cd), norm_eps)
 
 
 def _uvqk(normed: torch.Tensor, uvqk_weight: torch.Tensor, uvqk_bias: torch.Tensor) -> torch.Tensor:
@@ -109,12 +107,28 @@ def hstu_compute_uqvk(
     """
     remat_normed = recompute_normed_x_in_backward and torch.is_grad_enabled()
     remat_uvqk = recompute_uvqk_in_backward and torch.is_grad_enabled()
-    args = (x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim, uvqk_weight, uvqk_bias)
+    args = (
+        x,
+        norm_weight,
+        norm_bias,
+        norm_eps,
+        num_heads,
+        attn_dim,
+        hidden_dim,
+        uvqk_weight,
+        uvqk_bias,
+    )
     if remat_normed and remat_uvqk:
         return checkpoint(_whole_chain, *args, use_reentrant=False)
     if remat_normed:
         uvqk = checkpoint(
-            _normed_uvqk, x, norm_weight, norm_bias, norm_eps, uvqk_weight, uvqk_bias,
+            _normed_uvqk,
+            x,
+            norm_weight,
+            norm_bias,
+            norm_eps,
+            uvqk_weight,
+            uvqk_bias,
             use_reentrant=False,
         )
         return _split(uvqk, num_heads, attn_dim, hidden_dim, x.dtype)
@@ -139,7 +153,16 @@ def _output(
     concat_ux: bool,
 ) -> torch.Tensor:
     y = norm_mul_dropout_compute(
-        attn, u, norm_weight, norm_bias, norm_eps, dropout_ratio, training, concat_ux, None, num_heads
+        attn,
+        u,
+        norm_weight,
+        norm_bias,
+        norm_eps,
+        dropout_ratio,
+        training,
+        concat_ux,
+        None,
+        num_heads,
     )
     return torch.addmm(x.to(y.dtype), y, output_weight.to(y.dtype)).to(x.dtype)
 
@@ -166,8 +189,17 @@ def hstu_compute_output(
     grad enabled) y is recomputed in backward, with the same dropout mask, instead of saved.
     """
     args = (
-        attn, u, x, norm_weight, norm_bias, norm_eps, output_weight,
-        num_heads if group_norm else None, dropout_ratio, training, concat_ux,
+        attn,
+        u,
+        x,
+        norm_weight,
+        norm_bias,
+        norm_eps,
+        output_weight,
+        num_heads if group_norm else None,
+        dropout_ratio,
+        training,
+        concat_ux,
     )
     if recompute_y_in_backward and torch.is_grad_enabled():
         return checkpoint(_output, *args, use_reentrant=False)

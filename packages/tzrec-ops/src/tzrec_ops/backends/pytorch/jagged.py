@@ -67,7 +67,9 @@ def concat_2D_jagged(
 ) -> torch.Tensor:
     """[L_l, D] and [L_r, D] -> [L_l + L_r, D]: per sequence, its left rows then its right rows."""
     rows_l, rows_r = values_left.shape[0], values_right.shape[0]
-    batch = _batch_size((offsets_left, offsets_right), (rows_l, rows_r), (max_len_left, max_len_right))
+    batch = _batch_size(
+        (offsets_left, offsets_right), (rows_l, rows_r), (max_len_left, max_len_right)
+    )
     device = values_left.device
     off_l = _offsets_or_dense(offsets_left, max_len_left, batch, device)
     off_r = _offsets_or_dense(offsets_right, max_len_right, batch, device)

@@ -92,7 +92,9 @@ def norm_mul_dropout_compute(
     if num_heads is None:
         normed = F.layer_norm(xc, (dim,), weight.to(cd), bias.to(cd), eps)
     else:
-        grouped = F.layer_norm(xc.view(rows, num_heads, dim // num_heads), (dim // num_heads,), eps=eps)
+        grouped = F.layer_norm(
+            xc.view(rows, num_heads, dim // num_heads), (dim // num_heads,), eps=eps
+        )
         grouped = grouped * weight.to(cd).unsqueeze(-1) + bias.to(cd).unsqueeze(-1)
         normed = grouped.view(rows, dim)
     y = uc * normed
