@@ -275,11 +275,12 @@ def test_autotune_keys_and_configs():
     for name in (autotune.FWD, autotune.BWD_DQ, autotune.BWD_DKDV):
         hip = rocm.for_kernel(name)
         assert hip and all("matrix_instr_nonkdim" in c.kwargs for c in hip)
-    wide = [c for c in autotune.configs(autotune.FWD)]
-    assert autotune._prune(wide, {"BLOCK_D_Q": 256, "BLOCK_D_V": 64})
+    assert impl._fwd_kernel_wide.keys == impl._fwd_kernel.keys
 
 
 def _opcheck(device, test_utils):
+    import tzrec_ops.backends.triton.hstu_attention  # noqa: F401  (registers the ops)
+
     inputs = make_attention_inputs((5, 19), 2, 16, 16, seed=12, num_targets=(1, 3),
                                    device=device)
     q, k, v = (t.detach().requires_grad_() for t in inputs.tensors())
@@ -330,10 +331,15 @@ def _gpu_lengths(batch, max_len, seed=0):
     return lengths
 
 
+GPU_SWEEP = [(torch.bfloat16, option) for option in sorted(GPU_OPTIONS)] + [
+    (torch.float16, "plain"), (torch.float16, "targets_ctx"), (torch.float32, "plain"),
+    (torch.float32, "window_targets"),
+]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("option", sorted(GPU_OPTIONS))
+@pytest.mark.parametrize("dtype,option", GPU_SWEEP)
 def test_gpu_matches_oracle(backend, dtype, option):
     opts = dict(GPU_OPTIONS[option])
     targets = opts.pop("targets", False)
@@ -384,30 +390,31 @@ def test_gpu_delta_matches_full_forward(backend, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-def test_gpu_every_config_is_correct(backend, monkeypatch):
+@pytest.mark.parametrize("wide", [False, True])
+def test_gpu_every_config_is_correct(backend, wide, monkeypatch):
     """Each autotune candidate (not only the winner) compiles and gives the right answer with
     the default ptxas: the public backward crashed on Hopper with triton 3.6's ptxas."""
-    from tzrec_ops.backends.triton import autotune
-    from tzrec_ops.backends.triton import hstu_attention as impl
-
-    inputs = _gpu_inputs(_gpu_lengths(4, 600, seed=6), 128, 128, torch.bfloat16, targets=True)
-    for name, kernel in ((autotune.FWD, impl._fwd_kernel), (autotune.BWD_DQ, impl._bwd_dq_kernel),
-                         (autotune.BWD_DKDV, impl._bwd_dkdv_kernel)):
-        for config in _all_cuda_configs(name):
-            monkeypatch.setattr(kernel, "configs", [config])
-            kernel.cache.clear()
-            check_against_oracle(inputs, backend, torch.bfloat16, contextual_seq_len=2,
-                                 alpha=1 / 128)
-        kernel.cache.clear()
-
-
-def _all_cuda_configs(name):
     import triton
 
     from tzrec_ops.backends.triton import autotune
+    from tzrec_ops.backends.triton import hstu_attention as impl
 
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in autotune._CUDA[name]]
+    dim = 256 if wide else 128
+    inputs = _gpu_inputs(_gpu_lengths(4, 600, seed=6), dim, dim, torch.bfloat16, targets=True)
+    table = autotune._CUDA_WIDE if wide else autotune._CUDA
+    suffix = "_wide" if wide else ""
+    for name, attr in ((autotune.FWD, "_fwd_kernel"), (autotune.BWD_DQ, "_bwd_dq_kernel"),
+                       (autotune.BWD_DKDV, "_bwd_dkdv_kernel")):
+        kernel = getattr(impl, attr + suffix)
+        for bm, bn, warps, stages in table[name]:
+            config = triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps,
+                                   num_stages=stages)
+            monkeypatch.setattr(kernel, "configs", [config])
+            kernel.cache.clear()
+            check_against_oracle(inputs, backend, torch.bfloat16, contextual_seq_len=2,
+                                 alpha=dim ** -0.5)
+        monkeypatch.undo()
+        kernel.cache.clear()
 
 
 class _Attention(torch.nn.Module):

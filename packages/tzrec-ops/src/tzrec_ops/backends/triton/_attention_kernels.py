@@ -145,7 +145,8 @@ def _store_tile(
 @triton.jit
 def _descriptor(base, nrows, H, stride_m, stride_h, DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
                 BLOCK_D: tl.constexpr, ENABLE_TMA: tl.constexpr):
-    """A ``[H, nrows, DIM]`` tensor descriptor over ``base`` (None without TMA)."""
+    """A ``[H, nrows, DIM]`` tensor descriptor over ``base`` (``base`` itself, unused,
+    without TMA: triton 3.6 cannot return None from a helper)."""
     if ENABLE_TMA:
         return tl.make_tensor_descriptor(
             base,
@@ -154,7 +155,7 @@ def _descriptor(base, nrows, H, stride_m, stride_h, DIM: tl.constexpr, BLOCK_ROW
             block_shape=[1, BLOCK_ROWS, BLOCK_D],
         )
     else:
-        return None
+        return base
 
 
 @triton.jit

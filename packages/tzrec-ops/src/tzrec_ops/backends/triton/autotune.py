@@ -38,7 +38,7 @@ KEY = [
 ]
 FWD_KEY = KEY + ["delta_size", "IS_DELTA"]
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages)
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) for head dims <= 128
 _CUDA: Dict[str, Sequence[Tuple[int, int, int, int]]] = {
     FWD: (
         (128, 64, 8, 2),
@@ -64,6 +64,13 @@ _CUDA: Dict[str, Sequence[Tuple[int, int, int, int]]] = {
         (64, 64, 8, 3),
     ),
 }
+# head dims in (128, 256]: the fp32 accumulators and operand tiles are twice as wide, so the
+# tiles shrink to stay in registers and under the 227 KB of shared memory of a Hopper SM
+_CUDA_WIDE: Dict[str, Sequence[Tuple[int, int, int, int]]] = {
+    FWD: ((64, 64, 4, 2), (64, 32, 4, 2), (128, 32, 8, 2)),
+    BWD_DQ: ((64, 32, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2)),
+    BWD_DKDV: ((32, 32, 4, 2), (64, 32, 8, 2), (32, 64, 8, 2)),
+}
 # One config per kernel for the interpreter: small grids, and several key/query blocks per
 # sequence at test sizes so the loop bounds are exercised.
 _INTERPRETER = {FWD: (32, 16), BWD_DQ: (32, 16), BWD_DKDV: (16, 32)}
@@ -77,34 +84,23 @@ def _device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def configs(kernel: str) -> List[triton.Config]:
-    """The autotune candidates of ``kernel`` on this machine."""
+def configs(kernel: str, wide: bool = False) -> List[triton.Config]:
+    """The autotune candidates of ``kernel`` on this machine (``wide``: head dims > 128)."""
     if interpreting():
         block_m, block_n = _INTERPRETER[kernel]
         return [triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=4)]
+    table = _CUDA_WIDE if wide else _CUDA
     candidates = list(autotune_configs(kernel, _device())) or [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-        for bm, bn, w, s in _CUDA[kernel]
+        for bm, bn, w, s in table[kernel]
     ]
     if os.environ.get(AUTOTUNE_ENV, "1") == "0":
         return candidates[:1]
     return candidates
 
 
-def _prune(configs: List[triton.Config], named_args: Dict[str, Any], **kwargs: Any) -> List[triton.Config]:
-    """Drop tiles whose fp32 accumulators and operands cannot fit for wide heads (> 128)."""
-    args = {**named_args, **kwargs}
-    widest = max(int(args["BLOCK_D_Q"]), int(args["BLOCK_D_V"]))
-    if widest <= 128:
-        return configs
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64]
-    return kept or configs[:1]
-
-
-def autotuned(kernel: str, fn: Callable[..., Any]) -> Any:
+def autotuned(kernel: str, fn: Callable[..., Any], wide: bool = False) -> Any:
     """``fn`` wrapped in ``triton.autotune`` with ``kernel``'s configs and key."""
     return triton.autotune(
-        configs=configs(kernel),
-        key=FWD_KEY if kernel == FWD else KEY,
-        prune_configs_by={"early_config_prune": _prune},
+        configs=configs(kernel, wide), key=FWD_KEY if kernel == FWD else KEY
     )(fn)

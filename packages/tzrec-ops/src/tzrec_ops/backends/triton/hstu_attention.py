@@ -44,9 +44,17 @@ __all__ = [
     "delta_hstu_mha_tma",
 ]
 
+# one autotuner per kernel for head dims <= 128 and one for wider heads (smaller tiles)
 _fwd_kernel = autotune.autotuned(autotune.FWD, kernels._hstu_attn_fwd_kernel)
 _bwd_dq_kernel = autotune.autotuned(autotune.BWD_DQ, kernels._hstu_attn_bwd_dq_kernel)
 _bwd_dkdv_kernel = autotune.autotuned(autotune.BWD_DKDV, kernels._hstu_attn_bwd_dkdv_kernel)
+_fwd_kernel_wide = autotune.autotuned(autotune.FWD, kernels._hstu_attn_fwd_kernel, wide=True)
+_bwd_dq_kernel_wide = autotune.autotuned(
+    autotune.BWD_DQ, kernels._hstu_attn_bwd_dq_kernel, wide=True
+)
+_bwd_dkdv_kernel_wide = autotune.autotuned(
+    autotune.BWD_DKDV, kernels._hstu_attn_bwd_dkdv_kernel, wide=True
+)
 
 
 def _block_d(dim: int) -> int:
@@ -143,7 +151,8 @@ def hstu_attention_fwd(
     def grid(meta):
         return (triton.cdiv(grid_rows, meta["BLOCK_M"]), batch * heads)
 
-    wrap_triton(_fwd_kernel)[grid](
+    kernel = _fwd_kernel_wide if max(dim_q, dim_v) > 128 else _fwd_kernel
+    wrap_triton(kernel)[grid](
         q, k, v, out, seq_offsets, targets, sort_idx,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
@@ -204,13 +213,14 @@ def hstu_attention_bwd(
     def grid_m(meta):
         return (triton.cdiv(max_seq_len, meta["BLOCK_M"]), batch * heads)
 
-    wrap_triton(_bwd_dkdv_kernel)[grid_n](
+    wide = max(dim_q, dim_v) > 128
+    wrap_triton(_bwd_dkdv_kernel_wide if wide else _bwd_dkdv_kernel)[grid_n](
         q, k, v, dout, dk, dv, seq_offsets, targets, sort_idx,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         *scalars, **flags,
     )
-    wrap_triton(_bwd_dq_kernel)[grid_m](
+    wrap_triton(_bwd_dq_kernel_wide if wide else _bwd_dq_kernel)[grid_m](
         q, k, v, dout, dq, seq_offsets, targets, sort_idx,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
