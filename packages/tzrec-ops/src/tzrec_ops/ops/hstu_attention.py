@@ -31,6 +31,7 @@ no prefix), rows are queries, columns keys::
 
 from __future__ import annotations
 
+import numbers
 from typing import Optional, Union
 
 import torch
@@ -54,7 +55,7 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def _check_int(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, torch.SymInt)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
 
 
