@@ -45,6 +45,21 @@ import triton.language as tl
 
 
 @triton.jit
+def _sigmoid(s, FAST_SILU: tl.constexpr):
+    """sigmoid(s); with ``FAST_SILU`` as ``0.5 + 0.5 tanh(s / 2)`` on the hardware tanh
+    (one special-function op instead of exp + reciprocal; relative error ~2^-11, used for
+    bf16/fp16 inputs only, whose tiles are rounded to 8/11 bits anyway)."""
+    if FAST_SILU:
+        t = tl.inline_asm_elementwise(
+            "tanh.approx.f32 $0, $1;", "=f,f", [s * 0.5], dtype=tl.float32, is_pure=True,
+            pack=1,
+        )
+        return 0.5 + 0.5 * t
+    else:
+        return tl.sigmoid(s)
+
+
+@triton.jit
 def _ids(pos, shift, hist, HAS_CONTEXTUAL: tl.constexpr, HAS_TARGETS: tl.constexpr):
     """Position ids of raw positions ``pos`` (contextual tokens share 0, targets share hist)."""
     ids = pos
@@ -248,7 +263,6 @@ def _fwd_block(
     stride_km,
     stride_vm,
     alpha,
-    inv_scale,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_CONTEXTUAL: tl.constexpr,
@@ -262,13 +276,14 @@ def _fwd_block(
     PRECISION: tl.constexpr,
     ENABLE_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
+    FAST_SILU: tl.constexpr,
 ):
     k = _load_tile(K_base, k_desc, off_h, start_n, n, stride_km, DIM_Q, BLOCK_N, BLOCK_D_Q,
                    MASKED, ENABLE_TMA, UPCAST)
     v = _load_tile(V_base, v_desc, off_h, start_n, n, stride_vm, DIM_V, BLOCK_N, BLOCK_D_V,
                    MASKED, ENABLE_TMA, UPCAST)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * alpha
-    p = s * tl.sigmoid(s) * inv_scale
+    p = s * _sigmoid(s, FAST_SILU)
     if MASKED:
         cols = start_n + tl.arange(0, BLOCK_N)
         valid = _valid(rows[:, None], cols[None, :], n, shift, hist, max_attn_len, CAUSAL,
@@ -313,6 +328,7 @@ def _hstu_attn_fwd_kernel(
     PRECISION: tl.constexpr,
     ENABLE_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
+    FAST_SILU: tl.constexpr,
     BLOCK_D_Q: tl.constexpr,
     BLOCK_D_V: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -351,25 +367,23 @@ def _hstu_attn_fwd_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_D_V], dtype=tl.float32)
         for start_n in range(lo, full_end, BLOCK_N):
             acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, rows, n,
-                             shift, hist, max_attn_len, stride_km, stride_vm, alpha, inv_scale,
-                             False, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN,
+                             shift, hist, max_attn_len, stride_km, stride_vm, alpha, False, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN,
                              DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION,
-                             ENABLE_TMA, UPCAST)
+                             ENABLE_TMA, UPCAST, FAST_SILU)
         for start_n in range(full_end, main_end, BLOCK_N):
             acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, rows, n,
-                             shift, hist, max_attn_len, stride_km, stride_vm, alpha, inv_scale,
-                             True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN,
+                             shift, hist, max_attn_len, stride_km, stride_vm, alpha, True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN,
                              DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION,
-                             ENABLE_TMA, UPCAST)
+                             ENABLE_TMA, UPCAST, FAST_SILU)
         if HAS_TARGETS:
             for start_n in range(diag_start, diag_end, BLOCK_N):
                 acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, rows,
                                  n, shift, hist, max_attn_len, stride_km, stride_vm, alpha,
-                                 inv_scale, True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
+                                 True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
                                  HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N,
-                                 PRECISION, ENABLE_TMA, UPCAST)
+                                 PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
         O_base = Out + q_start * stride_om + off_h * stride_oh
-        _store_tile(O_base, acc, r0, q_rows, stride_om, DIM_V, BLOCK_M, BLOCK_D_V)
+        _store_tile(O_base, acc * inv_scale, r0, q_rows, stride_om, DIM_V, BLOCK_M, BLOCK_D_V)
 
 
 @triton.jit
@@ -391,7 +405,6 @@ def _dq_block(
     stride_km,
     stride_vm,
     alpha,
-    inv_scale,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_CONTEXTUAL: tl.constexpr,
@@ -405,15 +418,16 @@ def _dq_block(
     PRECISION: tl.constexpr,
     ENABLE_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
+    FAST_SILU: tl.constexpr,
 ):
     k = _load_tile(K_base, k_desc, off_h, start_n, n, stride_km, DIM_Q, BLOCK_N, BLOCK_D_Q,
                    MASKED, ENABLE_TMA, UPCAST)
     v = _load_tile(V_base, v_desc, off_h, start_n, n, stride_vm, DIM_V, BLOCK_N, BLOCK_D_V,
                    MASKED, ENABLE_TMA, UPCAST)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * alpha
-    sig = tl.sigmoid(s)
+    sig = _sigmoid(s, FAST_SILU)
     da = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-    ds = da * sig * (1.0 + s * (1.0 - sig)) * inv_scale
+    ds = da * sig * (1.0 + s - s * sig)
     if MASKED:
         cols = start_n + tl.arange(0, BLOCK_N)
         valid = _valid(rows[:, None], cols[None, :], n, shift, hist, max_attn_len, CAUSAL,
@@ -459,6 +473,7 @@ def _hstu_attn_bwd_dq_kernel(
     PRECISION: tl.constexpr,
     ENABLE_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
+    FAST_SILU: tl.constexpr,
     BLOCK_D_Q: tl.constexpr,
     BLOCK_D_V: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -493,23 +508,21 @@ def _hstu_attn_bwd_dq_kernel(
         dq = tl.zeros([BLOCK_M, BLOCK_D_Q], dtype=tl.float32)
         for start_n in range(lo, full_end, BLOCK_N):
             dq = _dq_block(dq, q, do, K_base, V_base, k_desc, v_desc, off_h, start_n, rows, n,
-                           shift, hist, max_attn_len, stride_km, stride_vm, alpha, inv_scale,
-                           False, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q,
-                           DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST)
+                           shift, hist, max_attn_len, stride_km, stride_vm, alpha, False, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q,
+                           DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
         for start_n in range(full_end, main_end, BLOCK_N):
             dq = _dq_block(dq, q, do, K_base, V_base, k_desc, v_desc, off_h, start_n, rows, n,
-                           shift, hist, max_attn_len, stride_km, stride_vm, alpha, inv_scale,
-                           True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q,
-                           DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST)
+                           shift, hist, max_attn_len, stride_km, stride_vm, alpha, True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q,
+                           DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
         if HAS_TARGETS:
             for start_n in range(diag_start, diag_end, BLOCK_N):
                 dq = _dq_block(dq, q, do, K_base, V_base, k_desc, v_desc, off_h, start_n, rows,
                                n, shift, hist, max_attn_len, stride_km, stride_vm, alpha,
-                               inv_scale, True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
+                               True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
                                HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N,
-                               PRECISION, ENABLE_TMA, UPCAST)
+                               PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
         DQ_base = DQ + start * stride_dqm + off_h * stride_dqh
-        _store_tile(DQ_base, dq * alpha, m0, n, stride_dqm, DIM_Q, BLOCK_M, BLOCK_D_Q)
+        _store_tile(DQ_base, dq * (alpha * inv_scale), m0, n, stride_dqm, DIM_Q, BLOCK_M, BLOCK_D_Q)
 
 
 @triton.jit
@@ -532,7 +545,6 @@ def _dkdv_block(
     stride_qm,
     stride_dom,
     alpha,
-    inv_scale,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_CONTEXTUAL: tl.constexpr,
@@ -546,6 +558,7 @@ def _dkdv_block(
     PRECISION: tl.constexpr,
     ENABLE_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
+    FAST_SILU: tl.constexpr,
 ):
     """One query block's contribution to dK, dV of a key block, in transposed form [BN, BM]."""
     q = _load_tile(Q_base, q_desc, off_h, start_m, n, stride_qm, DIM_Q, BLOCK_M, BLOCK_D_Q, True,
@@ -553,10 +566,10 @@ def _dkdv_block(
     do = _load_tile(DO_base, do_desc, off_h, start_m, n, stride_dom, DIM_V, BLOCK_M, BLOCK_D_V,
                     True, ENABLE_TMA, UPCAST)
     s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * alpha
-    sig = tl.sigmoid(s_t)
-    a_t = s_t * sig * inv_scale
+    sig = _sigmoid(s_t, FAST_SILU)
+    a_t = s_t * sig
     da_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-    ds_t = da_t * sig * (1.0 + s_t * (1.0 - sig)) * inv_scale
+    ds_t = da_t * sig * (1.0 + s_t - a_t)
     if MASKED:
         rows = start_m + tl.arange(0, BLOCK_M)
         valid = _valid(rows[None, :], cols[:, None], n, shift, hist, max_attn_len, CAUSAL,
@@ -608,6 +621,7 @@ def _hstu_attn_bwd_dkdv_kernel(
     PRECISION: tl.constexpr,
     ENABLE_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
+    FAST_SILU: tl.constexpr,
     BLOCK_D_Q: tl.constexpr,
     BLOCK_D_V: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -676,22 +690,22 @@ def _hstu_attn_bwd_dkdv_kernel(
             for start_m in range(0, ctx_end, BLOCK_M):
                 dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, q_desc, do_desc, off_h,
                                      start_m, cols, n, shift, hist, max_attn_len, stride_qm,
-                                     stride_dom, alpha, inv_scale, True, CAUSAL, HAS_CONTEXTUAL,
+                                     stride_dom, alpha, True, CAUSAL, HAS_CONTEXTUAL,
                                      HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q,
-                                     BLOCK_D_V, BLOCK_M, PRECISION, ENABLE_TMA, UPCAST)
+                                     BLOCK_D_V, BLOCK_M, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
         for start_m in range(rows_start, full_start, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, q_desc, do_desc, off_h, start_m,
                                  cols, n, shift, hist, max_attn_len, stride_qm, stride_dom, alpha,
-                                 inv_scale, True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
+                                 True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
                                  HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_M,
-                                 PRECISION, ENABLE_TMA, UPCAST)
+                                 PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
         for start_m in range(full_start, rows_end, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, q_desc, do_desc, off_h, start_m,
                                  cols, n, shift, hist, max_attn_len, stride_qm, stride_dom, alpha,
-                                 inv_scale, False, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
+                                 False, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
                                  HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_M,
-                                 PRECISION, ENABLE_TMA, UPCAST)
+                                 PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
         DK_base = DK + start * stride_dkm + off_h * stride_dkh
         DV_base = DV + start * stride_dvm + off_h * stride_dvh
-        _store_tile(DK_base, dk * alpha, n0, n, stride_dkm, DIM_Q, BLOCK_N, BLOCK_D_Q)
-        _store_tile(DV_base, dv, n0, n, stride_dvm, DIM_V, BLOCK_N, BLOCK_D_V)
+        _store_tile(DK_base, dk * (alpha * inv_scale), n0, n, stride_dkm, DIM_Q, BLOCK_N, BLOCK_D_Q)
+        _store_tile(DV_base, dv * inv_scale, n0, n, stride_dvm, DIM_V, BLOCK_N, BLOCK_D_V)

@@ -9,6 +9,8 @@ Decisions:
 
 * Head dims need not be powers of two: tiles are padded to the next power of two (>= 16)
   with masked loads and stores, and the padding costs compute, not correctness.
+* SiLU's sigmoid uses the hardware ``tanh.approx`` for bf16/fp16 inputs (fp32 keeps the
+  exact sigmoid); ``1 / S`` and ``alpha`` are applied once to the fp32 accumulators.
 * The backward is deterministic: dK/dV and dQ are separate passes, no atomics; dQ, dK and
   dV accumulate in fp32 registers and are rounded once to the input dtype.
 * Workspace: none beyond the outputs and gradients (O(tokens * H * d)); nothing N x N.
@@ -75,6 +77,11 @@ def _precision(dtype: torch.dtype) -> Optional[str]:
 def _upcast(dtype: torch.dtype) -> bool:
     """The interpreter computes half-precision tiles in fp32 (numpy has no bf16 matmul)."""
     return autotune.interpreting() and dtype != torch.float32
+
+
+def _fast_silu(dtype: torch.dtype) -> bool:
+    """bf16/fp16 on NVIDIA use the hardware tanh for sigmoid (see ``_sigmoid``)."""
+    return dtype != torch.float32 and not autotune.interpreting() and torch.version.hip is None
 
 
 def _tma_aligned(*tensors: torch.Tensor) -> bool:
@@ -162,7 +169,8 @@ def hstu_attention_fwd(
         HAS_CONTEXTUAL=contextual_seq_len > 0, HAS_MAX_ATTN_LEN=max_attn_len > 0,
         SORT_BY_LENGTH=sort_by_length and not is_delta, IS_DELTA=is_delta,
         PRECISION=_precision(q.dtype), ENABLE_TMA=_use_tma(enable_tma, q, k, v),
-        UPCAST=_upcast(q.dtype), BLOCK_D_Q=_block_d(dim_q), BLOCK_D_V=_block_d(dim_v),
+        UPCAST=_upcast(q.dtype), FAST_SILU=_fast_silu(q.dtype), BLOCK_D_Q=_block_d(dim_q),
+        BLOCK_D_V=_block_d(dim_v),
     )
     return out
 
@@ -201,7 +209,7 @@ def hstu_attention_bwd(
         HAS_CONTEXTUAL=contextual_seq_len > 0, HAS_MAX_ATTN_LEN=max_attn_len > 0,
         SORT_BY_LENGTH=sort_by_length, PRECISION=_precision(q.dtype),
         ENABLE_TMA=_use_tma(enable_tma, q, k, v, dout), UPCAST=_upcast(q.dtype),
-        BLOCK_D_Q=_block_d(dim_q), BLOCK_D_V=_block_d(dim_v),
+        FAST_SILU=_fast_silu(q.dtype), BLOCK_D_Q=_block_d(dim_q), BLOCK_D_V=_block_d(dim_v),
     )
     scalars = (float(alpha), _inv_scale(max_seq_len, scaling_seqlen), max_attn_len,
                contextual_seq_len, heads, prev_power_of_2(batch),
