@@ -27,7 +27,6 @@ from tzrec_ops.testing.jagged import (
     JaggedCase,
     jagged_cases,
     make_attention_inputs,
-    offsets_from_lengths,
 )
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
@@ -52,7 +51,9 @@ def _oracle(inp: AttentionInputs, alpha: float, **kw) -> torch.Tensor:
     return hstu_mha_oracle(inp.max_seq_len, alpha, inp.q, inp.k, inp.v, inp.seq_offsets, **kw)
 
 
-def _grads(out: torch.Tensor, inputs: Sequence[torch.Tensor], dout: torch.Tensor) -> List[torch.Tensor]:
+def _grads(
+    out: torch.Tensor, inputs: Sequence[torch.Tensor], dout: torch.Tensor
+) -> List[torch.Tensor]:
     """Gradients of ``sum(out * dout)``; inputs the output does not touch get zeros."""
     if out.numel() == 0 or not out.requires_grad:
         return [torch.zeros_like(t) for t in inputs]
@@ -60,10 +61,19 @@ def _grads(out: torch.Tensor, inputs: Sequence[torch.Tensor], dout: torch.Tensor
     return [torch.zeros_like(t) if g is None else g for t, g in zip(inputs, got)]
 
 
-def _inputs(case: JaggedCase, dtype: torch.dtype, heads: int, a: int, v: int, slack: int, seed: int):
+def _inputs(
+    case: JaggedCase, dtype: torch.dtype, heads: int, a: int, v: int, slack: int, seed: int
+):
     return make_attention_inputs(
-        case.lengths, heads, a, v, dtype, seed=seed, layout=case.layout,
-        num_targets=case.num_targets, offsets_dtype=case.offsets_dtype,
+        case.lengths,
+        heads,
+        a,
+        v,
+        dtype,
+        seed=seed,
+        layout=case.layout,
+        num_targets=case.num_targets,
+        offsets_dtype=case.offsets_dtype,
         max_seq_len=max([1, *case.lengths]) + slack,
     )
 
@@ -95,8 +105,15 @@ def test_mask_matches_the_docstring_drawing():
     ]
     oracle = [[int(is_visible(i, j, 5, num_targets=2)) for j in range(5)] for i in range(5)]
     backend = reference._fixed_mask(
-        torch.arange(5)[None], torch.tensor([5]), torch.tensor([2]), None, max_len=5,
-        causal=True, max_attn_len=0, contextual_seq_len=0, min_full_attn_seq_len=0,
+        torch.arange(5)[None],
+        torch.tensor([5]),
+        torch.tensor([2]),
+        None,
+        max_len=5,
+        causal=True,
+        max_attn_len=0,
+        contextual_seq_len=0,
+        min_full_attn_seq_len=0,
     )
     assert oracle == drawn
     assert backend[0].int().tolist() == drawn
@@ -156,7 +173,9 @@ def test_backward_matches_oracle(case, dtype, opts, hav, seed):
     leaves = inp.to(dtype, requires_grad=True)
     exact = inp.to(torch.float64, requires_grad=True)
     out = _call(leaves, alpha, **opts)
-    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    dout = torch.randn(
+        out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+    )
     got = _grads(out, leaves.tensors(), dout)
     want = _grads(_oracle(exact, alpha, **opts), exact.tensors(), dout)
     for name, g, w in zip("qkv", got, want):
@@ -179,11 +198,16 @@ def test_float64_inputs_are_computed_in_float64():
 
 def test_strided_last_dim_and_fused_views():
     for layout in ("strided", "fused"):
-        inp = make_attention_inputs([6, 0, 1, 8], 2, 4, 6, layout=layout, seed=5, num_targets=[6, 0, 1, 2])
+        inp = make_attention_inputs(
+            [6, 0, 1, 8], 2, 4, 6, layout=layout, seed=5, num_targets=[6, 0, 1, 2]
+        )
         assert not inp.q.is_contiguous()
         contiguous = AttentionInputs(
-            *(t.contiguous() for t in inp.tensors()), inp.seq_offsets, inp.num_targets,
-            inp.lengths, inp.max_seq_len,
+            *(t.contiguous() for t in inp.tensors()),
+            inp.seq_offsets,
+            inp.num_targets,
+            inp.lengths,
+            inp.max_seq_len,
         )
         assert torch.equal(_call(inp, 0.5), _call(contiguous, 0.5))
         tolerances.assert_close(_call(inp, 0.5), _oracle(inp, 0.5), name=layout)
@@ -269,8 +293,15 @@ def test_gradcheck_float64(opts):
 
     def fn(q, k, v):
         return hstu_mha(
-            inp.max_seq_len, 0.7, q, k, v, inp.seq_offsets, num_targets=inp.num_targets,
-            backend="pytorch", **opts,
+            inp.max_seq_len,
+            0.7,
+            q,
+            k,
+            v,
+            inp.seq_offsets,
+            num_targets=inp.num_targets,
+            backend="pytorch",
+            **opts,
         )
 
     assert torch.autograd.gradcheck(fn, inp.to(torch.float64, requires_grad=True).tensors())
@@ -283,7 +314,14 @@ def test_gradcheck_attn_func_and_dropout():
     def fn(q, k, v):
         torch.manual_seed(0)  # the same dropout mask on every evaluation
         return hstu_mha(
-            inp.max_seq_len, 0.7, q, k, v, inp.seq_offsets, dropout_pr=0.3, attn_func=func,
+            inp.max_seq_len,
+            0.7,
+            q,
+            k,
+            v,
+            inp.seq_offsets,
+            dropout_pr=0.3,
+            attn_func=func,
             backend="pytorch",
         )
 
@@ -297,7 +335,9 @@ def _one_hot_values(inp: AttentionInputs) -> AttentionInputs:
     """v[token, h] = one-hot of the token's position: out[i, h, j] is then weight a_ij."""
     rows = [torch.eye(inp.max_seq_len, dtype=torch.float64)[:n] for n in inp.lengths]
     v = torch.cat(rows)[:, None, :].expand(-1, inp.q.shape[1], -1).contiguous()
-    return AttentionInputs(inp.q, inp.k, v, inp.seq_offsets, inp.num_targets, inp.lengths, inp.max_seq_len)
+    return AttentionInputs(
+        inp.q, inp.k, v, inp.seq_offsets, inp.num_targets, inp.lengths, inp.max_seq_len
+    )
 
 
 def test_dropout_zeroes_weights_and_rescales_the_rest():
@@ -323,7 +363,9 @@ def test_dropout_zeroes_weights_and_rescales_the_rest():
 
 @pytest.mark.parametrize("elements", [1, 37, 200, 10_000])
 def test_chunked_equals_unchunked(elements):
-    inp = make_attention_inputs([9, 0, 1, 12, 5], 2, 4, 4, torch.float64, seed=13, num_targets=[3, 0, 1, 12, 0])
+    inp = make_attention_inputs(
+        [9, 0, 1, 12, 5], 2, 4, 4, torch.float64, seed=13, num_targets=[3, 0, 1, 12, 0]
+    )
     kw = dict(max_attn_len=3, contextual_seq_len=2, min_full_attn_seq_len=1)
     dout = torch.randn(inp.q.shape[0], 2, 4, dtype=torch.float64)
     whole = inp.to(torch.float64, requires_grad=True)
@@ -355,9 +397,13 @@ def test_multi_chunk_backward_recomputes_instead_of_saving_scores():
 
     def saved_shapes(budget: Optional[int]) -> List[tuple]:
         reference.set_chunk_elements(budget)
-        inp = make_attention_inputs([12, 12], 2, 4, 4, seed=14).to(torch.float32, requires_grad=True)
+        inp = make_attention_inputs([12, 12], 2, 4, 4, seed=14).to(
+            torch.float32, requires_grad=True
+        )
         shapes: List[tuple] = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t
+        ):
             _call(inp, 0.5)
         return shapes
 
@@ -370,7 +416,9 @@ def test_chunk_env_knob(monkeypatch):
     monkeypatch.setenv(reference.CHUNK_ENV, "123")
     assert reference.chunk_elements() == 123
     monkeypatch.setenv(reference.CHUNK_ENV, "lots")
-    with pytest.raises(ValueError, match="TZREC_OPS_PYTORCH_ATTN_CHUNK must be a positive integer, got 'lots'"):
+    with pytest.raises(
+        ValueError, match="TZREC_OPS_PYTORCH_ATTN_CHUNK must be a positive integer, got 'lots'"
+    ):
         reference.chunk_elements()
     monkeypatch.setenv(reference.CHUNK_ENV, "0")
     with pytest.raises(ValueError, match="must be a positive integer, got '0'"):
@@ -397,7 +445,9 @@ def test_fbgemm_conversions():
     else:
         assert not reference.fbgemm_enabled()
         reference.set_use_fbgemm(True)
-        with pytest.raises(RuntimeError, match=r"set_use_fbgemm\(True\) but fbgemm-gpu is not installed"):
+        with pytest.raises(
+            RuntimeError, match=r"set_use_fbgemm\(True\) but fbgemm-gpu is not installed"
+        ):
             _call(inp, 0.5)
 
 
@@ -414,18 +464,33 @@ def test_fbgemm_conversions():
 )
 def test_delta_matches_oracle_and_full_attention(case, dtype, opts, delta, seed):
     lengths = tuple(max(n, delta) for n in case.lengths)
-    targets = None if case.num_targets is None else tuple(min(t, n) for t, n in zip(case.num_targets, lengths))
+    targets = (
+        None
+        if case.num_targets is None
+        else tuple(min(t, n) for t, n in zip(case.num_targets, lengths))
+    )
     case = JaggedCase(lengths, targets, case.offsets_dtype, case.layout)
     inp = _inputs(case, dtype, 2, 4, 4, 0, seed)
     kw = {k: opts[k] for k in ("max_attn_len", "contextual_seq_len", "scaling_seqlen")}
-    last = [o + n - delta + d for o, n in zip(inp.seq_offsets.tolist(), lengths) for d in range(delta)]
+    last = [
+        o + n - delta + d for o, n in zip(inp.seq_offsets.tolist(), lengths) for d in range(delta)
+    ]
     delta_q = inp.q[last]
     out = delta_hstu_mha(
-        inp.max_seq_len, 0.5, delta_q, inp.k, inp.v, inp.seq_offsets, inp.num_targets,
-        backend="pytorch", **kw,
+        inp.max_seq_len,
+        0.5,
+        delta_q,
+        inp.k,
+        inp.v,
+        inp.seq_offsets,
+        inp.num_targets,
+        backend="pytorch",
+        **kw,
     )
     assert out.dtype == dtype and out.shape == (len(last), 2, 4) and not out.requires_grad
-    want = delta_hstu_mha_oracle(inp.max_seq_len, 0.5, delta_q, inp.k, inp.v, inp.seq_offsets, inp.num_targets, **kw)
+    want = delta_hstu_mha_oracle(
+        inp.max_seq_len, 0.5, delta_q, inp.k, inp.v, inp.seq_offsets, inp.num_targets, **kw
+    )
     tolerances.assert_close(out, want, name="delta out")
     full = _call(inp, 0.5, **kw)[last]
     tolerances.assert_close(out, full.double(), dtype, name="delta vs full rows")
@@ -433,13 +498,23 @@ def test_delta_matches_oracle_and_full_attention(case, dtype, opts, delta, seed)
 
 def test_delta_is_forward_only():
     inp = make_attention_inputs([5, 6], 2, 4, 4, seed=16).to(torch.float32, requires_grad=True)
-    out = delta_hstu_mha(inp.max_seq_len, 0.5, inp.q[:4], inp.k, inp.v, inp.seq_offsets, backend="pytorch")
+    out = delta_hstu_mha(
+        inp.max_seq_len, 0.5, inp.q[:4], inp.k, inp.v, inp.seq_offsets, backend="pytorch"
+    )
     assert not out.requires_grad
 
 
 def test_delta_empty_batch():
     k = torch.zeros(0, 2, 4)
-    out = delta_hstu_mha(4, 0.5, torch.zeros(0, 2, 4), k, torch.zeros(0, 2, 3), torch.zeros(1, dtype=torch.int64), backend="pytorch")
+    out = delta_hstu_mha(
+        4,
+        0.5,
+        torch.zeros(0, 2, 4),
+        k,
+        torch.zeros(0, 2, 3),
+        torch.zeros(1, dtype=torch.int64),
+        backend="pytorch",
+    )
     assert out.shape == (0, 2, 3)
 
 
@@ -448,7 +523,15 @@ def test_delta_empty_batch():
 
 def _small_call(q, k, v, offsets, targets):
     return hstu_mha(
-        16, 0.5, q, k, v, offsets, num_targets=targets, max_attn_len=3, contextual_seq_len=2,
+        16,
+        0.5,
+        q,
+        k,
+        v,
+        offsets,
+        num_targets=targets,
+        max_attn_len=3,
+        contextual_seq_len=2,
         backend="pytorch",
     )
 
@@ -460,7 +543,9 @@ def test_torch_compile_fullgraph_forward_and_backward():
     eager = inp.to(torch.float32, requires_grad=True)
     compiled = inp.to(torch.float32, requires_grad=True)
     out = _small_call(*eager.tensors(), inp.seq_offsets, inp.num_targets)
-    out_c = torch.compile(_small_call, fullgraph=True)(*compiled.tensors(), inp.seq_offsets, inp.num_targets)
+    out_c = torch.compile(_small_call, fullgraph=True)(
+        *compiled.tensors(), inp.seq_offsets, inp.num_targets
+    )
     tolerances.assert_close(out_c, out.double(), torch.float32)
     dout = torch.randn(out.shape)
     for g_c, g in zip(_grads(out_c, compiled.tensors(), dout), _grads(out, eager.tensors(), dout)):
@@ -487,7 +572,12 @@ def test_torch_export():
 def _good(**over):
     inp = make_attention_inputs([3, 5], 2, 4, 6, seed=20, num_targets=[1, 2])
     args = dict(
-        max_seq_len=8, alpha=0.5, q=inp.q, k=inp.k, v=inp.v, seq_offsets=inp.seq_offsets,
+        max_seq_len=8,
+        alpha=0.5,
+        q=inp.q,
+        k=inp.k,
+        v=inp.v,
+        seq_offsets=inp.seq_offsets,
         num_targets=inp.num_targets,
     )
     args.update(over)
@@ -501,30 +591,78 @@ ERRORS = [
     (dict(max_attn_len=-1), ValueError, r"max_attn_len must be >= 0, got -1"),
     (dict(contextual_seq_len=-2), ValueError, r"contextual_seq_len must be >= 0, got -2"),
     (dict(min_full_attn_seq_len=-1), ValueError, r"min_full_attn_seq_len must be >= 0, got -1"),
-    (dict(scaling_seqlen=0), ValueError, r"scaling_seqlen must be -1 \(use max_seq_len\) or > 0, got 0"),
+    (
+        dict(scaling_seqlen=0),
+        ValueError,
+        r"scaling_seqlen must be -1 \(use max_seq_len\) or > 0, got 0",
+    ),
     (dict(dropout_pr=1.5), ValueError, r"dropout_pr must be in \[0, 1\], got 1.5"),
     (dict(q=Q[:, 0]), ValueError, r"q must be 3-D, got 2-D with shape \(8, 4\)"),
-    (dict(q=Q.int()), TypeError, r"q must be float32 or bfloat16 or float16 or float64, got torch.int32"),
+    (
+        dict(q=Q.int()),
+        TypeError,
+        r"q must be float32 or bfloat16 or float16 or float64, got torch.int32",
+    ),
     (dict(k=torch.zeros(8, 2, 5)), ValueError, r"k.shape\[2\] \(5\) must equal q.shape\[2\] \(4\)"),
     (dict(k=torch.zeros(7, 2, 4)), ValueError, r"k.shape\[0\] \(7\) must equal q.shape\[0\] \(8\)"),
     (dict(v=torch.zeros(7, 2, 6)), ValueError, r"v.shape\[0\] \(7\) must equal q.shape\[0\] \(8\)"),
     (dict(v=torch.zeros(8, 3, 6)), ValueError, r"v.shape\[1\] \(3\) must equal q.shape\[1\] \(2\)"),
     (dict(v=torch.zeros(8, 2)), ValueError, r"v must be 3-D, got 2-D"),
-    (dict(k=Q.half()), TypeError, r"k has dtype torch.float16 but q has torch.float32; they must match"),
+    (
+        dict(k=Q.half()),
+        TypeError,
+        r"k has dtype torch.float16 but q has torch.float32; they must match",
+    ),
     (dict(v=torch.zeros(8, 2, 6, device="meta")), ValueError, r"v is on meta but q is on cpu"),
-    (dict(num_targets=torch.tensor([1, 2], device="meta")), ValueError, r"num_targets is on meta but q is on cpu"),
-    (dict(seq_offsets=torch.tensor([0.0, 3.0, 8.0])), TypeError, r"seq_offsets must be int32 or int64, got torch.float32"),
+    (
+        dict(num_targets=torch.tensor([1, 2], device="meta")),
+        ValueError,
+        r"num_targets is on meta but q is on cpu",
+    ),
+    (
+        dict(seq_offsets=torch.tensor([0.0, 3.0, 8.0])),
+        TypeError,
+        r"seq_offsets must be int32 or int64, got torch.float32",
+    ),
     (dict(seq_offsets=torch.tensor([[0, 3, 8]])), ValueError, r"seq_offsets must be 1-D, got 2-D"),
     (dict(seq_offsets=torch.tensor([1, 3, 8])), ValueError, r"seq_offsets\[0\] must be 0"),
-    (dict(seq_offsets=torch.tensor([0, 5, 3, 8]), num_targets=None), ValueError, r"seq_offsets must be non-decreasing \(a length is negative\)"),
-    (dict(seq_offsets=torch.tensor([0, 3, 7])), ValueError, r"seq_offsets\[-1\] must equal the number of tokens \(8\)"),
+    (
+        dict(seq_offsets=torch.tensor([0, 5, 3, 8]), num_targets=None),
+        ValueError,
+        r"seq_offsets must be non-decreasing \(a length is negative\)",
+    ),
+    (
+        dict(seq_offsets=torch.tensor([0, 3, 7])),
+        ValueError,
+        r"seq_offsets\[-1\] must equal the number of tokens \(8\)",
+    ),
     (dict(max_seq_len=4), ValueError, r"every sequence length .* must be <= max_seq_len \(4\)"),
-    (dict(num_targets=torch.tensor([1])), ValueError, r"num_targets must have B = 2 entries \(one per sequence\), got 1"),
-    (dict(num_targets=torch.tensor([1.0, 2.0])), TypeError, r"num_targets must be int32 or int64, got torch.float32"),
+    (
+        dict(num_targets=torch.tensor([1])),
+        ValueError,
+        r"num_targets must have B = 2 entries \(one per sequence\), got 1",
+    ),
+    (
+        dict(num_targets=torch.tensor([1.0, 2.0])),
+        TypeError,
+        r"num_targets must be int32 or int64, got torch.float32",
+    ),
     (dict(num_targets=torch.tensor([-1, 2])), ValueError, r"num_targets must be >= 0"),
-    (dict(num_targets=torch.tensor([4, 2])), ValueError, r"num_targets\[b\] must be <= the length of sequence b"),
-    (dict(attn_func=torch.zeros(2, 3, 8, dtype=torch.int64)), TypeError, r"attn_func must be int32, got torch.int64"),
-    (dict(attn_func=torch.zeros(2, 3, 7, dtype=torch.int32)), ValueError, r"attn_func must have shape \(H, 3, L\) = \(2, 3, 8\), got \(2, 3, 7\)"),
+    (
+        dict(num_targets=torch.tensor([4, 2])),
+        ValueError,
+        r"num_targets\[b\] must be <= the length of sequence b",
+    ),
+    (
+        dict(attn_func=torch.zeros(2, 3, 8, dtype=torch.int64)),
+        TypeError,
+        r"attn_func must be int32, got torch.int64",
+    ),
+    (
+        dict(attn_func=torch.zeros(2, 3, 7, dtype=torch.int32)),
+        ValueError,
+        r"attn_func must have shape \(H, 3, L\) = \(2, 3, 8\), got \(2, 3, 7\)",
+    ),
     (dict(attn_func=torch.zeros(3, 8, dtype=torch.int32)), ValueError, r"attn_func must be 3-D"),
 ]
 
@@ -538,7 +676,11 @@ def test_hstu_mha_errors(over, exc, match):
 def _good_delta(**over):
     inp = make_attention_inputs([3, 5], 2, 4, 6, seed=21)
     args = dict(
-        max_seq_len=8, alpha=0.5, delta_q=torch.zeros(4, 2, 4), k=inp.k, v=inp.v,
+        max_seq_len=8,
+        alpha=0.5,
+        delta_q=torch.zeros(4, 2, 4),
+        k=inp.k,
+        v=inp.v,
         seq_offsets=inp.seq_offsets,
     )
     args.update(over)
@@ -548,17 +690,57 @@ def _good_delta(**over):
 DELTA_ERRORS = [
     (dict(max_seq_len=-3), ValueError, r"max_seq_len must be > 0, got -3"),
     (dict(delta_q=torch.zeros(4, 8)), ValueError, r"delta_q must be 3-D"),
-    (dict(delta_q=torch.zeros(4, 2, 4, dtype=torch.int64)), TypeError, r"delta_q must be float32 or"),
-    (dict(k=torch.zeros(8, 3, 4)), ValueError, r"k.shape\[1\] \(3\) must equal delta_q.shape\[1\] \(2\)"),
-    (dict(k=torch.zeros(8, 2, 5)), ValueError, r"k.shape\[2\] \(5\) must equal delta_q.shape\[2\] \(4\)"),
+    (
+        dict(delta_q=torch.zeros(4, 2, 4, dtype=torch.int64)),
+        TypeError,
+        r"delta_q must be float32 or",
+    ),
+    (
+        dict(k=torch.zeros(8, 3, 4)),
+        ValueError,
+        r"k.shape\[1\] \(3\) must equal delta_q.shape\[1\] \(2\)",
+    ),
+    (
+        dict(k=torch.zeros(8, 2, 5)),
+        ValueError,
+        r"k.shape\[2\] \(5\) must equal delta_q.shape\[2\] \(4\)",
+    ),
     (dict(v=torch.zeros(7, 2, 6)), ValueError, r"v.shape\[0\] \(7\) must equal k.shape\[0\] \(8\)"),
-    (dict(v=torch.zeros(8, 1, 6)), ValueError, r"v.shape\[1\] \(1\) must equal delta_q.shape\[1\] \(2\)"),
-    (dict(delta_q=torch.zeros(5, 2, 4)), ValueError, r"delta_q.shape\[0\] \(5\) must be a multiple of the batch size B \(2\)"),
-    (dict(delta_q=torch.zeros(8, 2, 4)), ValueError, r"every sequence must hold its D = 4 new queries"),
-    (dict(v=torch.zeros(8, 2, 6, dtype=torch.float64)), TypeError, r"v has dtype torch.float64 but delta_q has torch.float32"),
-    (dict(k=torch.zeros(8, 2, 4, device="meta"), v=torch.zeros(8, 2, 6, device="meta")), ValueError, r"k is on meta but delta_q is on cpu"),
-    (dict(seq_offsets=torch.tensor([0, 3, 9])), ValueError, r"seq_offsets\[-1\] must equal the number of tokens \(8\)"),
-    (dict(num_targets=torch.tensor([4, 0])), ValueError, r"num_targets\[b\] must be <= the length of sequence b"),
+    (
+        dict(v=torch.zeros(8, 1, 6)),
+        ValueError,
+        r"v.shape\[1\] \(1\) must equal delta_q.shape\[1\] \(2\)",
+    ),
+    (
+        dict(delta_q=torch.zeros(5, 2, 4)),
+        ValueError,
+        r"delta_q.shape\[0\] \(5\) must be a multiple of the batch size B \(2\)",
+    ),
+    (
+        dict(delta_q=torch.zeros(8, 2, 4)),
+        ValueError,
+        r"every sequence must hold its D = 4 new queries",
+    ),
+    (
+        dict(v=torch.zeros(8, 2, 6, dtype=torch.float64)),
+        TypeError,
+        r"v has dtype torch.float64 but delta_q has torch.float32",
+    ),
+    (
+        dict(k=torch.zeros(8, 2, 4, device="meta"), v=torch.zeros(8, 2, 6, device="meta")),
+        ValueError,
+        r"k is on meta but delta_q is on cpu",
+    ),
+    (
+        dict(seq_offsets=torch.tensor([0, 3, 9])),
+        ValueError,
+        r"seq_offsets\[-1\] must equal the number of tokens \(8\)",
+    ),
+    (
+        dict(num_targets=torch.tensor([4, 0])),
+        ValueError,
+        r"num_targets\[b\] must be <= the length of sequence b",
+    ),
     (dict(max_attn_len=-1), ValueError, r"max_attn_len must be >= 0, got -1"),
     (dict(contextual_seq_len=-1), ValueError, r"contextual_seq_len must be >= 0, got -1"),
 ]
@@ -571,10 +753,17 @@ def test_delta_hstu_mha_errors(over, exc, match):
 
 
 def test_delta_empty_batch_needs_empty_queries():
-    with pytest.raises(ValueError, match=r"delta_q.shape\[0\] \(2\) must be a multiple of the batch size B \(0\)"):
+    with pytest.raises(
+        ValueError, match=r"delta_q.shape\[0\] \(2\) must be a multiple of the batch size B \(0\)"
+    ):
         delta_hstu_mha(
-            4, 0.5, torch.zeros(2, 2, 4), torch.zeros(0, 2, 4), torch.zeros(0, 2, 3),
-            torch.zeros(1, dtype=torch.int64), backend="pytorch",
+            4,
+            0.5,
+            torch.zeros(2, 2, 4),
+            torch.zeros(0, 2, 4),
+            torch.zeros(0, 2, 3),
+            torch.zeros(1, dtype=torch.int64),
+            backend="pytorch",
         )
 
 
@@ -590,7 +779,13 @@ def fresh_registry():
 
 def test_explicit_triton_on_cpu_lists_reasons(monkeypatch, fresh_registry):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(BackendError, match=r"(?s)backend 'triton' \(requested by backend=\) cannot run hstu_mha: .*candidates:.*pytorch: accepts this call"):
+    with pytest.raises(
+        BackendError,
+        match=(
+            r"(?s)backend 'triton' \(requested by backend=\) cannot run hstu_mha: "
+            r".*candidates:.*pytorch: accepts this call"
+        ),
+    ):
         hstu_mha(**_good(), backend="triton")
     with pytest.raises(BackendError, match=r"(?s)backend 'triton' .* cannot run delta_hstu_mha"):
         delta_hstu_mha(**_good_delta(), backend="triton")
@@ -600,10 +795,22 @@ def test_explicit_triton_on_cpu_lists_reasons(monkeypatch, fresh_registry):
     "over,reason",
     [
         (dict(dropout_pr=0.1), r"dropout_pr=0.1 is not supported \(needs 0.0\)"),
-        (dict(min_full_attn_seq_len=2, max_attn_len=1), r"min_full_attn_seq_len=2 is not supported"),
-        (dict(attn_func=torch.zeros(2, 3, 8, dtype=torch.int32)), r"attn_func \(arbitrary masks\) is not supported"),
-        (dict(q=torch.zeros(8, 2, 4, dtype=torch.float64), k=torch.zeros(8, 2, 4, dtype=torch.float64),
-              v=torch.zeros(8, 2, 6, dtype=torch.float64)), r"dtype torch.float64 is not supported"),
+        (
+            dict(min_full_attn_seq_len=2, max_attn_len=1),
+            r"min_full_attn_seq_len=2 is not supported",
+        ),
+        (
+            dict(attn_func=torch.zeros(2, 3, 8, dtype=torch.int32)),
+            r"attn_func \(arbitrary masks\) is not supported",
+        ),
+        (
+            dict(
+                q=torch.zeros(8, 2, 4, dtype=torch.float64),
+                k=torch.zeros(8, 2, 4, dtype=torch.float64),
+                v=torch.zeros(8, 2, 6, dtype=torch.float64),
+            ),
+            r"dtype torch.float64 is not supported",
+        ),
     ],
 )
 def test_triton_rejects_unsupported_options(monkeypatch, fresh_registry, over, reason):
@@ -630,5 +837,7 @@ def test_dropout_in_eval_mode_is_not_a_triton_rejection(monkeypatch, fresh_regis
 
 
 def test_unknown_backend():
-    with pytest.raises(BackendError, match=r"unknown backend 'nope'; registered backends: .*pytorch"):
+    with pytest.raises(
+        BackendError, match=r"unknown backend 'nope'; registered backends: .*pytorch"
+    ):
         hstu_mha(**_good(), backend="nope")

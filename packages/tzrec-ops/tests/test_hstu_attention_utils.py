@@ -82,7 +82,11 @@ ERRORS = [
     (dict(contextual_seq_len=-1), ValueError, r"contextual_seq_len must be >= 0, got -1"),
     (dict(nheads=0), ValueError, r"nheads must be > 0, got 0"),
     (dict(seq_offsets=torch.tensor([0.0, 5.0])), TypeError, r"seq_offsets must be int32 or int64"),
-    (dict(num_targets=torch.tensor([1, 2])), ValueError, r"num_targets must have B = 1 entries, got 2"),
+    (
+        dict(num_targets=torch.tensor([1, 2])),
+        ValueError,
+        r"num_targets must have B = 1 entries, got 2",
+    ),
     (dict(num_targets=torch.tensor([1.0])), TypeError, r"num_targets must be int32 or int64"),
 ]
 

@@ -70,7 +70,9 @@ def _check_options(
     check_non_negative("contextual_seq_len", contextual_seq_len)
     _check_int("scaling_seqlen", scaling_seqlen)
     if scaling_seqlen != -1 and scaling_seqlen <= 0:
-        raise ValueError(f"scaling_seqlen must be -1 (use max_seq_len) or > 0, got {scaling_seqlen}")
+        raise ValueError(
+            f"scaling_seqlen must be -1 (use max_seq_len) or > 0, got {scaling_seqlen}"
+        )
 
 
 def _check_num_targets(num_targets: Optional[torch.Tensor], batch: int) -> None:
@@ -190,8 +192,12 @@ def hstu_mha(
                 f"got {tuple(attn_func.shape)}"
             )
     check_same_device(
-        ("q", q), ("k", k), ("v", v), ("seq_offsets", seq_offsets),
-        ("num_targets", num_targets), ("attn_func", attn_func),
+        ("q", q),
+        ("k", k),
+        ("v", v),
+        ("seq_offsets", seq_offsets),
+        ("num_targets", num_targets),
+        ("attn_func", attn_func),
     )
     checks = ValueChecks()
     _value_checks(checks, seq_offsets, total, max_seq_len, num_targets)
@@ -212,8 +218,21 @@ def hstu_mha(
         attn_func=attn_func is not None,
     )
     return impl(
-        max_seq_len, alpha, q, k, v, seq_offsets, causal, dropout_pr, training, num_targets,
-        max_attn_len, contextual_seq_len, min_full_attn_seq_len, sort_by_length, attn_func,
+        max_seq_len,
+        alpha,
+        q,
+        k,
+        v,
+        seq_offsets,
+        causal,
+        dropout_pr,
+        training,
+        num_targets,
+        max_attn_len,
+        contextual_seq_len,
+        min_full_attn_seq_len,
+        sort_by_length,
+        attn_func,
         scaling_seqlen,
     )
 
@@ -279,7 +298,10 @@ def delta_hstu_mha(
         )
     _check_num_targets(num_targets, batch)
     check_same_device(
-        ("delta_q", delta_q), ("k", k), ("v", v), ("seq_offsets", seq_offsets),
+        ("delta_q", delta_q),
+        ("k", k),
+        ("v", v),
+        ("seq_offsets", seq_offsets),
         ("num_targets", num_targets),
     )
     checks = ValueChecks()
@@ -303,6 +325,14 @@ def delta_hstu_mha(
         contextual_seq_len=contextual_seq_len,
     )
     return impl(
-        max_seq_len, alpha, delta_q, k, v, seq_offsets, num_targets, max_attn_len,
-        contextual_seq_len, scaling_seqlen,
+        max_seq_len,
+        alpha,
+        delta_q,
+        k,
+        v,
+        seq_offsets,
+        num_targets,
+        max_attn_len,
+        contextual_seq_len,
+        scaling_seqlen,
     )

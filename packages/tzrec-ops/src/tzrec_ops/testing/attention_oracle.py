@@ -167,8 +167,12 @@ def delta_hstu_mha_oracle(
             ]
             per_head = [
                 _row(
-                    alpha, scale, delta_q[b * delta + d, h],
-                    k[start : start + n, h], v[start : start + n, h], keys,
+                    alpha,
+                    scale,
+                    delta_q[b * delta + d, h],
+                    k[start : start + n, h],
+                    v[start : start + n, h],
+                    keys,
                 )
                 for h in range(delta_q.shape[1])
             ]

@@ -41,9 +41,7 @@ def lengths_from_offsets(offsets: torch.Tensor) -> List[int]:
     return [int(x) for x in (offsets[1:] - offsets[:-1]).tolist()]
 
 
-def random_lengths(
-    batch: int, max_len: int, seed: int = 0, min_len: int = 0
-) -> List[int]:
+def random_lengths(batch: int, max_len: int, seed: int = 0, min_len: int = 0) -> List[int]:
     """``batch`` lengths uniform in ``[min_len, max_len]``."""
     g = torch.Generator().manual_seed(seed)
     return torch.randint(min_len, max_len + 1, (batch,), generator=g).tolist()
@@ -158,7 +156,9 @@ def make_attention_inputs(
             )
         for n, t in zip(lengths, num_targets):
             if not 0 <= t <= n:
-                raise ValueError(f"num_targets {list(num_targets)} must lie in [0, lengths {list(lengths)}]")
+                raise ValueError(
+                    f"num_targets {list(num_targets)} must lie in [0, lengths {list(lengths)}]"
+                )
     total = int(sum(lengths))
     if layout == "fused":
         g = torch.Generator().manual_seed(seed)
@@ -213,9 +213,7 @@ def num_targets_strategy(lengths: Sequence[int]) -> Any:
     """Per-sequence target counts in ``[0, n]``, often exactly ``n`` (all targets) or 1."""
     from hypothesis import strategies as st
 
-    per_seq = [
-        st.one_of(st.just(n), st.just(min(1, n)), st.integers(0, n)) for n in lengths
-    ]
+    per_seq = [st.one_of(st.just(n), st.just(min(1, n)), st.integers(0, n)) for n in lengths]
     return st.tuples(*per_seq)
 
 

@@ -274,14 +274,20 @@ def _chunked_attention(
     seqs, row_block = _chunk_sizes(batch, num_rows, heads, k.shape[1])
     body = functools.partial(_attend_chunk, mask_fn, alpha, scale, dropout_pr, training)
     multi = seqs < batch or row_block < num_rows
-    recompute = multi and torch.is_grad_enabled() and (
-        q.requires_grad or k.requires_grad or v.requires_grad
+    recompute = (
+        multi
+        and torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or v.requires_grad)
     )
     pieces = []
     q_chunks = torch.split(q, seqs)
     per_batch = zip(
-        q_chunks, torch.split(k, seqs), torch.split(v, seqs), torch.split(rows, seqs),
-        torch.split(lengths, seqs), _split(num_targets, seqs, 0, len(q_chunks)),
+        q_chunks,
+        torch.split(k, seqs),
+        torch.split(v, seqs),
+        torch.split(rows, seqs),
+        torch.split(lengths, seqs),
+        _split(num_targets, seqs, 0, len(q_chunks)),
         _split(func, seqs, 0, len(q_chunks)),
     )
     for q_b, k_b, v_b, rows_b, len_b, tgt_b, func_b in per_batch:
@@ -336,9 +342,7 @@ def hstu_mha(
     func = None
     if attn_func is not None:
         func = _to_padded(attn_func.permute(2, 0, 1), seq_offsets, max_seq_len)
-        mask_fn: Callable[..., torch.Tensor] = functools.partial(
-            _func_mask, max_len=max_seq_len
-        )
+        mask_fn: Callable[..., torch.Tensor] = functools.partial(_func_mask, max_len=max_seq_len)
     else:
         mask_fn = functools.partial(
             _fixed_mask,
@@ -350,8 +354,18 @@ def hstu_mha(
         )
     targets = None if num_targets is None or attn_func is not None else num_targets.to(torch.int64)
     out = _chunked_attention(
-        qp, kp, vp, rows, lengths, targets, func, mask_fn,
-        alpha, _scale(max_seq_len, scaling_seqlen), dropout_pr, training,
+        qp,
+        kp,
+        vp,
+        rows,
+        lengths,
+        targets,
+        func,
+        mask_fn,
+        alpha,
+        _scale(max_seq_len, scaling_seqlen),
+        dropout_pr,
+        training,
     )
     return _to_jagged(out, seq_offsets, total)
 
@@ -392,7 +406,17 @@ def delta_hstu_mha(
         )
         targets = None if num_targets is None else num_targets.to(torch.int64)
         out = _chunked_attention(
-            qd, kp, vp, rows, lengths, targets, None, mask_fn,
-            alpha, _scale(max_seq_len, scaling_seqlen), 0.0, False,
+            qd,
+            kp,
+            vp,
+            rows,
+            lengths,
+            targets,
+            None,
+            mask_fn,
+            alpha,
+            _scale(max_seq_len, scaling_seqlen),
+            0.0,
+            False,
         )
         return out.reshape(batch * delta, heads, v.shape[2])
