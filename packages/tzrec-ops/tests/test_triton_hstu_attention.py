@@ -187,6 +187,17 @@ def test_interpreter_backward_is_deterministic():
 
 
 @CPU
+def test_interpreter_atomic_dq_backward_matches_oracle(monkeypatch):
+    from tzrec_ops.backends.triton import hstu_attention as impl
+
+    monkeypatch.setattr(impl, "DETERMINISTIC_BACKWARD", False)
+    inputs = make_attention_inputs((40, 0, 23, 1), 2, 24, 16, seed=10, num_targets=(4, 0, 2, 1),
+                                   layout="fused")
+    check_against_oracle(inputs, "triton", torch.float32, contextual_seq_len=3, max_attn_len=9)
+    check_against_oracle(inputs, "triton", torch.bfloat16, causal=False)
+
+
+@CPU
 def test_interpreter_non_power_of_two_and_unequal_dims():
     inputs = make_attention_inputs((13, 38), 1, 20, 40, seed=9, num_targets=(2, 2))
     check_against_oracle(inputs, "triton", torch.float32, contextual_seq_len=2)

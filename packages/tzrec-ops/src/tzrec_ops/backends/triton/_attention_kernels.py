@@ -545,6 +545,9 @@ def _dkdv_block(
     stride_qm,
     stride_dom,
     alpha,
+    DQ_base,
+    stride_dqm,
+    dq_scale,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_CONTEXTUAL: tl.constexpr,
@@ -559,8 +562,10 @@ def _dkdv_block(
     ENABLE_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     FAST_SILU: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):
-    """One query block's contribution to dK, dV of a key block, in transposed form [BN, BM]."""
+    """One query block's contribution to dK, dV of a key block, in transposed form [BN, BM]
+    (and, with ``ATOMIC_DQ``, its dQ rows, added atomically to the fp32 ``DQ_base``)."""
     q = _load_tile(Q_base, q_desc, off_h, start_m, n, stride_qm, DIM_Q, BLOCK_M, BLOCK_D_Q, True,
                    ENABLE_TMA, UPCAST)
     do = _load_tile(DO_base, do_desc, off_h, start_m, n, stride_dom, DIM_V, BLOCK_M, BLOCK_D_V,
@@ -577,7 +582,17 @@ def _dkdv_block(
         a_t = tl.where(valid, a_t, 0.0)
         ds_t = tl.where(valid, ds_t, 0.0)
     dv = tl.dot(a_t.to(do.dtype), do, dv, input_precision=PRECISION)
-    dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
+    ds_t = ds_t.to(q.dtype)
+    dk = tl.dot(ds_t, q, dk, input_precision=PRECISION)
+    if ATOMIC_DQ:
+        dq = tl.dot(tl.trans(ds_t), k, input_precision=PRECISION) * dq_scale
+        rows = start_m + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D_Q)
+        mask = rows[:, None] < n
+        if BLOCK_D_Q != DIM_Q:
+            mask = mask & (offs_d[None, :] < DIM_Q)
+        tl.atomic_add(DQ_base + rows[:, None] * stride_dqm + offs_d[None, :], dq, mask=mask,
+                      sem="relaxed")
     return dk, dv
 
 
@@ -589,6 +604,7 @@ def _hstu_attn_bwd_dkdv_kernel(
     DO,
     DK,
     DV,
+    DQ,
     seq_offsets,
     num_targets,
     sort_idx,
@@ -604,6 +620,8 @@ def _hstu_attn_bwd_dkdv_kernel(
     stride_dkh,
     stride_dvm,
     stride_dvh,
+    stride_dqm,
+    stride_dqh,
     alpha,
     inv_scale,
     max_attn_len,
@@ -622,6 +640,7 @@ def _hstu_attn_bwd_dkdv_kernel(
     ENABLE_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     FAST_SILU: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
     BLOCK_D_Q: tl.constexpr,
     BLOCK_D_V: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -642,6 +661,8 @@ def _hstu_attn_bwd_dkdv_kernel(
         DO_base = DO + start * stride_dom + off_h * stride_doh
         K_base = K + start * stride_km + off_h * stride_kh
         V_base = V + start * stride_vm + off_h * stride_vh
+        DQ_base = DQ + start * stride_dqm + off_h * stride_dqh
+        dq_scale = alpha * inv_scale
         q_desc = _descriptor(Q + start * stride_qm, n, H, stride_qm, stride_qh, DIM_Q, BLOCK_M,
                              BLOCK_D_Q, ENABLE_TMA)
         do_desc = _descriptor(DO + start * stride_dom, n, H, stride_dom, stride_doh, DIM_V,
@@ -690,21 +711,21 @@ def _hstu_attn_bwd_dkdv_kernel(
             for start_m in range(0, ctx_end, BLOCK_M):
                 dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, q_desc, do_desc, off_h,
                                      start_m, cols, n, shift, hist, max_attn_len, stride_qm,
-                                     stride_dom, alpha, True, CAUSAL, HAS_CONTEXTUAL,
+                                     stride_dom, alpha, DQ_base, stride_dqm, dq_scale, True, CAUSAL, HAS_CONTEXTUAL,
                                      HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q,
-                                     BLOCK_D_V, BLOCK_M, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
+                                     BLOCK_D_V, BLOCK_M, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU, ATOMIC_DQ)
         for start_m in range(rows_start, full_start, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, q_desc, do_desc, off_h, start_m,
-                                 cols, n, shift, hist, max_attn_len, stride_qm, stride_dom, alpha,
+                                 cols, n, shift, hist, max_attn_len, stride_qm, stride_dom, alpha, DQ_base, stride_dqm, dq_scale,
                                  True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
                                  HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_M,
-                                 PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
+                                 PRECISION, ENABLE_TMA, UPCAST, FAST_SILU, ATOMIC_DQ)
         for start_m in range(full_start, rows_end, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, q_desc, do_desc, off_h, start_m,
-                                 cols, n, shift, hist, max_attn_len, stride_qm, stride_dom, alpha,
+                                 cols, n, shift, hist, max_attn_len, stride_qm, stride_dom, alpha, DQ_base, stride_dqm, dq_scale,
                                  False, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
                                  HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_M,
-                                 PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
+                                 PRECISION, ENABLE_TMA, UPCAST, FAST_SILU, ATOMIC_DQ)
         DK_base = DK + start * stride_dkm + off_h * stride_dkh
         DV_base = DV + start * stride_dvm + off_h * stride_dvh
         _store_tile(DK_base, dk * (alpha * inv_scale), n0, n, stride_dkm, DIM_Q, BLOCK_N, BLOCK_D_Q)

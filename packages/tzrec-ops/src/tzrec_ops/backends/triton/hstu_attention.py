@@ -38,6 +38,7 @@ from tzrec_ops.ops.utils import (
 )
 
 __all__ = [
+    "set_deterministic_backward",
     "hstu_attention_fwd",
     "hstu_attention_bwd",
     "hstu_mha",
@@ -57,6 +58,17 @@ _bwd_dq_kernel_wide = autotune.autotuned(
 _bwd_dkdv_kernel_wide = autotune.autotuned(
     autotune.BWD_DKDV, kernels._hstu_attn_bwd_dkdv_kernel, wide=True
 )
+
+
+# The backward's default when torch's deterministic mode is off: True runs dQ as its own
+# pass (bitwise reproducible), False adds dQ with fp32 atomics inside the dK/dV pass.
+DETERMINISTIC_BACKWARD = True
+
+
+def set_deterministic_backward(enabled: bool) -> None:
+    """Choose the backward's dQ strategy when torch's deterministic mode is off."""
+    global DETERMINISTIC_BACKWARD
+    DETERMINISTIC_BACKWARD = bool(enabled)
 
 
 def _block_d(dim: int) -> int:
@@ -190,8 +202,15 @@ def hstu_attention_bwd(
     sort_by_length: bool,
     scaling_seqlen: int,
     enable_tma: bool,
+    deterministic: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the dK/dV and dQ kernels; returns contiguous ``(dq, dk, dv)`` like q, k, v."""
+    """Launch the backward kernels; returns contiguous ``(dq, dk, dv)`` like q, k, v.
+
+    ``deterministic`` (default: :data:`DETERMINISTIC_BACKWARD` or
+    ``torch.are_deterministic_algorithms_enabled()``) runs dQ as its own pass; otherwise the
+    dK/dV pass also adds dQ atomically into an fp32 buffer (two fewer matmuls per tile, the
+    summation order varies between runs).
+    """
     dout, q, k, v = (switch_to_contiguous_if_needed(t) for t in (dout, q, k, v))
     seq_offsets = seq_offsets.contiguous()
     total, heads, dim_q = q.shape
@@ -202,6 +221,9 @@ def hstu_attention_bwd(
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if batch == 0 or total == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
+    if deterministic is None:
+        deterministic = DETERMINISTIC_BACKWARD or torch.are_deterministic_algorithms_enabled()
+    dq_acc = dq if deterministic else torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     targets = num_targets.contiguous() if num_targets is not None else seq_offsets
     sort_idx = _sort_indices(seq_offsets, sort_by_length)
     flags = dict(
@@ -223,11 +245,13 @@ def hstu_attention_bwd(
 
     wide = max(dim_q, dim_v) > 128
     wrap_triton(_bwd_dkdv_kernel_wide if wide else _bwd_dkdv_kernel)[grid_n](
-        q, k, v, dout, dk, dv, seq_offsets, targets, sort_idx,
+        q, k, v, dout, dk, dv, dq_acc, seq_offsets, targets, sort_idx,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        *scalars, **flags,
+        dq_acc.stride(0), dq_acc.stride(1), *scalars, ATOMIC_DQ=not deterministic, **flags,
     )
+    if not deterministic:
+        return dq_acc.to(q.dtype), dk, dv
     wrap_triton(_bwd_dq_kernel_wide if wide else _bwd_dq_kernel)[grid_m](
         q, k, v, dout, dq, seq_offsets, targets, sort_idx,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
