@@ -178,12 +178,6 @@ def test_transducer_constructor_errors():
         HSTUTransducer(pre, stack, HSTUPositionalEncoder(E, 8, 4, use_time_encoding=True))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=torch._dynamo.exc.InternalTorchDynamoError,
-    reason="tzrec_ops.ops.hstu_compute._fused_impl probes for a fused backend by catching "
-    "BackendError, which dynamo cannot trace (tzrec-ops issue, reported to the lead)",
-)
 def test_transducer_compiles():
     model = _transducer().eval()
     f = _features()

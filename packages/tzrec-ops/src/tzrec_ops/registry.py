@@ -296,7 +296,25 @@ def select_backend(
         if not torch.compiler.is_compiling():
             return _choose(op, backend, call).implementation(op)
         backend = backend.name
-    return _IMPLEMENTATIONS[_selection_key(op, backend, tuple(call.items()))]
+    return _IMPLEMENTATIONS[_selection_key(op, backend, tuple(call.items()), False)]
+
+
+def find_implementation(
+    op: str, backend: Union[str, Backend, None] = None, **call: Any
+) -> Optional[Callable[..., Any]]:
+    """Like :func:`select_backend`, but ``None`` where it would raise :class:`BackendError`.
+
+    For optional fast paths (e.g. a fused op) whose absence leads to a general path.
+    """
+    if isinstance(backend, Backend):
+        if not torch.compiler.is_compiling():
+            try:
+                return _choose(op, backend, call).implementation(op)
+            except BackendError:
+                return None
+        backend = backend.name
+    key = _selection_key(op, backend, tuple(call.items()), True)
+    return _IMPLEMENTATIONS[key] if key else None
 
 
 # Implementations chosen so far, by "backend:op". Tracing sees only this dict lookup: the
@@ -306,8 +324,16 @@ _IMPLEMENTATIONS: Dict[str, Callable[..., Any]] = {}
 
 
 @torch.compiler.assume_constant_result
-def _selection_key(op: str, backend: Optional[str], call_items: Tuple[Tuple[str, Any], ...]) -> str:
-    record = _choose(op, backend, dict(call_items))
+def _selection_key(
+    op: str, backend: Optional[str], call_items: Tuple[Tuple[str, Any], ...], optional: bool
+) -> str:
+    """Choose eagerly; return the key of the chosen implementation ("" if optional and none)."""
+    try:
+        record = _choose(op, backend, dict(call_items))
+    except BackendError:
+        if optional:
+            return ""
+        raise
     key = f"{record.name}:{op}"
     _IMPLEMENTATIONS[key] = record.implementation(op)
     return key

@@ -19,7 +19,7 @@ from tzrec_ops.ops.validation import (
     check_same_dtype,
     check_tensor,
 )
-from tzrec_ops.registry import Backend, BackendError, select_backend
+from tzrec_ops.registry import Backend, find_implementation, select_backend
 
 BackendArg = Union[str, Backend, None]
 Tensors4 = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -245,7 +245,8 @@ def hstu_preprocess_and_attention(
         x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim, uvqk_weight, uvqk_bias
     )
     if not prefill:
-        fused = _fused_impl(
+        fused = find_implementation(
+            "hstu_preprocess_and_attention",
             backend,
             device=x.device,
             dtype=x.dtype,
@@ -323,15 +324,3 @@ def hstu_preprocess_and_attention(
         backend=backend,
     )
     return u, attn.reshape(x.shape[0], num_heads * hidden_dim), k, v
-
-
-def _fused_impl(backend: BackendArg, **call) -> Optional[Callable[..., Tensors4]]:
-    """The fused implementation for this request, or ``None`` when it has none for the call.
-
-    ``None`` leads to the unfused path on the same request, where an unknown or unsuitable
-    backend still raises.
-    """
-    try:
-        return select_backend("hstu_preprocess_and_attention", backend, **call)
-    except BackendError:
-        return None
