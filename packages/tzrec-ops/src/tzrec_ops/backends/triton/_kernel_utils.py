@@ -3,7 +3,8 @@
 * :func:`tuned` wraps a ``@triton.jit`` kernel in an autotuner built once per (kernel, device
   type): the CUDA configs that live with the kernel plus any extra configs that plugins give
   through :func:`tzrec_ops.registry.autotune_configs` (the ROCm plugin's HIP configs replace the
-  CUDA ones on ROCm). Under ``TRITON_INTERPRET=1`` a single small config is used.
+  CUDA ones on ROCm). Under ``TRITON_INTERPRET=1`` a single small config is used, and with
+  ``TZREC_OPS_TRITON_AUTOTUNE=0`` only the first config (no tuning: fast start-up, e.g. tests).
 * :func:`draw_seed` draws a dropout seed from torch's CPU generator, so ``torch.manual_seed``
   makes runs reproducible.
 """
@@ -20,6 +21,7 @@ import triton.language as tl
 
 from tzrec_ops.ops.utils import prev_power_of_2
 
+AUTOTUNE_ENV = "TZREC_OPS_TRITON_AUTOTUNE"
 _TUNED: Dict[Tuple[str, str], Any] = {}
 _LOCK = threading.Lock()
 
@@ -81,6 +83,8 @@ def tuned(
                     chosen = extra
                 else:
                     chosen = configs() + extra
+                if os.environ.get(AUTOTUNE_ENV, "1") in ("0", "false", "no"):
+                    chosen = chosen[:1]
             _TUNED[cache_key] = triton.autotune(chosen, key=list(key), **autotune_kwargs)(
                 kernel
             )
