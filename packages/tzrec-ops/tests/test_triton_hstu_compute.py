@@ -42,8 +42,22 @@ def _grads_close(got, ref, dtype, names):
         assert_close(a.grad, b.grad, dtype, grad=True, name=name)
 
 
-def _preprocess_case(lengths, targets, E, H, A, V, dtype, recompute_normed, recompute_uvqk,
-                     contextual=0, max_attn_len=0, sort_by_length=False, fused=True, seed=0):
+def _preprocess_case(
+    lengths,
+    targets,
+    E,
+    H,
+    A,
+    V,
+    dtype,
+    recompute_normed,
+    recompute_uvqk,
+    contextual=0,
+    max_attn_len=0,
+    sort_by_length=False,
+    fused=True,
+    seed=0,
+):
     offsets = offsets_from_lengths(lengths).to(DEVICE)
     num_targets = torch.tensor(targets, device=DEVICE) if targets is not None else None
     L, W = sum(lengths), 2 * H * (A + V)
@@ -52,9 +66,28 @@ def _preprocess_case(lengths, targets, E, H, A, V, dtype, recompute_normed, reco
 
     def run(x, nw, nb, w, b, backend):
         return HC.hstu_preprocess_and_attention(
-            x, nw, nb, 1e-5, H, A, V, w, b, max_seq_len, offsets, 1.0 / A ** 0.5, True,
-            num_targets, max_attn_len, contextual, recompute_uvqk, recompute_normed,
-            sort_by_length, prefill=not fused, backend=backend)
+            x,
+            nw,
+            nb,
+            1e-5,
+            H,
+            A,
+            V,
+            w,
+            b,
+            max_seq_len,
+            offsets,
+            1.0 / A**0.5,
+            True,
+            num_targets,
+            max_attn_len,
+            contextual,
+            recompute_uvqk,
+            recompute_normed,
+            sort_by_length,
+            prefill=not fused,
+            backend=backend,
+        )
 
     u, attn, k, v = run(*got, "triton")
     assert (k is None and v is None) if fused else (k is not None and v is not None)
@@ -64,16 +97,20 @@ def _preprocess_case(lengths, targets, E, H, A, V, dtype, recompute_normed, reco
     du = torch.randn(u.shape, generator=g, dtype=torch.float64).to(dtype)
     da = torch.randn(attn.shape, generator=g, dtype=torch.float64).to(dtype)
     ((u * du.to(DEVICE)).sum() + (attn * da.to(DEVICE)).sum()).float().backward()
-    ((u_ref * du.to(DEVICE, torch.float64)).sum()
-     + (attn_ref * da.to(DEVICE, torch.float64)).sum()).backward()
-    _grads_close(got, ref, dtype, ["dx", "d_norm_weight", "d_norm_bias", "d_uvqk_weight",
-                                   "d_uvqk_bias"])
+    (
+        (u_ref * du.to(DEVICE, torch.float64)).sum()
+        + (attn_ref * da.to(DEVICE, torch.float64)).sum()
+    ).backward()
+    _grads_close(
+        got, ref, dtype, ["dx", "d_norm_weight", "d_norm_bias", "d_uvqk_weight", "d_uvqk_bias"]
+    )
 
 
 @pytest.mark.parametrize("recompute_normed,recompute_uvqk", FLAGS)
 def test_fused_preprocess_and_attention(recompute_normed, recompute_uvqk):
-    _preprocess_case([5, 0, 9, 1], [2, 0, 3, 1], 24, 2, 8, 12, torch.float32, recompute_normed,
-                     recompute_uvqk)
+    _preprocess_case(
+        [5, 0, 9, 1], [2, 0, 3, 1], 24, 2, 8, 12, torch.float32, recompute_normed, recompute_uvqk
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -84,29 +121,51 @@ def test_fused_preprocess_and_attention_half(dtype):
 @pytest.mark.parametrize("recompute_normed,recompute_uvqk", FLAGS)
 def test_uqvk_path_bitwise_across_recompute_flags(recompute_normed, recompute_uvqk):
     """prefill=True runs hstu_compute_uqvk + attention; remat must not change a single bit."""
+
     def grads(rn, ru):
-        got, _, _ = _params([(6, 16), (16,), (16,), (16, 2 * 2 * (8 + 4)), (2 * 2 * (8 + 4),)],
-                            torch.float32, 3)
-        u, q, k, v = HC.hstu_compute_uqvk(*got[:3], 1e-5, 2, 8, 4, *got[3:], rn, ru,
-                                          backend="triton")
+        got, _, _ = _params(
+            [(6, 16), (16,), (16,), (16, 2 * 2 * (8 + 4)), (2 * 2 * (8 + 4),)], torch.float32, 3
+        )
+        u, q, k, v = HC.hstu_compute_uqvk(
+            *got[:3], 1e-5, 2, 8, 4, *got[3:], rn, ru, backend="triton"
+        )
         (u.sum() + (q * 2).sum() + (k * 3).sum() + (v * 4).sum()).backward()
         return [u, q, k, v] + [t.grad for t in got]
 
     for a, b in zip(grads(False, False), grads(recompute_normed, recompute_uvqk)):
         assert torch.equal(a, b)
-    _preprocess_case([3, 6], [1, 2], 16, 2, 8, 4, torch.float32, recompute_normed,
-                     recompute_uvqk, fused=False)
+    _preprocess_case(
+        [3, 6], [1, 2], 16, 2, 8, 4, torch.float32, recompute_normed, recompute_uvqk, fused=False
+    )
 
 
 def _output_case(L, E, H, V, dtype, concat_ux, group_norm, recompute_y, seed=0):
     hv = H * V
     norm_shape = (H,) if group_norm else (hv,)
-    got, ref, g = _params([(L, hv), (L, hv), (L, E), norm_shape, norm_shape,
-                           ((3 if concat_ux else 1) * hv, E)], dtype, seed)
+    got, ref, g = _params(
+        [(L, hv), (L, hv), (L, E), norm_shape, norm_shape, ((3 if concat_ux else 1) * hv, E)],
+        dtype,
+        seed,
+    )
 
     def run(attn, u, x, nw, nb, w, backend):
-        return HC.hstu_compute_output(attn, u, x, nw, nb, 1e-5, w, H, V, 0.2, False, concat_ux,
-                                      group_norm, recompute_y, backend=backend)
+        return HC.hstu_compute_output(
+            attn,
+            u,
+            x,
+            nw,
+            nb,
+            1e-5,
+            w,
+            H,
+            V,
+            0.2,
+            False,
+            concat_ux,
+            group_norm,
+            recompute_y,
+            backend=backend,
+        )
 
     out = run(*got, "triton")
     expected = run(*ref, "pytorch")
@@ -114,8 +173,9 @@ def _output_case(L, E, H, V, dtype, concat_ux, group_norm, recompute_y, seed=0):
     dout = torch.randn(out.shape, generator=g, dtype=torch.float64).to(dtype)
     out.backward(dout.to(DEVICE))
     expected.backward(dout.to(DEVICE, torch.float64))
-    _grads_close(got, ref, dtype, ["d_attn", "du", "dx", "d_norm_weight", "d_norm_bias",
-                                   "d_output_weight"])
+    _grads_close(
+        got, ref, dtype, ["d_attn", "du", "dx", "d_norm_weight", "d_norm_bias", "d_output_weight"]
+    )
 
 
 @pytest.mark.parametrize("concat_ux", [False, True])
@@ -136,19 +196,27 @@ def test_compute_output_dropout_seed_replay(concat_ux):
     (which regenerates the mask from the kernel seed) gives the gradients of saving it."""
     results = []
     for recompute_y in (False, True):
-        got, _, _ = _params([(8, 12), (8, 12), (8, 10), (12,), (12,),
-                             ((3 if concat_ux else 1) * 12, 10)], torch.float32, 4)
+        got, _, _ = _params(
+            [(8, 12), (8, 12), (8, 10), (12,), (12,), ((3 if concat_ux else 1) * 12, 10)],
+            torch.float32,
+            4,
+        )
         torch.manual_seed(11)
-        out = HC.hstu_compute_output(*got[:5], 1e-5, got[5], 3, 4, 0.4, True, concat_ux, False,
-                                     recompute_y, backend="triton")
+        out = HC.hstu_compute_output(
+            *got[:5], 1e-5, got[5], 3, 4, 0.4, True, concat_ux, False, recompute_y, backend="triton"
+        )
         out.sum().backward()
         results.append([out] + [t.grad for t in got])
     for a, b in zip(*results):
         assert torch.equal(a, b)
-    got, _, _ = _params([(8, 12), (8, 12), (8, 10), (12,), (12,), ((3 if concat_ux else 1) * 12, 10)],
-                        torch.float32, 4)
-    plain = HC.hstu_compute_output(*got[:5], 1e-5, got[5], 3, 4, 0.4, False, concat_ux, False,
-                                   False, backend="triton")
+    got, _, _ = _params(
+        [(8, 12), (8, 12), (8, 10), (12,), (12,), ((3 if concat_ux else 1) * 12, 10)],
+        torch.float32,
+        4,
+    )
+    plain = HC.hstu_compute_output(
+        *got[:5], 1e-5, got[5], 3, 4, 0.4, False, concat_ux, False, False, backend="triton"
+    )
     assert not torch.equal(plain, results[0][0])
 
 
@@ -158,8 +226,25 @@ def test_fused_rejects_attn_func():
     attn_func = torch.zeros(1, 3, 4, dtype=torch.int32, device=DEVICE)
     with pytest.raises(BackendError, match="attn_func"):
         HC.hstu_preprocess_and_attention(
-            *got[:3], 1e-5, 1, 4, 4, *got[3:], 4, offsets, 0.5, True, None, 0, 0, False, False,
-            False, attn_func=attn_func, backend="triton")
+            *got[:3],
+            1e-5,
+            1,
+            4,
+            4,
+            *got[3:],
+            4,
+            offsets,
+            0.5,
+            True,
+            None,
+            0,
+            0,
+            False,
+            False,
+            False,
+            attn_func=attn_func,
+            backend="triton",
+        )
 
 
 @pytest.mark.gpu
@@ -178,15 +263,38 @@ def test_stu_gpu_real_sizes(dtype):
 def test_stu_gpu_compile():
     lengths = [100, 37, 250]
     offsets = offsets_from_lengths(lengths).to("cuda")
-    got, _, _ = _params([(387, 64), (64,), (64,), (64, 2 * 2 * 64), (2 * 2 * 64,), (2,), (2,),
-                         (64, 64)], torch.bfloat16, 0)
+    got, _, _ = _params(
+        [(387, 64), (64,), (64,), (64, 2 * 2 * 64), (2 * 2 * 64,), (2,), (2,), (64, 64)],
+        torch.bfloat16,
+        0,
+    )
 
     def layer(x, nw, nb, w, b, onw, onb, ow):
         u, attn, _, _ = HC.hstu_preprocess_and_attention(
-            x, nw, nb, 1e-5, 2, 32, 32, w, b, 250, offsets, 0.2, True, None, 0, 0, True, True,
-            False, backend="triton")
-        return HC.hstu_compute_output(attn, u, x, onw, onb, 1e-5, ow, 2, 32, 0.0, True, False,
-                                      True, True, backend="triton")
+            x,
+            nw,
+            nb,
+            1e-5,
+            2,
+            32,
+            32,
+            w,
+            b,
+            250,
+            offsets,
+            0.2,
+            True,
+            None,
+            0,
+            0,
+            True,
+            True,
+            False,
+            backend="triton",
+        )
+        return HC.hstu_compute_output(
+            attn, u, x, onw, onb, 1e-5, ow, 2, 32, 0.0, True, False, True, True, backend="triton"
+        )
 
     out = torch.compile(layer, fullgraph=True)(*got)
     out.float().sum().backward()

@@ -32,8 +32,10 @@ SETTINGS = settings(max_examples=12, deadline=None, derandomize=True)
 
 
 def _pair(base, dtype):
-    return (base.to(DEVICE, dtype).requires_grad_(),
-            base.to(dtype).to(DEVICE, torch.float64).requires_grad_())
+    return (
+        base.to(DEVICE, dtype).requires_grad_(),
+        base.to(dtype).to(DEVICE, torch.float64).requires_grad_(),
+    )
 
 
 def _side(lengths, dense, max_len, offsets_dtype):
@@ -42,15 +44,20 @@ def _side(lengths, dense, max_len, offsets_dtype):
     return offsets_from_lengths(lengths, offsets_dtype).to(DEVICE), lengths
 
 
-def _concat_split_case(left_lengths, right_lengths, dense_left, dense_right, dim, dtype,
-                       offsets_dtype, seed=0):
+def _concat_split_case(
+    left_lengths, right_lengths, dense_left, dense_right, dim, dtype, offsets_dtype, seed=0
+):
     max_l = max(left_lengths + [1])
     max_r = max(right_lengths + [1])
     off_l, left_lengths = _side(left_lengths, dense_left, max_l, offsets_dtype)
     off_r, right_lengths = _side(right_lengths, dense_right, max_r, offsets_dtype)
     g = torch.Generator().manual_seed(seed)
-    left, left64 = _pair(torch.randn(sum(left_lengths), dim, generator=g, dtype=torch.float64), dtype)
-    right, right64 = _pair(torch.randn(sum(right_lengths), dim, generator=g, dtype=torch.float64), dtype)
+    left, left64 = _pair(
+        torch.randn(sum(left_lengths), dim, generator=g, dtype=torch.float64), dtype
+    )
+    right, right64 = _pair(
+        torch.randn(sum(right_lengths), dim, generator=g, dtype=torch.float64), dtype
+    )
     out = J.concat_2D_jagged(left, right, max_l, max_r, off_l, off_r, backend="triton")
     expected = J.concat_2D_jagged(left64, right64, max_l, max_r, off_l, off_r, backend="pytorch")
     assert torch.equal(out.double(), expected)
@@ -62,9 +69,13 @@ def _concat_split_case(left_lengths, right_lengths, dense_left, dense_right, dim
     if dense_left and dense_right:
         return
     values, values64 = _pair(expected.detach().cpu(), dtype)
-    kwargs = dict(total_len_left=sum(left_lengths), max_len_left=max_l if dense_left else None,
-                  max_len_right=max_r if dense_right else None, offsets_left=off_l,
-                  offsets_right=off_r)
+    kwargs = dict(
+        total_len_left=sum(left_lengths),
+        max_len_left=max_l if dense_left else None,
+        max_len_right=max_r if dense_right else None,
+        offsets_left=off_l,
+        offsets_right=off_r,
+    )
     got_l, got_r = J.split_2D_jagged(max_l + max_r, values, backend="triton", **kwargs)
     ref_l, ref_r = J.split_2D_jagged(max_l + max_r, values64, backend="pytorch", **kwargs)
     assert torch.equal(got_l.double(), ref_l) and torch.equal(got_r.double(), ref_r)
@@ -100,13 +111,18 @@ def _bmm_case(lengths, k, n, dtype, transposed, seed=0, max_seq_len=None):
     bias, bias64 = _pair(torch.randn(batch, n, generator=g, dtype=torch.float64), dtype)
     max_seq_len = max_seq_len or max(lengths + [1])
     out = J.jagged_dense_bmm_broadcast_add(max_seq_len, offsets, jag, dense, bias, backend="triton")
-    expected = J.jagged_dense_bmm_broadcast_add(max_seq_len, offsets, jag64, dense64, bias64,
-                                                backend="pytorch")
+    expected = J.jagged_dense_bmm_broadcast_add(
+        max_seq_len, offsets, jag64, dense64, bias64, backend="pytorch"
+    )
     assert_close(out, expected, dtype, name="out")
     dout = torch.randn(out.shape, generator=g, dtype=torch.float64).to(dtype)
     out.backward(dout.to(DEVICE))
     expected.backward(dout.to(DEVICE, torch.float64))
-    for name, a, b in (("d_jagged", jag, jag64), ("d_dense", dense, dense64), ("d_bias", bias, bias64)):
+    for name, a, b in (
+        ("d_jagged", jag, jag64),
+        ("d_dense", dense, dense64),
+        ("d_bias", bias, bias64),
+    ):
         assert_close(a.grad, b.grad, dtype, grad=True, name=name)
 
 
@@ -120,15 +136,24 @@ def test_jagged_dense_bmm_matches_oracle(lengths, k, n, transposed, dtype):
 def test_bmm_rejects_mismatched_dense():
     offsets = offsets_from_lengths([2, 3]).to(DEVICE)
     jag = torch.randn(5, 4, device=DEVICE)
-    with pytest.raises(ValueError, match=r"dense.shape\[1\] \(3\) must equal jagged.shape\[1\] \(4\)"):
-        J.jagged_dense_bmm_broadcast_add(3, offsets, jag, torch.randn(2, 3, 6, device=DEVICE),
-                                         torch.randn(2, 6, device=DEVICE), backend="triton")
+    with pytest.raises(
+        ValueError, match=r"dense.shape\[1\] \(3\) must equal jagged.shape\[1\] \(4\)"
+    ):
+        J.jagged_dense_bmm_broadcast_add(
+            3,
+            offsets,
+            jag,
+            torch.randn(2, 3, 6, device=DEVICE),
+            torch.randn(2, 6, device=DEVICE),
+            backend="triton",
+        )
 
 
 def test_split_needs_offsets():
     with pytest.raises(ValueError, match="needs offsets_left or offsets_right"):
-        J.split_2D_jagged(4, torch.randn(4, 2, device=DEVICE), max_len_left=1, max_len_right=1,
-                          backend="triton")
+        J.split_2D_jagged(
+            4, torch.randn(4, 2, device=DEVICE), max_len_left=1, max_len_right=1, backend="triton"
+        )
 
 
 @pytest.mark.gpu

@@ -31,9 +31,11 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def _inputs(shapes, dtype, seed, fp32_params=()):
-    """Float64 base tensors -> (backend inputs in dtype, float64 oracle inputs of the same values)."""
+    """Float64 base tensors -> (backend inputs in dtype, float64 oracle of the same values)."""
     g = torch.Generator().manual_seed(seed)
-    base = [None if s is None else torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes]
+    base = [
+        None if s is None else torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes
+    ]
     got, ref = [], []
     for i, t in enumerate(base):
         if t is None:
@@ -52,14 +54,21 @@ def _compare(fn, shapes, dtype, seed=0, fp32_params=()):
     expected = fn(*ref, backend="pytorch")
     assert out.dtype == dtype
     assert_close(out, expected, dtype, name="y")
-    dy = torch.randn(out.shape, generator=g, dtype=torch.float64).to(dtype).to(DEVICE, torch.float64)
+    dy = (
+        torch.randn(out.shape, generator=g, dtype=torch.float64).to(dtype).to(DEVICE, torch.float64)
+    )
     out.backward(dy.to(dtype))
     expected.backward(dy)
     for i, (a, b) in enumerate(zip(got, ref)):
         if a is not None:
             assert a.grad.dtype == a.dtype
-            assert_close(a.grad, b.grad, a.dtype if a.dtype != torch.float32 else dtype,
-                         grad=True, name=f"grad of input {i}")
+            assert_close(
+                a.grad,
+                b.grad,
+                a.dtype if a.dtype != torch.float32 else dtype,
+                grad=True,
+                name=f"grad of input {i}",
+            )
 
 
 SHAPES = [(13, 40), (1, 64), (0, 24), (6, 7)]
@@ -69,23 +78,39 @@ SHAPES = [(13, 40), (1, 64), (0, 24), (6, 7)]
 @pytest.mark.parametrize("rows,dim", SHAPES)
 @pytest.mark.parametrize("affine", ["both", "weight", "none"])
 def test_layer_norm(rows, dim, affine, dtype):
-    shapes = [(rows, dim), (dim,) if affine != "none" else None, (dim,) if affine == "both" else None]
-    _compare(lambda x, w, b, backend: N.layer_norm(x, w, b, 1e-5, backend=backend), shapes, dtype,
-             fp32_params=(1, 2))
+    shapes = [
+        (rows, dim),
+        (dim,) if affine != "none" else None,
+        (dim,) if affine == "both" else None,
+    ]
+    _compare(
+        lambda x, w, b, backend: N.layer_norm(x, w, b, 1e-5, backend=backend),
+        shapes,
+        dtype,
+        fp32_params=(1, 2),
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,dim", SHAPES)
 def test_rms_norm(rows, dim, dtype):
-    _compare(lambda x, w, backend: N.rms_norm(x, w, 1e-6, backend=backend),
-             [(rows, dim), (dim,)], dtype, fp32_params=(1,))
+    _compare(
+        lambda x, w, backend: N.rms_norm(x, w, 1e-6, backend=backend),
+        [(rows, dim), (dim,)],
+        dtype,
+        fp32_params=(1,),
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,dim", SHAPES)
 def test_swish_layer_norm(rows, dim, dtype):
-    _compare(lambda x, w, b, backend: N.swish_layer_norm(x, w, b, 1e-5, backend=backend),
-             [(rows, dim), (dim,), (dim,)], dtype, fp32_params=(1, 2))
+    _compare(
+        lambda x, w, b, backend: N.swish_layer_norm(x, w, b, 1e-5, backend=backend),
+        [(rows, dim), (dim,), (dim,)],
+        dtype,
+        fp32_params=(1, 2),
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -98,8 +123,9 @@ def test_norm_mul_without_dropout(rows, heads, dim, concat_ux, dtype):
         return N.layer_norm_mul_dropout(x, u, w, b, 1e-5, 0.3, False, concat_ux, backend=backend)
 
     def group(x, u, w, b, backend):
-        return N.group_norm_mul_dropout(x, u, w, b, 1e-5, 0.3, False, heads, concat_ux,
-                                        backend=backend)
+        return N.group_norm_mul_dropout(
+            x, u, w, b, 1e-5, 0.3, False, heads, concat_ux, backend=backend
+        )
 
     _compare(layer, [(rows, d), (rows, d), (d,), (d,)], dtype)
     _compare(group, [(rows, d), (rows, d), (heads,), (heads,)], dtype, seed=1)
@@ -108,8 +134,9 @@ def test_norm_mul_without_dropout(rows, heads, dim, concat_ux, dtype):
 def _dropout_call(kind, x, u, w, b, p, seed, concat_ux, heads, backend="triton"):
     if kind == "layer":
         return N.layer_norm_mul_dropout(x, u, w, b, 1e-5, p, True, concat_ux, seed, backend=backend)
-    return N.group_norm_mul_dropout(x, u, w, b, 1e-5, p, True, heads, concat_ux, seed,
-                                    backend=backend)
+    return N.group_norm_mul_dropout(
+        x, u, w, b, 1e-5, p, True, heads, concat_ux, seed, backend=backend
+    )
 
 
 @pytest.mark.parametrize("kind", ["layer", "group"])
@@ -165,19 +192,39 @@ def test_bad_weight_shape_names_argument():
 def test_norms_gpu_real_sizes(dtype):
     rows = 20011
     for dim in (512, 200):
-        _compare(lambda x, w, b, backend: N.layer_norm(x, w, b, 1e-6, backend=backend),
-                 [(rows, dim), (dim,), (dim,)], dtype, fp32_params=(1, 2))
-        _compare(lambda x, w, backend: N.rms_norm(x, w, 1e-6, backend=backend),
-                 [(rows, dim), (dim,)], dtype, fp32_params=(1,))
-        _compare(lambda x, w, b, backend: N.swish_layer_norm(x, w, b, 1e-6, backend=backend),
-                 [(rows, dim), (dim,), (dim,)], dtype, fp32_params=(1, 2))
+        _compare(
+            lambda x, w, b, backend: N.layer_norm(x, w, b, 1e-6, backend=backend),
+            [(rows, dim), (dim,), (dim,)],
+            dtype,
+            fp32_params=(1, 2),
+        )
+        _compare(
+            lambda x, w, backend: N.rms_norm(x, w, 1e-6, backend=backend),
+            [(rows, dim), (dim,)],
+            dtype,
+            fp32_params=(1,),
+        )
+        _compare(
+            lambda x, w, b, backend: N.swish_layer_norm(x, w, b, 1e-6, backend=backend),
+            [(rows, dim), (dim,), (dim,)],
+            dtype,
+            fp32_params=(1, 2),
+        )
     for concat_ux in (False, True):
-        _compare(lambda x, u, w, b, backend: N.layer_norm_mul_dropout(
-            x, u, w, b, 1e-5, 0.0, True, concat_ux, backend=backend),
-            [(rows, 512), (rows, 512), (512,), (512,)], dtype)
-        _compare(lambda x, u, w, b, backend: N.group_norm_mul_dropout(
-            x, u, w, b, 1e-5, 0.0, True, 4, concat_ux, backend=backend),
-            [(rows, 512), (rows, 512), (4,), (4,)], dtype)
+        _compare(
+            lambda x, u, w, b, backend, c=concat_ux: N.layer_norm_mul_dropout(
+                x, u, w, b, 1e-5, 0.0, True, c, backend=backend
+            ),
+            [(rows, 512), (rows, 512), (512,), (512,)],
+            dtype,
+        )
+        _compare(
+            lambda x, u, w, b, backend, c=concat_ux: N.group_norm_mul_dropout(
+                x, u, w, b, 1e-5, 0.0, True, 4, c, backend=backend
+            ),
+            [(rows, 512), (rows, 512), (4,), (4,)],
+            dtype,
+        )
 
 
 @pytest.mark.gpu

@@ -41,7 +41,9 @@ def _check(m: int, k: int, n: int, bias_2d: bool, dtype: torch.dtype, seed: int 
     expected = addmm(*ref_in, backend="pytorch")
     assert out.dtype == dtype
     assert_close(out, expected, dtype, name="z")
-    dz = torch.randn(out.shape, generator=g, dtype=torch.float64).to(dtype).to(DEVICE, torch.float64)
+    dz = (
+        torch.randn(out.shape, generator=g, dtype=torch.float64).to(dtype).to(DEVICE, torch.float64)
+    )
     out.backward(dz.to(dtype))
     expected.backward(dz)
     for name, got, want in zip(("d_input", "d_mat1", "d_mat2"), got_in, ref_in):

@@ -33,8 +33,10 @@ SETTINGS = settings(max_examples=10, deadline=None, derandomize=True)
 
 
 def _pair(base, dtype):
-    return (base.to(DEVICE, dtype).requires_grad_(),
-            base.to(dtype).to(DEVICE, torch.float64).requires_grad_())
+    return (
+        base.to(DEVICE, dtype).requires_grad_(),
+        base.to(dtype).to(DEVICE, torch.float64).requires_grad_(),
+    )
 
 
 def _sequences(lengths, targets, interleave):
@@ -55,17 +57,37 @@ def _backward_and_compare(out, expected, pairs, dtype, g):
         assert_close(a.grad, b.grad, dtype, grad=True, name=name)
 
 
-def _position_case(lengths, targets, use_targets, interleave, table_rows, dim, alpha, dtype, seed=0):
+def _position_case(
+    lengths, targets, use_targets, interleave, table_rows, dim, alpha, dtype, seed=0
+):
     g = torch.Generator().manual_seed(seed)
     offsets, seq_lengths, num_targets = _sequences(lengths, targets, interleave)
     num_targets = num_targets if use_targets else None
     x, x64 = _pair(torch.randn(sum(lengths), dim, generator=g, dtype=torch.float64), dtype)
     table, table64 = _pair(torch.randn(table_rows, dim, generator=g, dtype=torch.float64), dtype)
     max_seq_len = max(lengths + [1])
-    out = P.add_positional_embeddings(alpha, max_seq_len, table, offsets, seq_lengths, x,
-                                      num_targets, interleave, backend="triton")
-    expected = P.add_positional_embeddings(alpha, max_seq_len, table64, offsets, seq_lengths,
-                                           x64, num_targets, interleave, backend="pytorch")
+    out = P.add_positional_embeddings(
+        alpha,
+        max_seq_len,
+        table,
+        offsets,
+        seq_lengths,
+        x,
+        num_targets,
+        interleave,
+        backend="triton",
+    )
+    expected = P.add_positional_embeddings(
+        alpha,
+        max_seq_len,
+        table64,
+        offsets,
+        seq_lengths,
+        x64,
+        num_targets,
+        interleave,
+        backend="pytorch",
+    )
     assert_close(out, expected, dtype, name="out")
     _backward_and_compare(out, expected, [("d_x", x, x64), ("d_table", table, table64)], dtype, g)
 
@@ -81,22 +103,35 @@ def _position_case(lengths, targets, use_targets, interleave, table_rows, dim, a
     alpha=st.sampled_from([0.5, 1.0]),
     dtype=st.sampled_from(DTYPES),
 )
-def test_positional_matches_oracle(lengths, targets, use_targets, interleave, table_rows, dim,
-                                   alpha, dtype):
+def test_positional_matches_oracle(
+    lengths, targets, use_targets, interleave, table_rows, dim, alpha, dtype
+):
     _position_case(lengths, targets, use_targets, interleave, table_rows, dim, alpha, dtype)
 
 
-def _timestamp_case(lengths, targets, contextual, bucket_fn, use_query_time, dim, dtype,
-                    pos_rows=None, num_buckets=40, seed=0):
+def _timestamp_case(
+    lengths,
+    targets,
+    contextual,
+    bucket_fn,
+    use_query_time,
+    dim,
+    dtype,
+    pos_rows=None,
+    num_buckets=40,
+    seed=0,
+):
     g = torch.Generator().manual_seed(seed)
     offsets, seq_lengths, num_targets = _sequences(lengths, targets, False)
     total = sum(lengths)
     timestamps = torch.cumsum(torch.randint(0, 86400, (total,), generator=g), 0).to(DEVICE)
     query_time = None
     if use_query_time:
-        query_time = (timestamps.max() + torch.randint(0, 10**6, (len(lengths), 1), generator=g)
-                      .to(DEVICE)) if total else torch.zeros(len(lengths), 1, dtype=torch.int64,
-                                                             device=DEVICE)
+        query_time = (
+            (timestamps.max() + torch.randint(0, 10**6, (len(lengths), 1), generator=g).to(DEVICE))
+            if total
+            else torch.zeros(len(lengths), 1, dtype=torch.int64, device=DEVICE)
+        )
     x, x64 = _pair(torch.randn(total, dim, generator=g, dtype=torch.float64), dtype)
     pos_rows = pos_rows or max(lengths + [1]) + contextual + 1
     ptab, ptab64 = _pair(torch.randn(pos_rows, dim, generator=g, dtype=torch.float64), dtype)
@@ -106,14 +141,32 @@ def _timestamp_case(lengths, targets, contextual, bucket_fn, use_query_time, dim
 
     def run(ptab, ttab, x, backend):
         return P.add_timestamp_positional_embeddings(
-            0.7, max_seq_len, contextual, ptab, ttab, *args, x, timestamps, num_targets, False,
-            bucket_fn, 30.0, query_time=query_time, backend=backend)
+            0.7,
+            max_seq_len,
+            contextual,
+            ptab,
+            ttab,
+            *args,
+            x,
+            timestamps,
+            num_targets,
+            False,
+            bucket_fn,
+            30.0,
+            query_time=query_time,
+            backend=backend,
+        )
 
     out = run(ptab, ttab, x, "triton")
     expected = run(ptab64, ttab64, x64, "pytorch")
     assert_close(out, expected, dtype, name="out")
-    _backward_and_compare(out, expected, [("d_x", x, x64), ("d_pos_table", ptab, ptab64),
-                                          ("d_ts_table", ttab, ttab64)], dtype, g)
+    _backward_and_compare(
+        out,
+        expected,
+        [("d_x", x, x64), ("d_pos_table", ptab, ptab64), ("d_ts_table", ttab, ttab64)],
+        dtype,
+        g,
+    )
 
 
 @SETTINGS
@@ -127,8 +180,9 @@ def _timestamp_case(lengths, targets, contextual, bucket_fn, use_query_time, dim
     dtype=st.sampled_from(DTYPES),
     pos_rows=st.sampled_from([None, 3]),
 )
-def test_timestamp_matches_oracle(lengths, targets, contextual, bucket_fn, use_query_time, dim,
-                                  dtype, pos_rows):
+def test_timestamp_matches_oracle(
+    lengths, targets, contextual, bucket_fn, use_query_time, dim, dtype, pos_rows
+):
     _timestamp_case(lengths, targets, contextual, bucket_fn, use_query_time, dim, dtype, pos_rows)
 
 
@@ -137,9 +191,20 @@ def test_timestamp_rejects_unknown_bucket_fn():
     x = torch.randn(2, 4, device=DEVICE)
     with pytest.raises(ValueError, match="time_bucket_fn"):
         P.add_timestamp_positional_embeddings(
-            1.0, 2, 0, torch.randn(3, 4, device=DEVICE), torch.randn(5, 4, device=DEVICE), offsets,
-            torch.tensor([2], device=DEVICE), x, torch.tensor([1, 2], device=DEVICE), None, False,
-            "cube", backend="triton")
+            1.0,
+            2,
+            0,
+            torch.randn(3, 4, device=DEVICE),
+            torch.randn(5, 4, device=DEVICE),
+            offsets,
+            torch.tensor([2], device=DEVICE),
+            x,
+            torch.tensor([1, 2], device=DEVICE),
+            None,
+            False,
+            "cube",
+            backend="triton",
+        )
 
 
 @pytest.mark.gpu
@@ -164,10 +229,12 @@ def test_position_gpu_compile():
     ts = torch.arange(107, device="cuda") * 1000
 
     def f(x, table, ttab):
-        y = P.add_positional_embeddings(0.5, 80, table, offsets, lengths, x, None, False,
-                                        backend="triton")
+        y = P.add_positional_embeddings(
+            0.5, 80, table, offsets, lengths, x, None, False, backend="triton"
+        )
         return P.add_timestamp_positional_embeddings(
-            1.0, 80, 0, table, ttab, offsets, lengths, y, ts, None, False, backend="triton")
+            1.0, 80, 0, table, ttab, offsets, lengths, y, ts, None, False, backend="triton"
+        )
 
     out = torch.compile(f, fullgraph=True)(x, table, ttab)
     out.sum().backward()

@@ -26,8 +26,15 @@ Case = Tuple[Callable[..., torch.Tensor], List[torch.Tensor]]
 class Shapes:
     """The STU batch: jagged lengths, offsets and the sizes shared by every op."""
 
-    def __init__(self, batch: int, max_len: int, embed: int = 512, heads: int = 4,
-                 head_dim: int = 128, seed: int = 0) -> None:
+    def __init__(
+        self,
+        batch: int,
+        max_len: int,
+        embed: int = 512,
+        heads: int = 4,
+        head_dim: int = 128,
+        seed: int = 0,
+    ) -> None:
         g = torch.Generator().manual_seed(seed)
         lo = int(0.9 * max_len)
         self.lengths = torch.randint(lo, max_len, (batch,), generator=g)
@@ -68,75 +75,130 @@ def op_cases(s: Shapes) -> Dict[str, Callable[[str], Case]]:
     cases: Dict[str, Callable[[str], Case]] = {}
 
     def addmm_uvqk(p: str) -> Case:
-        ins = [_rand(W), _rand(L, E), _rand(E, W, scale=E ** -0.5)]
+        ins = [_rand(W), _rand(L, E), _rand(E, W, scale=E**-0.5)]
         return (lambda b, x, w: mm.addmm(b, x, w, backend=_backend(p))), ins
 
     def addmm_residual(p: str) -> Case:
-        ins = [_rand(L, E), _rand(L, H * D), _rand(H * D, E, scale=E ** -0.5)]
+        ins = [_rand(L, E), _rand(L, H * D), _rand(H * D, E, scale=E**-0.5)]
         return (lambda x, y, w: mm.addmm(x, y, w, backend=_backend(p))), ins
 
     def layer_norm(p: str) -> Case:
         return (lambda x, w, b: ln.layer_norm(x, w, b, backend=_backend(p))), [
-            _rand(L, E), _rand(E), _rand(E)]
+            _rand(L, E),
+            _rand(E),
+            _rand(E),
+        ]
 
     def rms_norm(p: str) -> Case:
         return (lambda x, w: ln.rms_norm(x, w, backend=_backend(p))), [_rand(L, E), _rand(E)]
 
     def swish_layer_norm(p: str) -> Case:
         return (lambda x, w, b: ln.swish_layer_norm(x, w, b, backend=_backend(p))), [
-            _rand(L, E), _rand(E), _rand(E)]
+            _rand(L, E),
+            _rand(E),
+            _rand(E),
+        ]
 
     def layer_norm_mul_dropout(p: str) -> Case:
-        return (lambda x, u, w, b: ln.layer_norm_mul_dropout(
-            x, u, w, b, 1e-5, 0.1, True, False, 7, backend=_backend(p))), [
-            _rand(L, H * D), _rand(L, H * D), _rand(H * D), _rand(H * D)]
+        return (
+            lambda x, u, w, b: ln.layer_norm_mul_dropout(
+                x, u, w, b, 1e-5, 0.1, True, False, 7, backend=_backend(p)
+            )
+        ), [_rand(L, H * D), _rand(L, H * D), _rand(H * D), _rand(H * D)]
 
     def group_norm_mul_dropout(p: str) -> Case:
-        return (lambda x, u, w, b: ln.group_norm_mul_dropout(
-            x, u, w, b, 1e-5, 0.1, True, H, False, 7, backend=_backend(p))), [
-            _rand(L, H * D), _rand(L, H * D), _rand(H), _rand(H)]
+        return (
+            lambda x, u, w, b: ln.group_norm_mul_dropout(
+                x, u, w, b, 1e-5, 0.1, True, H, False, 7, backend=_backend(p)
+            )
+        ), [_rand(L, H * D), _rand(L, H * D), _rand(H), _rand(H)]
 
     n_right = 16
 
     def concat_2D_jagged(p: str) -> Case:
-        return (lambda a, b: jg.concat_2D_jagged(
-            a, b, s.max_len, n_right, off, None, backend=_backend(p))), [
-            _rand(L, E), _rand(s.batch * n_right, E)]
+        return (
+            lambda a, b: jg.concat_2D_jagged(
+                a, b, s.max_len, n_right, off, None, backend=_backend(p)
+            )
+        ), [_rand(L, E), _rand(s.batch * n_right, E)]
 
     def split_2D_jagged(p: str) -> Case:
         def fn(v: torch.Tensor) -> torch.Tensor:
             left, right = jg.split_2D_jagged(
-                s.max_len + n_right, v, total_len_left=L, max_len_right=n_right,
-                offsets_left=off, backend=_backend(p))
+                s.max_len + n_right,
+                v,
+                total_len_left=L,
+                max_len_right=n_right,
+                offsets_left=off,
+                backend=_backend(p),
+            )
             return torch.cat([left, right])  # one output for the timing harness
+
         return fn, [_rand(L + s.batch * n_right, E)]
 
     def jagged_dense_bmm_broadcast_add(p: str) -> Case:
-        return (lambda j, d, b: jg.jagged_dense_bmm_broadcast_add(
-            s.max_len, off, j, d, b, backend=_backend(p))), [
-            _rand(L, E), _rand(s.batch, E, E, scale=E ** -0.5), _rand(s.batch, E)]
+        return (
+            lambda j, d, b: jg.jagged_dense_bmm_broadcast_add(
+                s.max_len, off, j, d, b, backend=_backend(p)
+            )
+        ), [_rand(L, E), _rand(s.batch, E, E, scale=E**-0.5), _rand(s.batch, E)]
 
     def add_positional_embeddings(p: str) -> Case:
-        return (lambda t, x: pos.add_positional_embeddings(
-            0.5, s.max_len, t, off, lengths, x, targets, False, backend=_backend(p))), [
-            _rand(s.max_len, E), _rand(L, E)]
+        return (
+            lambda t, x: pos.add_positional_embeddings(
+                0.5, s.max_len, t, off, lengths, x, targets, False, backend=_backend(p)
+            )
+        ), [_rand(s.max_len, E), _rand(L, E)]
 
     def add_timestamp_positional_embeddings(p: str) -> Case:
-        return (lambda pt, tt, x: pos.add_timestamp_positional_embeddings(
-            0.5, s.max_len, 0, pt, tt, off, lengths, x, ts, targets, False, "sqrt", 60.0,
-            backend=_backend(p))), [_rand(s.max_len + 1, E), _rand(1001, E), _rand(L, E)]
+        return (
+            lambda pt, tt, x: pos.add_timestamp_positional_embeddings(
+                0.5,
+                s.max_len,
+                0,
+                pt,
+                tt,
+                off,
+                lengths,
+                x,
+                ts,
+                targets,
+                False,
+                "sqrt",
+                60.0,
+                backend=_backend(p),
+            )
+        ), [_rand(s.max_len + 1, E), _rand(1001, E), _rand(L, E)]
 
     def hstu_compute_output(p: str) -> Case:
-        return (lambda a, u, x, nw, nb, w: hc.hstu_compute_output(
-            a, u, x, nw, nb, 1e-5, w, H, D, 0.1, True, False, False, False,
-            backend=_backend(p))), [
-            _rand(L, H * D), _rand(L, H * D), _rand(L, E), _rand(H * D), _rand(H * D),
-            _rand(H * D, E, scale=E ** -0.5)]
+        return (
+            lambda a, u, x, nw, nb, w: hc.hstu_compute_output(
+                a, u, x, nw, nb, 1e-5, w, H, D, 0.1, True, False, False, False, backend=_backend(p)
+            )
+        ), [
+            _rand(L, H * D),
+            _rand(L, H * D),
+            _rand(L, E),
+            _rand(H * D),
+            _rand(H * D),
+            _rand(H * D, E, scale=E**-0.5),
+        ]
 
-    for fn in (addmm_uvqk, addmm_residual, layer_norm, rms_norm, swish_layer_norm,
-               layer_norm_mul_dropout, group_norm_mul_dropout, concat_2D_jagged, split_2D_jagged,
-               jagged_dense_bmm_broadcast_add, add_positional_embeddings,
-               add_timestamp_positional_embeddings, hstu_compute_output):
+    for fn in (
+        addmm_uvqk,
+        addmm_residual,
+        layer_norm,
+        rms_norm,
+        swish_layer_norm,
+        layer_norm_mul_dropout,
+        group_norm_mul_dropout,
+        concat_2D_jagged,
+        split_2D_jagged,
+        jagged_dense_bmm_broadcast_add,
+        add_positional_embeddings,
+        add_timestamp_positional_embeddings,
+        hstu_compute_output,
+    ):
         cases[fn.__name__] = fn
     return cases
 
@@ -152,24 +214,54 @@ def stu_layer_cases(s: Shapes) -> Dict[str, Case]:
     W = 2 * H * (D + D)
     off = s.offsets.cuda()
     targets = s.targets.cuda()
-    alpha = D ** -0.5
-    params = [_rand(L, E), _rand(E), _rand(E), _rand(E, W, scale=E ** -0.5), _rand(W),
-              _rand(H * D), _rand(H * D), _rand(H * D, E, scale=(H * D) ** -0.5)]
+    alpha = D**-0.5
+    params = [
+        _rand(L, E),
+        _rand(E),
+        _rand(E),
+        _rand(E, W, scale=E**-0.5),
+        _rand(W),
+        _rand(H * D),
+        _rand(H * D),
+        _rand(H * D, E, scale=(H * D) ** -0.5),
+    ]
 
     def fused(x, nw, nb, w, b, onw, onb, ow):  # type: ignore[no-untyped-def]
         u, attn, _, _ = hc.hstu_preprocess_and_attention(
-            x, nw, nb, 1e-5, H, D, D, w, b, s.max_len, off, alpha, True, targets, 0, 0,
-            False, False, False, backend="triton")
-        return hc.hstu_compute_output(attn, u, x, onw, onb, 1e-5, ow, H, D, 0.0, True, False,
-                                      False, False, backend="triton")
+            x,
+            nw,
+            nb,
+            1e-5,
+            H,
+            D,
+            D,
+            w,
+            b,
+            s.max_len,
+            off,
+            alpha,
+            True,
+            targets,
+            0,
+            0,
+            False,
+            False,
+            False,
+            backend="triton",
+        )
+        return hc.hstu_compute_output(
+            attn, u, x, onw, onb, 1e-5, ow, H, D, 0.0, True, False, False, False, backend="triton"
+        )
 
     def unfused(backend):  # type: ignore[no-untyped-def]
         def layer(x, nw, nb, w, b, onw, onb, ow):  # type: ignore[no-untyped-def]
             u, q, k, v = hc.hstu_compute_uqvk(x, nw, nb, 1e-5, H, D, D, w, b, backend=backend)
-            attn = ha.hstu_mha(s.max_len, alpha, q, k, v, off, num_targets=targets,
-                               backend=backend).reshape(L, H * D)
+            attn = ha.hstu_mha(
+                s.max_len, alpha, q, k, v, off, num_targets=targets, backend=backend
+            ).reshape(L, H * D)
             y = ln.layer_norm_mul_dropout(attn, u, onw, onb, 1e-5, 0.0, True, backend=backend)
             return mm.addmm(x, y, ow, backend=backend)
+
         return layer
 
     return {
@@ -188,8 +280,9 @@ def time_fwd_bwd(fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor]
     def step() -> None:
         fn(*inputs).backward(grad)
 
-    return triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=list(inputs),
-                                   return_mode="median")
+    return triton.testing.do_bench(
+        step, warmup=25, rep=200, grad_to_none=list(inputs), return_mode="median"
+    )
 
 
 def main(argv: Sequence[str] = ()) -> None:
@@ -207,11 +300,15 @@ def main(argv: Sequence[str] = ()) -> None:
 
     set_value_checks(False)
     s = Shapes(args.batch, args.max_len)
-    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton "
-          f"{triton.__version__}")
-    print(f"tokens {s.tokens} = {s.batch} sequences x U[{int(0.9 * s.max_len)}, {s.max_len}), "
-          f"E={s.embed}, H={s.heads}, A=V={s.head_dim}, bf16, forward+backward, median ms "
-          f"(triton.testing.do_bench); value checks disabled while timing")
+    print(
+        f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton "
+        f"{triton.__version__}"
+    )
+    print(
+        f"tokens {s.tokens} = {s.batch} sequences x U[{int(0.9 * s.max_len)}, {s.max_len}), "
+        f"E={s.embed}, H={s.heads}, A=V={s.head_dim}, bf16, forward+backward, median ms "
+        f"(triton.testing.do_bench); value checks disabled while timing"
+    )
     providers = [p for p in PROVIDERS if not (args.skip_compile and p == "compile")]
     print(f"{'op':40s}" + "".join(f"{p:>10s}" for p in providers) + f"{'speedup':>10s}")
     wanted = set(filter(None, args.ops.split(",")))
@@ -238,8 +335,10 @@ def main(argv: Sequence[str] = ()) -> None:
         layers[name] = time_fwd_bwd(fn, inputs)
         print(f"{name:40s}{layers[name]:10.3f}", flush=True)
     fused = layers["STU layer fused (triton)"]
-    print(f"fused vs unfused triton ops: {layers['STU layer unfused triton ops'] / fused:.2f}x; "
-          f"fused vs eager pytorch: {layers['STU layer eager pytorch'] / fused:.2f}x")
+    print(
+        f"fused vs unfused triton ops: {layers['STU layer unfused triton ops'] / fused:.2f}x; "
+        f"fused vs eager pytorch: {layers['STU layer eager pytorch'] / fused:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -85,9 +85,7 @@ def tuned(
                     chosen = configs() + extra
                 if os.environ.get(AUTOTUNE_ENV, "1") in ("0", "false", "no"):
                     chosen = chosen[:1]
-            _TUNED[cache_key] = triton.autotune(chosen, key=list(key), **autotune_kwargs)(
-                kernel
-            )
+            _TUNED[cache_key] = triton.autotune(chosen, key=list(key), **autotune_kwargs)(kernel)
     return _TUNED[cache_key]
 
 

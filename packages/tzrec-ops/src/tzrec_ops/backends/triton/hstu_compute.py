@@ -11,7 +11,8 @@ Legend: L = tokens, E = embedding dim, H = heads, A = q/k dim per head, V = valu
   buffer and writes du, dv, dq, dk into its column views, so the GEMM backward reads a single
   matrix without a concatenation. ``normed_x`` and/or ``uvqk`` are recomputed in the backward
   instead of saved when the recompute flags ask for it.
-* :func:`hstu_compute_output` (one op with one backward): ``y = dropout([u | attn | u * Norm(attn)])``
+* :func:`hstu_compute_output` (one op with one backward):
+  ``y = dropout([u | attn | u * Norm(attn)])``
   from the fused norm-mul-dropout kernel, then ``out = x + y @ W`` as one GEMM whose epilogue
   adds the residual. With ``recompute_y_in_backward`` y is not saved; the norm backward kernel
   rebuilds it (same dropout seed) for ``dW = y^T @ d_out``.
@@ -28,16 +29,20 @@ from torch.utils.checkpoint import checkpoint
 
 from tzrec_ops.backends.triton import hstu_attention as attention
 from tzrec_ops.backends.triton._kernel_utils import draw_seed
-from tzrec_ops.backends.triton.layer_norm import MUL, PLAIN, layer_norm_op, norm_backward, norm_forward
+from tzrec_ops.backends.triton.layer_norm import (
+    MUL,
+    PLAIN,
+    layer_norm_op,
+    norm_backward,
+    norm_forward,
+)
 from tzrec_ops.backends.triton.mm import addmm_fwd, matmul
 from tzrec_ops.ops.utils import switch_to_contiguous_if_needed
 
 Tensors4 = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def _split_uvqk(
-    uvqk: torch.Tensor, num_heads: int, attn_dim: int, hidden_dim: int
-) -> Tensors4:
+def _split_uvqk(uvqk: torch.Tensor, num_heads: int, attn_dim: int, hidden_dim: int) -> Tensors4:
     """Column views ``(u [L, HV], v [L, H, V], q [L, H, A], k [L, H, A])`` of uvqk."""
     rows = uvqk.shape[0]
     hv, ha = num_heads * hidden_dim, num_heads * attn_dim
@@ -64,8 +69,17 @@ def _project(normed, uvqk_weight, uvqk_bias, num_heads, attn_dim, hidden_dim):  
     return F.silu(u), q, k, v
 
 
-def _whole_chain(x, norm_weight, norm_bias, norm_eps, uvqk_weight, uvqk_bias, num_heads,  # type: ignore[no-untyped-def]
-                 attn_dim, hidden_dim):
+def _whole_chain(
+    x,
+    norm_weight,
+    norm_bias,
+    norm_eps,
+    uvqk_weight,
+    uvqk_bias,
+    num_heads,  # type: ignore[no-untyped-def]
+    attn_dim,
+    hidden_dim,
+):
     normed = _normed(x, norm_weight, norm_bias, norm_eps)
     return _project(normed, uvqk_weight, uvqk_bias, num_heads, attn_dim, hidden_dim)
 
@@ -94,12 +108,25 @@ def hstu_compute_uqvk(
     dims = (num_heads, attn_dim, hidden_dim)
     if remat_normed and remat_uvqk:
         return checkpoint(
-            _whole_chain, x, norm_weight, norm_bias, norm_eps, uvqk_weight, uvqk_bias, *dims,
+            _whole_chain,
+            x,
+            norm_weight,
+            norm_bias,
+            norm_eps,
+            uvqk_weight,
+            uvqk_bias,
+            *dims,
             use_reentrant=False,
         )
     if remat_normed:
         uvqk = checkpoint(
-            _normed_uvqk, x, norm_weight, norm_bias, norm_eps, uvqk_weight, uvqk_bias,
+            _normed_uvqk,
+            x,
+            norm_weight,
+            norm_bias,
+            norm_eps,
+            uvqk_weight,
+            uvqk_bias,
             use_reentrant=False,
         )
         u, v, q, k = _split_uvqk(uvqk, *dims)
@@ -157,8 +184,19 @@ def preprocess_and_attention_op(
     uvqk = _uvqk_forward(normed, uvqk_weight, uvqk_bias)
     u, v, q, k = _split_uvqk(uvqk, num_heads, attn_dim, hidden_dim)
     attn = attention.hstu_attention_fwd(
-        max_seq_len, attn_alpha, q, k, v, seq_offsets, causal, num_targets, max_attn_len,
-        contextual_seq_len, sort_by_length, scaling_seqlen, False,
+        max_seq_len,
+        attn_alpha,
+        q,
+        k,
+        v,
+        seq_offsets,
+        causal,
+        num_targets,
+        max_attn_len,
+        contextual_seq_len,
+        sort_by_length,
+        scaling_seqlen,
+        False,
     )
     return (
         F.silu(u),
@@ -200,8 +238,20 @@ def preprocess_and_attention_bwd_op(
     L = x.shape[0]
     if saved_normed.numel() == 0 and L > 0:
         normed, _, _ = norm_forward(
-            x, None, norm_weight, norm_bias, 0.0, 1, False, False, PLAIN, False, 0.0, 0,
-            mean=mean, rstd=rstd,
+            x,
+            None,
+            norm_weight,
+            norm_bias,
+            0.0,
+            1,
+            False,
+            False,
+            PLAIN,
+            False,
+            0.0,
+            0,
+            mean=mean,
+            rstd=rstd,
         )
     else:
         normed = saved_normed.view(L, x.shape[1])
@@ -213,8 +263,19 @@ def preprocess_and_attention_bwd_op(
     duvqk = torch.empty_like(uvqk)
     du_view, dv_view, dq_view, dk_view = _split_uvqk(duvqk, num_heads, attn_dim, hidden_dim)
     dq, dk, dv = attention.hstu_attention_bwd(
-        max_seq_len, attn_alpha, dattn.view(L, num_heads, hidden_dim), q, k, v, seq_offsets,
-        causal, num_targets, max_attn_len, contextual_seq_len, sort_by_length, scaling_seqlen,
+        max_seq_len,
+        attn_alpha,
+        dattn.view(L, num_heads, hidden_dim),
+        q,
+        k,
+        v,
+        seq_offsets,
+        causal,
+        num_targets,
+        max_attn_len,
+        contextual_seq_len,
+        sort_by_length,
+        scaling_seqlen,
         False,
     )
     dq_view.copy_(dq)
@@ -227,29 +288,105 @@ def preprocess_and_attention_bwd_op(
     matmul(duvqk, uvqk_weight.t(), d_normed)
     matmul(normed.t(), duvqk, d_uvqk_weight, colsum=d_uvqk_bias)
     dx, _, d_norm_weight, d_norm_bias, _ = norm_backward(
-        d_normed, x, None, norm_weight, norm_bias, mean, rstd, 1, False, False, PLAIN, False,
-        0.0, 0, False,
+        d_normed,
+        x,
+        None,
+        norm_weight,
+        norm_bias,
+        mean,
+        rstd,
+        1,
+        False,
+        False,
+        PLAIN,
+        False,
+        0.0,
+        0,
+        False,
     )
     return dx, d_norm_weight, d_norm_bias, d_uvqk_weight, d_uvqk_bias.to(uvqk_bias.dtype)
 
 
 def _setup_preprocess(ctx, inputs, output):  # type: ignore[no-untyped-def]
-    (x, norm_weight, norm_bias, _, num_heads, attn_dim, hidden_dim, uvqk_weight, uvqk_bias,
-     max_seq_len, seq_offsets, attn_alpha, causal, num_targets, max_attn_len,
-     contextual_seq_len, _, _, sort_by_length, scaling_seqlen) = inputs
+    (
+        x,
+        norm_weight,
+        norm_bias,
+        _,
+        num_heads,
+        attn_dim,
+        hidden_dim,
+        uvqk_weight,
+        uvqk_bias,
+        max_seq_len,
+        seq_offsets,
+        attn_alpha,
+        causal,
+        num_targets,
+        max_attn_len,
+        contextual_seq_len,
+        _,
+        _,
+        sort_by_length,
+        scaling_seqlen,
+    ) = inputs
     _, _, saved_normed, saved_uvqk, mean, rstd = output
-    ctx.save_for_backward(x, norm_weight, norm_bias, uvqk_weight, uvqk_bias, saved_normed,
-                          saved_uvqk, mean, rstd, seq_offsets, num_targets)
-    ctx.options = (num_heads, attn_dim, hidden_dim, max_seq_len, attn_alpha, causal,
-                   max_attn_len, contextual_seq_len, sort_by_length, scaling_seqlen)
+    ctx.save_for_backward(
+        x,
+        norm_weight,
+        norm_bias,
+        uvqk_weight,
+        uvqk_bias,
+        saved_normed,
+        saved_uvqk,
+        mean,
+        rstd,
+        seq_offsets,
+        num_targets,
+    )
+    ctx.options = (
+        num_heads,
+        attn_dim,
+        hidden_dim,
+        max_seq_len,
+        attn_alpha,
+        causal,
+        max_attn_len,
+        contextual_seq_len,
+        sort_by_length,
+        scaling_seqlen,
+    )
 
 
 def _preprocess_backward(ctx, du, dattn, *unused):  # type: ignore[no-untyped-def]
-    (x, norm_weight, norm_bias, uvqk_weight, uvqk_bias, saved_normed, saved_uvqk, mean, rstd,
-     seq_offsets, num_targets) = ctx.saved_tensors
+    (
+        x,
+        norm_weight,
+        norm_bias,
+        uvqk_weight,
+        uvqk_bias,
+        saved_normed,
+        saved_uvqk,
+        mean,
+        rstd,
+        seq_offsets,
+        num_targets,
+    ) = ctx.saved_tensors
     dx, dnw, dnb, duw, dub = preprocess_and_attention_bwd_op(
-        du.contiguous(), dattn.contiguous(), x, norm_weight, norm_bias, uvqk_weight, uvqk_bias,
-        saved_normed, saved_uvqk, mean, rstd, seq_offsets, num_targets, *ctx.options,
+        du.contiguous(),
+        dattn.contiguous(),
+        x,
+        norm_weight,
+        norm_bias,
+        uvqk_weight,
+        uvqk_bias,
+        saved_normed,
+        saved_uvqk,
+        mean,
+        rstd,
+        seq_offsets,
+        num_targets,
+        *ctx.options,
     )
     return (dx, dnw, dnb, None, None, None, None, duw, dub) + (None,) * 11
 
@@ -291,11 +428,26 @@ def hstu_preprocess_and_attention(
     if attn_func is not None:
         raise ValueError("attn_func (arbitrary masks) is not supported on the triton backends")
     u, attn, *_ = preprocess_and_attention_op(
-        switch_to_contiguous_if_needed(x), norm_weight, norm_bias, float(norm_eps), num_heads,
-        attn_dim, hidden_dim, uvqk_weight, uvqk_bias, int(max_seq_len), seq_offsets,
-        float(attn_alpha), bool(causal), num_targets, int(max_attn_len),
-        int(contextual_seq_len), bool(recompute_uvqk_in_backward),
-        bool(recompute_normed_x_in_backward), bool(sort_by_length), int(scaling_seqlen),
+        switch_to_contiguous_if_needed(x),
+        norm_weight,
+        norm_bias,
+        float(norm_eps),
+        num_heads,
+        attn_dim,
+        hidden_dim,
+        uvqk_weight,
+        uvqk_bias,
+        int(max_seq_len),
+        seq_offsets,
+        float(attn_alpha),
+        bool(causal),
+        num_targets,
+        int(max_attn_len),
+        int(contextual_seq_len),
+        bool(recompute_uvqk_in_backward),
+        bool(recompute_normed_x_in_backward),
+        bool(sort_by_length),
+        int(scaling_seqlen),
     )
     return u, attn, None, None
 
@@ -322,8 +474,18 @@ def compute_output_op(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out [L, E], saved y (empty with recompute), mean, rstd)."""
     y, mean, rstd = norm_forward(
-        attn, u, norm_weight, norm_bias, norm_eps, num_heads if group_norm else 1, group_norm,
-        False, MUL, concat_ux, dropout_p, seed,
+        attn,
+        u,
+        norm_weight,
+        norm_bias,
+        norm_eps,
+        num_heads if group_norm else 1,
+        group_norm,
+        False,
+        MUL,
+        concat_ux,
+        dropout_p,
+        seed,
     )
     out = torch.empty((x.shape[0], output_weight.shape[1]), dtype=x.dtype, device=x.device)
     matmul(y, output_weight, out, bias=x)
@@ -352,8 +514,21 @@ def compute_output_bwd_op(
     matmul(dout, output_weight.t(), dy)
     recompute = saved_y.numel() == 0 and dout.shape[0] > 0
     d_attn, d_u, d_norm_weight, d_norm_bias, y = norm_backward(
-        dy, attn, u, norm_weight, norm_bias, mean, rstd, num_heads if group_norm else 1,
-        group_norm, False, MUL, concat_ux, dropout_p, seed, recompute,
+        dy,
+        attn,
+        u,
+        norm_weight,
+        norm_bias,
+        mean,
+        rstd,
+        num_heads if group_norm else 1,
+        group_norm,
+        False,
+        MUL,
+        concat_ux,
+        dropout_p,
+        seed,
+        recompute,
     )
     if not recompute:
         y = saved_y.view(dy.shape)
@@ -363,8 +538,21 @@ def compute_output_bwd_op(
 
 
 def _setup_output(ctx, inputs, output):  # type: ignore[no-untyped-def]
-    (attn, u, _, norm_weight, norm_bias, _, output_weight, num_heads, group_norm, concat_ux,
-     dropout_p, seed, _) = inputs
+    (
+        attn,
+        u,
+        _,
+        norm_weight,
+        norm_bias,
+        _,
+        output_weight,
+        num_heads,
+        group_norm,
+        concat_ux,
+        dropout_p,
+        seed,
+        _,
+    ) = inputs
     _, saved_y, mean, rstd = output
     ctx.save_for_backward(attn, u, norm_weight, norm_bias, output_weight, saved_y, mean, rstd)
     ctx.options = (num_heads, group_norm, concat_ux, dropout_p, seed)
@@ -399,9 +587,17 @@ def hstu_compute_output(
     """Triton backend of :func:`tzrec_ops.ops.hstu_compute.hstu_compute_output`."""
     dropout = training and dropout_ratio > 0.0
     return compute_output_op(
-        switch_to_contiguous_if_needed(attn), switch_to_contiguous_if_needed(u),
-        switch_to_contiguous_if_needed(x), norm_weight, norm_bias, float(norm_eps),
-        output_weight, num_heads, bool(group_norm), bool(concat_ux),
-        float(dropout_ratio) if dropout else 0.0, draw_seed() if dropout else 0,
+        switch_to_contiguous_if_needed(attn),
+        switch_to_contiguous_if_needed(u),
+        switch_to_contiguous_if_needed(x),
+        norm_weight,
+        norm_bias,
+        float(norm_eps),
+        output_weight,
+        num_heads,
+        bool(group_norm),
+        bool(concat_ux),
+        float(dropout_ratio) if dropout else 0.0,
+        draw_seed() if dropout else 0,
         bool(recompute_y_in_backward),
     )[0]

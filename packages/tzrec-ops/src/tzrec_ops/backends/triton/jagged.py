@@ -108,8 +108,12 @@ def _copy(
     if batch == 0 or max_len == 0 or D == 0 or combined.shape[0] == 0:
         return
     kernel = tuned(
-        "jagged_concat_split", _concat_split_kernel, _copy_configs, ["AUTOTUNE_MAX_SEQ_LEN", "D"],
-        _COPY_INTERPRET, combined.device,
+        "jagged_concat_split",
+        _concat_split_kernel,
+        _copy_configs,
+        ["AUTOTUNE_MAX_SEQ_LEN", "D"],
+        _COPY_INTERPRET,
+        combined.device,
     )
 
     def grid(meta):
@@ -160,10 +164,26 @@ def concat_2D_jagged_op(
         dtype=values_left.dtype,
         device=values_left.device,
     )
-    batch = _batch(offsets_left, offsets_right, values_left.shape[0], max_len_left,
-                   values_right.shape[0], max_len_right)
-    _copy(values_left, values_right, out, offsets_left, offsets_right, max_len_left,
-          max_len_right, batch, max_len_left + max_len_right, split=False)
+    batch = _batch(
+        offsets_left,
+        offsets_right,
+        values_left.shape[0],
+        max_len_left,
+        values_right.shape[0],
+        max_len_right,
+    )
+    _copy(
+        values_left,
+        values_right,
+        out,
+        offsets_left,
+        offsets_right,
+        max_len_left,
+        max_len_right,
+        batch,
+        max_len_left + max_len_right,
+        split=False,
+    )
     return out
 
 
@@ -182,10 +202,21 @@ def split_2D_jagged_op(
     D = values.shape[1]
     left = torch.empty((total_len_left, D), dtype=values.dtype, device=values.device)
     right = torch.empty((total_len_right, D), dtype=values.dtype, device=values.device)
-    batch = _batch(offsets_left, offsets_right, total_len_left, max_len_left, total_len_right,
-                   max_len_right)
-    _copy(left, right, values, offsets_left, offsets_right, max_len_left, max_len_right, batch,
-          max_seq_len, split=True)
+    batch = _batch(
+        offsets_left, offsets_right, total_len_left, max_len_left, total_len_right, max_len_right
+    )
+    _copy(
+        left,
+        right,
+        values,
+        offsets_left,
+        offsets_right,
+        max_len_left,
+        max_len_right,
+        batch,
+        max_seq_len,
+        split=True,
+    )
     return left, right
 
 
@@ -199,8 +230,14 @@ def _concat_backward(ctx, grad):  # type: ignore[no-untyped-def]
     offsets_left, offsets_right = ctx.saved_tensors
     rows_left, rows_right, max_len_left, max_len_right = ctx.sizes
     d_left, d_right = split_2D_jagged_op(
-        grad.contiguous(), max_len_left + max_len_right, rows_left, rows_right, max_len_left,
-        max_len_right, offsets_left, offsets_right,
+        grad.contiguous(),
+        max_len_left + max_len_right,
+        rows_left,
+        rows_right,
+        max_len_left,
+        max_len_right,
+        offsets_left,
+        offsets_right,
     )
     return d_left, d_right, None, None, None, None
 
@@ -242,8 +279,12 @@ def concat_2D_jagged(
 ) -> torch.Tensor:
     """Triton backend of :func:`tzrec_ops.ops.jagged.concat_2D_jagged`."""
     return concat_2D_jagged_op(
-        _rows_contiguous(values_left), _rows_contiguous(values_right), max_len_left,
-        max_len_right, offsets_left, offsets_right,
+        _rows_contiguous(values_left),
+        _rows_contiguous(values_right),
+        max_len_left,
+        max_len_right,
+        offsets_left,
+        offsets_right,
     )
 
 
@@ -263,8 +304,14 @@ def split_2D_jagged(
     if total_len_right is None:
         total_len_right = values.shape[0] - total_len_left
     return split_2D_jagged_op(
-        _rows_contiguous(values), max_seq_len, total_len_left, total_len_right,
-        max_len_left or 0, max_len_right or 0, offsets_left, offsets_right,
+        _rows_contiguous(values),
+        max_seq_len,
+        total_len_left,
+        total_len_right,
+        max_len_left or 0,
+        max_len_right or 0,
+        offsets_left,
+        offsets_right,
     )
 
 
@@ -332,7 +379,12 @@ def _jagged_dense_bmm_kernel(
     mask_n = offs_n < N
     rows = start + offs_m
     a_ptrs = JAGGED + rows[:, None] * stride_jm + offs_k[None, :]
-    b_ptrs = DENSE + b.to(tl.int64) * stride_db + offs_k[:, None] * stride_dk + offs_n[None, :] * stride_dn
+    b_ptrs = (
+        DENSE
+        + b.to(tl.int64) * stride_db
+        + offs_k[:, None] * stride_dk
+        + offs_n[None, :] * stride_dn
+    )
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         mask_k = offs_k + k0 < K
@@ -432,8 +484,12 @@ def _jagged_dense(
     if batch == 0 or max_seq_len == 0 or N == 0 or jagged.shape[0] == 0:
         return
     kernel = tuned(
-        "jagged_dense_bmm", _jagged_dense_bmm_kernel, _bmm_configs,
-        ["AUTOTUNE_MAX_SEQ_LEN", "N", "K"], _BMM_INTERPRET, jagged.device,
+        "jagged_dense_bmm",
+        _jagged_dense_bmm_kernel,
+        _bmm_configs,
+        ["AUTOTUNE_MAX_SEQ_LEN", "N", "K"],
+        _BMM_INTERPRET,
+        jagged.device,
     )
 
     def grid(meta):
@@ -471,8 +527,9 @@ def jagged_dense_bmm_broadcast_add_op(
     """jagged [L, K], dense [B, K, N], bias [B, N] -> [L, N]."""
     out = torch.empty((jagged.shape[0], dense.shape[2]), dtype=jagged.dtype, device=jagged.device)
     if dense.shape[1] == 0:
-        out.copy_(torch.repeat_interleave(bias, seq_offsets.diff(), dim=0,
-                                          output_size=jagged.shape[0]))
+        out.copy_(
+            torch.repeat_interleave(bias, seq_offsets.diff(), dim=0, output_size=jagged.shape[0])
+        )
         return out
     _jagged_dense(max_seq_len, seq_offsets, jagged, dense, bias, out)
     return out
@@ -497,8 +554,12 @@ def jagged_dense_bmm_broadcast_add_bwd_op(
         _jagged_dense(max_seq_len, seq_offsets, grad, dense.transpose(1, 2), None, d_jagged)
     if batch > 0 and N > 0:
         kernel = tuned(
-            "jagged_jagged_bmm", _jagged_jagged_bmm_kernel, _bmm_configs,
-            ["AUTOTUNE_MAX_SEQ_LEN", "M", "N"], _BMM_INTERPRET, jagged.device,
+            "jagged_jagged_bmm",
+            _jagged_jagged_bmm_kernel,
+            _bmm_configs,
+            ["AUTOTUNE_MAX_SEQ_LEN", "M", "N"],
+            _BMM_INTERPRET,
+            jagged.device,
         )
         k_blocks = max(K, 1)
 

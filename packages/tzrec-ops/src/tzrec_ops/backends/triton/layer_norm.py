@@ -136,9 +136,7 @@ def _norm_fwd_kernel(
         y = x * tl.sigmoid(a)
         tl.store(y_ptrs, y.to(Y.dtype.element_ty), mask=mask)
     elif MODE == 2:
-        u = tl.load(U + rows[:, None, None] * stride_u + cols, mask=mask, other=0.0).to(
-            tl.float32
-        )
+        u = tl.load(U + rows[:, None, None] * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
         y = a * u
         if CONCAT_UX:
             D = G * V
@@ -223,9 +221,7 @@ def _norm_bwd_kernel(
         mask = rmask[:, None, None] & cmask
         stat_offs = rows[:, None] * G + gs[None, :]
         stat_mask = rmask[:, None] & (gs[None, :] < G)
-        x = tl.load(X + rows[:, None, None] * stride_x + cols, mask=mask, other=0.0).to(
-            tl.float32
-        )
+        x = tl.load(X + rows[:, None, None] * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + stat_offs, mask=stat_mask, other=0.0)[:, :, None]
         if RMS:
             xhat = tl.where(mask, x * rstd, 0.0)
@@ -322,9 +318,7 @@ def _norm_bwd_kernel(
 
 
 @triton.jit
-def _sum_partials_kernel(
-    PARTIAL, OUT, P, D, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr
-):
+def _sum_partials_kernel(PARTIAL, OUT, P, D, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
     """``OUT[d] = sum_p PARTIAL[p, d]`` in a fixed order (deterministic)."""
     cols = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
     acc = tl.zeros((BLOCK_P, BLOCK_D), dtype=tl.float32)
@@ -478,9 +472,7 @@ def norm_backward(
     partial_dw = torch.zeros((programs, D) if has_w else (0,), dtype=torch.float32, device=device)
     partial_db = torch.zeros((programs, D) if has_b else (0,), dtype=torch.float32, device=device)
     if L > 0:
-        kernel = tuned(
-            "norm_bwd", _norm_bwd_kernel, _warp_configs, _KEY, _INTERPRET_CONFIG, device
-        )
+        kernel = tuned("norm_bwd", _norm_bwd_kernel, _warp_configs, _KEY, _INTERPRET_CONFIG, device)
         dropout = dropout_p > 0.0
         wrap_triton(kernel)[(programs,)](
             dy,
@@ -562,8 +554,21 @@ def norm_bwd_op(
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of every norm op in this module (see the module docstring)."""
     return norm_backward(
-        dy, x, u, weight, bias, mean, rstd, groups, group_affine, rms, mode, concat_ux,
-        dropout_p, seed, compute_y,
+        dy,
+        x,
+        u,
+        weight,
+        bias,
+        mean,
+        rstd,
+        groups,
+        group_affine,
+        rms,
+        mode,
+        concat_ux,
+        dropout_p,
+        seed,
+        compute_y,
     )
 
 
@@ -620,8 +625,21 @@ def layer_norm_op(
 
 def _setup_layer_norm(ctx, inputs, output):  # type: ignore[no-untyped-def]
     x, weight, bias, _ = inputs
-    _save(ctx, x, None, weight, bias, output, groups=1, group_affine=False, rms=False, mode=PLAIN,
-          concat_ux=False, dropout_p=0.0, seed=0)
+    _save(
+        ctx,
+        x,
+        None,
+        weight,
+        bias,
+        output,
+        groups=1,
+        group_affine=False,
+        rms=False,
+        mode=PLAIN,
+        concat_ux=False,
+        dropout_p=0.0,
+        seed=0,
+    )
 
 
 def _layer_norm_backward(ctx, dy, dmean, drstd):  # type: ignore[no-untyped-def]
@@ -642,8 +660,21 @@ def rms_norm_op(
 
 def _setup_rms_norm(ctx, inputs, output):  # type: ignore[no-untyped-def]
     x, weight, _ = inputs
-    _save(ctx, x, None, weight, None, output, groups=1, group_affine=False, rms=True, mode=PLAIN,
-          concat_ux=False, dropout_p=0.0, seed=0)
+    _save(
+        ctx,
+        x,
+        None,
+        weight,
+        None,
+        output,
+        groups=1,
+        group_affine=False,
+        rms=True,
+        mode=PLAIN,
+        concat_ux=False,
+        dropout_p=0.0,
+        seed=0,
+    )
 
 
 def _rms_norm_backward(ctx, dy, dmean, drstd):  # type: ignore[no-untyped-def]
@@ -664,8 +695,21 @@ def swish_layer_norm_op(
 
 def _setup_swish(ctx, inputs, output):  # type: ignore[no-untyped-def]
     x, weight, bias, _ = inputs
-    _save(ctx, x, None, weight, bias, output, groups=1, group_affine=False, rms=False, mode=SWISH,
-          concat_ux=False, dropout_p=0.0, seed=0)
+    _save(
+        ctx,
+        x,
+        None,
+        weight,
+        bias,
+        output,
+        groups=1,
+        group_affine=False,
+        rms=False,
+        mode=SWISH,
+        concat_ux=False,
+        dropout_p=0.0,
+        seed=0,
+    )
 
 
 swish_layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_setup_swish)
@@ -696,9 +740,21 @@ def norm_mul_dropout_op(
 
 def _setup_norm_mul_dropout(ctx, inputs, output):  # type: ignore[no-untyped-def]
     x, u, weight, bias, _, num_groups, concat_ux, dropout_p, seed = inputs
-    _save(ctx, x, u, weight, bias, output, groups=max(num_groups, 1),
-          group_affine=num_groups > 0, rms=False, mode=MUL,
-          concat_ux=concat_ux, dropout_p=dropout_p, seed=seed)
+    _save(
+        ctx,
+        x,
+        u,
+        weight,
+        bias,
+        output,
+        groups=max(num_groups, 1),
+        group_affine=num_groups > 0,
+        rms=False,
+        mode=MUL,
+        concat_ux=concat_ux,
+        dropout_p=dropout_p,
+        seed=seed,
+    )
 
 
 def _norm_mul_dropout_backward(ctx, dy, dmean, drstd):  # type: ignore[no-untyped-def]
@@ -763,9 +819,7 @@ def layer_norm_mul_dropout(
 ) -> torch.Tensor:
     """Triton backend of :func:`tzrec_ops.ops.layer_norm.layer_norm_mul_dropout`."""
     p, seed = _dropout_args(dropout_ratio, training, seed)
-    return norm_mul_dropout_op(
-        _rows(x), _rows(u), weight, bias, eps, 0, concat_ux, p, seed
-    )[0]
+    return norm_mul_dropout_op(_rows(x), _rows(u), weight, bias, eps, 0, concat_ux, p, seed)[0]
 
 
 def group_norm_mul_dropout(

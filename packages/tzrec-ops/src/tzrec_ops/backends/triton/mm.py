@@ -159,7 +159,11 @@ def matmul(
     else:
         stride_biasm, stride_biasn = bias.stride(0), bias.stride(1)
     kernel = tuned(
-        "addmm", _addmm_kernel, _cuda_configs, ["AUTOTUNE_M", "N", "K"], _INTERPRET_CONFIG,
+        "addmm",
+        _addmm_kernel,
+        _cuda_configs,
+        ["AUTOTUNE_M", "N", "K"],
+        _INTERPRET_CONFIG,
         a.device,
     )
 

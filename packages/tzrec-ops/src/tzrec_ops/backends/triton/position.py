@@ -86,7 +86,9 @@ def _add_position_fwd_kernel(
         x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
         p = tl.load(P + index[:, None] * stride_p + cols[None, :], mask=mask, other=0.0)
         out = x.to(tl.float32) * alpha + p.to(tl.float32)
-        tl.store(OUT + rows[:, None] * stride_o + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask)
+        tl.store(
+            OUT + rows[:, None] * stride_o + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask
+        )
 
 
 @triton.jit
@@ -125,7 +127,11 @@ def _add_position_bwd_kernel(
             tl.float32
         )
         acc += g
-        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], (g * alpha).to(DX.dtype.element_ty), mask=mask)
+        tl.store(
+            DX + rows[:, None] * stride_dx + cols[None, :],
+            (g * alpha).to(DX.dtype.element_ty),
+            mask=mask,
+        )
         # tokens from the first target on all read row `high`
         if (high >= k0) & (high < k0 + BLOCK_K) & (high < length):
             tail = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -181,16 +187,34 @@ def add_positional_embeddings_op(
     if L == 0 or D == 0 or batch == 0:
         return out
     targets, factor, has_targets = _target_args(num_targets, interleave_targets, seq_lengths)
-    kernel = tuned("add_position_fwd", _add_position_fwd_kernel, _configs,
-                   ["AUTOTUNE_MAX_SEQ_LEN", "D"], _INTERPRET, x.device)
+    kernel = tuned(
+        "add_position_fwd",
+        _add_position_fwd_kernel,
+        _configs,
+        ["AUTOTUNE_MAX_SEQ_LEN", "D"],
+        _INTERPRET,
+        x.device,
+    )
 
     def grid(meta):
         return (triton.cdiv(max_seq_len, meta["BLOCK_N"]), batch)
 
     wrap_triton(kernel)[grid](
-        x, position_embeddings_weight, out, seq_offsets, seq_lengths, targets, alpha,
-        position_embeddings_weight.shape[0], D, x.stride(0), position_embeddings_weight.stride(0),
-        out.stride(0), factor, autotune_max_seq_len(max_seq_len), HAS_TARGETS=has_targets,
+        x,
+        position_embeddings_weight,
+        out,
+        seq_offsets,
+        seq_lengths,
+        targets,
+        alpha,
+        position_embeddings_weight.shape[0],
+        D,
+        x.stride(0),
+        position_embeddings_weight.stride(0),
+        out.stride(0),
+        factor,
+        autotune_max_seq_len(max_seq_len),
+        HAS_TARGETS=has_targets,
         BLOCK_D=_block_d(D),
     )
     return out
@@ -217,9 +241,23 @@ def add_positional_embeddings_bwd_op(
     block_k = 16 if grad.device.type == "cpu" else 32
     block_d = _block_d(D)
     wrap_triton(_add_position_bwd_kernel)[(triton.cdiv(K, block_k), triton.cdiv(D, block_d))](
-        grad, d_x, d_table, seq_offsets, seq_lengths, targets, alpha, batch, K, D,
-        grad.stride(0), d_x.stride(0), d_table.stride(0), factor, HAS_TARGETS=has_targets,
-        BLOCK_K=block_k, BLOCK_D=block_d,
+        grad,
+        d_x,
+        d_table,
+        seq_offsets,
+        seq_lengths,
+        targets,
+        alpha,
+        batch,
+        K,
+        D,
+        grad.stride(0),
+        d_x.stride(0),
+        d_table.stride(0),
+        factor,
+        HAS_TARGETS=has_targets,
+        BLOCK_K=block_k,
+        BLOCK_D=block_d,
     )
     return d_table, d_x
 
@@ -309,7 +347,9 @@ def _add_timestamp_fwd_kernel(
         p = tl.load(P + pos64[:, None] * stride_p + cols[None, :], mask=mask, other=0.0)
         te = tl.load(T + bucket64[:, None] * stride_t + cols[None, :], mask=mask, other=0.0)
         out = x.to(tl.float32) * alpha + p.to(tl.float32) + te.to(tl.float32)
-        tl.store(OUT + rows[:, None] * stride_o + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask)
+        tl.store(
+            OUT + rows[:, None] * stride_o + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask
+        )
 
 
 @triton.jit
@@ -349,7 +389,11 @@ def _scatter_sorted_rows_kernel(
         tl.float32
     )
     if WRITE_DX:
-        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], (g * alpha).to(DX.dtype.element_ty), mask=mask)
+        tl.store(
+            DX + rows[:, None] * stride_dx + cols[None, :],
+            (g * alpha).to(DX.dtype.element_ty),
+            mask=mask,
+        )
     keys2 = tl.broadcast_to(keys[:, None], (BLOCK_E, BLOCK_D))
     sums, _ = tl.associative_scan((g, keys2), 0, _segmented_add)
     run_end = (keys != next_keys) | (tl.arange(0, BLOCK_E) == BLOCK_E - 1)
@@ -389,28 +433,55 @@ def add_timestamp_positional_embeddings_op(
         return out, pos_index, ts_index
     targets, factor, has_targets = _target_args(num_targets, interleave_targets, seq_lengths)
     increments = torch.full((1,), time_bucket_increments, dtype=torch.float64, device=x.device)
-    kernel = tuned("add_timestamp_fwd", _add_timestamp_fwd_kernel, _configs,
-                   ["AUTOTUNE_MAX_SEQ_LEN", "D"], _INTERPRET, x.device)
+    kernel = tuned(
+        "add_timestamp_fwd",
+        _add_timestamp_fwd_kernel,
+        _configs,
+        ["AUTOTUNE_MAX_SEQ_LEN", "D"],
+        _INTERPRET,
+        x.device,
+    )
 
     def grid(meta):
         return (triton.cdiv(max_seq_len, meta["BLOCK_N"]), batch)
 
     wrap_triton(kernel)[grid](
-        x, position_embeddings_weight, timestamp_embeddings_weight, timestamps,
-        query_time.reshape(-1) if query_time is not None else timestamps, increments, out,
-        pos_index, ts_index, seq_offsets, seq_lengths, targets, alpha,
-        position_embeddings_weight.shape[0], timestamp_embeddings_weight.shape[0] - 1,
-        max_contextual_seq_len, D, x.stride(0), position_embeddings_weight.stride(0),
-        timestamp_embeddings_weight.stride(0), out.stride(0), factor,
-        autotune_max_seq_len(max_seq_len), HAS_TARGETS=has_targets,
-        HAS_QUERY_TIME=query_time is not None, LOG_BUCKETS=time_bucket_fn == "log",
+        x,
+        position_embeddings_weight,
+        timestamp_embeddings_weight,
+        timestamps,
+        query_time.reshape(-1) if query_time is not None else timestamps,
+        increments,
+        out,
+        pos_index,
+        ts_index,
+        seq_offsets,
+        seq_lengths,
+        targets,
+        alpha,
+        position_embeddings_weight.shape[0],
+        timestamp_embeddings_weight.shape[0] - 1,
+        max_contextual_seq_len,
+        D,
+        x.stride(0),
+        position_embeddings_weight.stride(0),
+        timestamp_embeddings_weight.stride(0),
+        out.stride(0),
+        factor,
+        autotune_max_seq_len(max_seq_len),
+        HAS_TARGETS=has_targets,
+        HAS_QUERY_TIME=query_time is not None,
+        LOG_BUCKETS=time_bucket_fn == "log",
         BLOCK_D=max(_block_d(D), 16),
     )
     return out, pos_index, ts_index
 
 
 def _scatter_sorted(
-    grad: torch.Tensor, index: torch.Tensor, table: torch.Tensor, alpha: float,
+    grad: torch.Tensor,
+    index: torch.Tensor,
+    table: torch.Tensor,
+    alpha: float,
     d_x: Optional[torch.Tensor],
 ) -> torch.Tensor:
     """fp32 ``d_table[index[p]] += grad[p]`` for every token p (and d_x = alpha * grad)."""
@@ -422,9 +493,20 @@ def _scatter_sorted(
     block_e = 16 if grad.device.type == "cpu" else 64
     block_d = _block_d(D)
     wrap_triton(_scatter_sorted_rows_kernel)[(triton.cdiv(L, block_e), triton.cdiv(D, block_d))](
-        grad, keys, perm, d_table, d_x if d_x is not None else grad, alpha, L, D,
-        grad.stride(0), d_table.stride(0), d_x.stride(0) if d_x is not None else 0,
-        WRITE_DX=d_x is not None, BLOCK_E=block_e, BLOCK_D=block_d,
+        grad,
+        keys,
+        perm,
+        d_table,
+        d_x if d_x is not None else grad,
+        alpha,
+        L,
+        D,
+        grad.stride(0),
+        d_table.stride(0),
+        d_x.stride(0) if d_x is not None else 0,
+        WRITE_DX=d_x is not None,
+        BLOCK_E=block_e,
+        BLOCK_D=block_d,
     )
     return d_table
 
@@ -481,8 +563,14 @@ def add_positional_embeddings(
 ) -> torch.Tensor:
     """Triton backend of :func:`tzrec_ops.ops.position.add_positional_embeddings`."""
     return add_positional_embeddings_op(
-        float(alpha), max_seq_len, _last_dim_contiguous(position_embeddings_weight), seq_offsets,
-        seq_lengths, _last_dim_contiguous(seq_embeddings), num_targets, interleave_targets,
+        float(alpha),
+        max_seq_len,
+        _last_dim_contiguous(position_embeddings_weight),
+        seq_offsets,
+        seq_lengths,
+        _last_dim_contiguous(seq_embeddings),
+        num_targets,
+        interleave_targets,
     )
 
 
@@ -504,11 +592,19 @@ def add_timestamp_positional_embeddings(
 ) -> torch.Tensor:
     """Triton backend of :func:`tzrec_ops.ops.position.add_timestamp_positional_embeddings`."""
     return add_timestamp_positional_embeddings_op(
-        float(alpha), max_seq_len, max_contextual_seq_len,
+        float(alpha),
+        max_seq_len,
+        max_contextual_seq_len,
         _last_dim_contiguous(position_embeddings_weight),
-        _last_dim_contiguous(timestamp_embeddings_weight), seq_offsets, seq_lengths,
-        _last_dim_contiguous(seq_embeddings), timestamps.contiguous(), num_targets,
-        interleave_targets, time_bucket_fn, float(time_bucket_increments),
+        _last_dim_contiguous(timestamp_embeddings_weight),
+        seq_offsets,
+        seq_lengths,
+        _last_dim_contiguous(seq_embeddings),
+        timestamps.contiguous(),
+        num_targets,
+        interleave_targets,
+        time_bucket_fn,
+        float(time_bucket_increments),
         query_time.contiguous() if query_time is not None else None,
     )[0]
 
