@@ -1,6 +1,6 @@
 """Benchmark of the non-attention STU ops and of the fused STU layer (forward + backward).
 
-    python -m tzrec_bench.kernels.stu_ops [--batch 64] [--max-len 2048] [--skip-compile]
+    python -m tzrec_bench.kernels.stu_ops [--batch 64] [--max-len 2048] [--providers ...]
 
 Shapes: B sequences with lengths uniform in [0.9 N, N), embedding E = 512, H = 4 heads,
 A = V = 128, bf16. Every op runs forward + backward (one fixed upstream gradient) for three
@@ -19,7 +19,8 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
-PROVIDERS = ("triton", "eager", "compile")
+PROVIDERS = ("triton", "eager", "compile", "triton_compile")
+DEFAULT_PROVIDERS = "triton,eager,compile"
 Case = Tuple[Callable[..., torch.Tensor], List[torch.Tensor]]
 
 
@@ -54,7 +55,7 @@ def _rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
 def _backend(provider: str) -> str:
     if provider not in PROVIDERS:
         raise ValueError(f"unknown provider {provider!r}; known: {PROVIDERS}")
-    return "triton" if provider == "triton" else "pytorch"
+    return "triton" if provider.startswith("triton") else "pytorch"
 
 
 def op_cases(s: Shapes) -> Dict[str, Callable[[str], Case]]:
@@ -289,7 +290,12 @@ def main(argv: Sequence[str] = ()) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--max-len", type=int, default=2048)
-    parser.add_argument("--skip-compile", action="store_true")
+    parser.add_argument(
+        "--providers",
+        default=DEFAULT_PROVIDERS,
+        help=f"comma-separated subset of {PROVIDERS}; triton_compile is torch.compile of the "
+        "triton backend (separates host launch overhead from kernel time)",
+    )
     parser.add_argument("--ops", default="", help="comma-separated subset of op names")
     args = parser.parse_args(list(argv) or None)
     if not torch.cuda.is_available():
@@ -309,7 +315,9 @@ def main(argv: Sequence[str] = ()) -> None:
         f"E={s.embed}, H={s.heads}, A=V={s.head_dim}, bf16, forward+backward, median ms "
         f"(triton.testing.do_bench); value checks disabled while timing"
     )
-    providers = [p for p in PROVIDERS if not (args.skip_compile and p == "compile")]
+    providers = [p for p in args.providers.split(",") if p]
+    for p in providers:
+        _backend(p)
     print(f"{'op':40s}" + "".join(f"{p:>10s}" for p in providers) + f"{'speedup':>10s}")
     wanted = set(filter(None, args.ops.split(",")))
     for name, setup in op_cases(s).items():
@@ -318,7 +326,7 @@ def main(argv: Sequence[str] = ()) -> None:
         times = {}
         for p in providers:
             fn, inputs = setup(p)
-            if p == "compile":
+            if p.endswith("compile"):
                 fn = torch.compile(fn)
             try:
                 times[p] = time_fwd_bwd(fn, inputs)
@@ -328,7 +336,8 @@ def main(argv: Sequence[str] = ()) -> None:
             del inputs
         best_ref = min(times.get("eager", float("nan")), times.get("compile", float("inf")))
         row = "".join(f"{times[p]:10.3f}" for p in providers)
-        print(f"{name:40s}{row}{best_ref / times['triton']:9.2f}x", flush=True)
+        speedup = best_ref / times.get("triton", float("nan"))
+        print(f"{name:40s}{row}{speedup:9.2f}x", flush=True)
     print("\nSTU layer (preprocess + attention + output), forward+backward, median ms")
     layers = {}
     for name, (fn, inputs) in stu_layer_cases(s).items():
