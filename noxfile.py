@@ -17,6 +17,7 @@ no such folder.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import pathlib
@@ -25,7 +26,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import nox
 from packaging.requirements import Requirement
@@ -74,7 +75,8 @@ def _siblings(dist: str) -> List[str]:
     return sorted(names & ours - {canonicalize_name(dist)})
 
 
-def _pip_find_links() -> List[str]:
+@functools.cache
+def _pip_find_links() -> Tuple[str, ...]:
     """The folders in pip's ``find-links`` setting (config files and ``PIP_FIND_LINKS``)."""
     pip = [sys.executable, "-m", "pip"]
     if subprocess.run([*pip, "--version"], capture_output=True).returncode != 0:
@@ -90,7 +92,7 @@ def _pip_find_links() -> List[str]:
         key, _, value = line.partition("=")
         if key.endswith(".find-links"):
             links += shlex.split(value.strip().strip("'\""))
-    return list(dict.fromkeys(links))
+    return tuple(dict.fromkeys(links))
 
 
 def _index_args(session: nox.Session) -> List[str]:
@@ -109,9 +111,12 @@ def _index_args(session: nox.Session) -> List[str]:
         pathlib.Path(link).is_dir() and any(pathlib.Path(link).glob(f"{wheel_name}-*.whl"))
         for link in links
     )
-    if not (has_torch or index or os.environ.get("UV_FIND_LINKS") or os.environ.get("UV_INDEX")):
+    elsewhere = any("://" in link for link in links) or any(
+        os.environ.get(var) for var in ("UV_FIND_LINKS", "UV_INDEX", "UV_EXTRA_INDEX_URL")
+    )
+    if not (has_torch or index or elsewhere):
         session.error(
-            f"no {wheel_name} wheel in pip's find-links ({links or 'none set'}): put the CPU "
+            f"no {wheel_name} wheel in pip's find-links ({list(links) or 'none set'}): put the CPU "
             "build of torch in a folder and set PIP_FIND_LINKS to it, or set TZREC_TORCH_INDEX "
             "to a wheel index that has it"
         )
@@ -178,12 +183,13 @@ for _short, _dist in PACKAGES.items():
 
 @nox.session(name="test-plugins", tags=["test"])
 def test_plugins(session: nox.Session) -> None:
-    """Install tzrec-ops and the example backend plugin as wheels; run their cross tests."""
+    """Install tzrec-ops and the example backend plugin as wheels; run them and tests/."""
     _install(
         session,
         _package_path("tzrec-ops", "test"),
         str(EXAMPLE_PLUGIN),
         *TEST_TOOLS,
+        "nox",  # tests/test_noxfile.py loads this file
         reinstall=("tzrec-ops", "tzrec-ops-backend-example"),
     )
     _pytest(session, str(EXAMPLE_PLUGIN / "tests"), str(ROOT / "tests"), f"--rootdir={ROOT}")

@@ -1,0 +1,123 @@
+"""The noxfile's own logic: sibling discovery, lower bounds, sources of old versions, indexes."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import subprocess
+
+import nox  # installed by the test-plugins session
+import pytest
+from packaging.version import Version  # nox depends on packaging
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def noxfile():
+    spec = importlib.util.spec_from_file_location("tzrec_noxfile", ROOT / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class FakeSession:
+    venv_backend = "uv"
+
+    def __init__(self):
+        self.messages = []
+
+    def log(self, message):
+        self.messages.append(message)
+
+    warn = log
+
+    def error(self, message):
+        raise RuntimeError(message)
+
+
+def test_session_names_ci_and_the_readme_use_exist(noxfile):
+    names = set(nox.registry.get())
+    assert {"test-ops", "test-gr", "test-acc", "test-bench", "lint", "demo", "tests"} <= names
+    assert set(noxfile.CI_SESSIONS) <= names
+    readme = (ROOT / "README.md").read_text()
+    assert "python3 -m nox -s tests" in readme and "python3 -m nox -s demo" in readme
+    assert "python3 -m nox -s tests" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_siblings_come_from_the_declared_dependencies(noxfile):
+    assert noxfile._siblings("tzrec-ops") == []
+    assert noxfile._siblings("tzrec-gr") == ["tzrec-ops"]
+    assert noxfile._siblings("tzrec-acc") == ["tzrec-gr", "tzrec-ops"]
+    assert noxfile._siblings("tzrec-bench") == ["tzrec-acc", "tzrec-gr", "tzrec-ops"]
+
+
+def test_lower_bound_is_read_from_the_pyproject(noxfile):
+    assert noxfile._lower_bound("tzrec-gr", "tzrec-ops") >= Version("0.1")
+    with pytest.raises(ValueError, match="tzrec-ops does not depend on tzrec-gr"):
+        noxfile._lower_bound("tzrec-ops", "tzrec-gr")
+
+
+def _git(repo, *args):
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+
+def _commit(repo, version, code, message):
+    package = repo / "packages" / "tzrec-ops"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "pyproject.toml").write_text(
+        f'[project]\nname = "tzrec-ops"\nversion = "{version}"\n'
+    )
+    (package / "code.py").write_text(code)
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message)
+
+
+@pytest.fixture
+def history(noxfile, monkeypatch, tmp_path):
+    """A repository where tzrec-ops went 0.1.0 ("first", "second") -> 0.2.0 ("third")."""
+    _git(tmp_path, "init", "-q")
+    _commit(tmp_path, "0.1.0", "first", "0.1.0")
+    _commit(tmp_path, "0.1.0", "second", "fix at 0.1.0")
+    _commit(tmp_path, "0.2.0", "third", "bump")
+    monkeypatch.setattr(noxfile, "ROOT", tmp_path)
+    return tmp_path
+
+
+def _code_at(noxfile, version):
+    source = noxfile._source_of(FakeSession(), "tzrec-ops", Version(version))
+    return (pathlib.Path(source) / "code.py").read_text()
+
+
+def test_old_version_is_the_last_commit_before_the_bump(noxfile, history):
+    assert _code_at(noxfile, "0.1") == "second"
+
+
+def test_release_tag_wins(noxfile, history):
+    _git(history, "tag", "tzrec-ops-v0.1.0", "HEAD~2")
+    assert _code_at(noxfile, "0.1.0") == "first"
+
+
+def test_in_repo_version_uses_the_working_tree(noxfile, history):
+    (history / "packages" / "tzrec-ops" / "code.py").write_text("uncommitted")
+    assert _code_at(noxfile, "0.2") == "uncommitted"
+
+
+def test_unknown_version_fails_clearly(noxfile, history):
+    with pytest.raises(RuntimeError, match="cannot find tzrec-ops 0.0.5: no tag tzrec-ops-v0.0.5"):
+        _code_at(noxfile, "0.0.5")
+
+
+def test_uv_gets_pip_find_links(noxfile, monkeypatch, tmp_path):
+    (tmp_path / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl").write_bytes(b"")
+    monkeypatch.setattr(noxfile, "_pip_find_links", lambda: (str(tmp_path),))
+    monkeypatch.delenv("TZREC_TORCH_INDEX", raising=False)
+    assert noxfile._index_args(FakeSession()) == ["--find-links", str(tmp_path)]
+
+
+def test_uv_without_a_torch_wheel_fails_clearly(noxfile, monkeypatch, tmp_path):
+    monkeypatch.setattr(noxfile, "_pip_find_links", lambda: (str(tmp_path),))
+    for var in ("TZREC_TORCH_INDEX", "UV_FIND_LINKS", "UV_INDEX", "UV_EXTRA_INDEX_URL"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(RuntimeError, match=r"no torch-2\.13\.0\+cpu wheel in pip's find-links"):
+        noxfile._index_args(FakeSession())
