@@ -382,13 +382,16 @@ def test_chunked_equals_unchunked(elements):
 
 
 def test_chunk_sizes_respect_the_budget():
+    # H = 2, N = 16, A + V = 8: one sequence's upcast k, v take 2 * 16 * 8 = 256 elements
     reference.set_chunk_elements(1000)
-    seqs, rows = reference._chunk_sizes(batch=8, rows=16, heads=2, max_len=16)
-    assert seqs * 2 * rows * 16 <= 1000 and (seqs, rows) == (1, 16)
-    reference.set_chunk_elements(100)
-    assert reference._chunk_sizes(8, 16, 2, 16) == (1, 3)
-    reference.set_chunk_elements(1)  # a single query row is the floor
-    assert reference._chunk_sizes(8, 16, 2, 16) == (1, 1)
+    seqs, rows = reference._chunk_sizes(batch=8, rows=16, heads=2, max_len=16, kv_dim=8)
+    assert seqs * 2 * 16 * (rows + 8) <= 1000 and (seqs, rows) == (1, 16)
+    reference.set_chunk_elements(356)  # 256 for k, v leaves room for 3 query rows
+    assert reference._chunk_sizes(8, 16, 2, 16, 8) == (1, 3)
+    reference.set_chunk_elements(20_000)  # few rows (cached attention): many sequences
+    assert reference._chunk_sizes(64, 2, 2, 16, 8) == (62, 2)
+    reference.set_chunk_elements(1)  # one sequence and one query row is the floor
+    assert reference._chunk_sizes(8, 16, 2, 16, 8) == (1, 1)
 
 
 def test_multi_chunk_backward_recomputes_instead_of_saving_scores():
@@ -408,7 +411,7 @@ def test_multi_chunk_backward_recomputes_instead_of_saving_scores():
         return shapes
 
     assert any(s[-2:] == (12, 12) for s in saved_shapes(None))
-    chunked = saved_shapes(2 * 12 * 12)
+    chunked = saved_shapes(2 * 12 * (12 + 8))  # one sequence, all 12 rows, per chunk
     assert chunked and not any(s[-2:] == (12, 12) for s in chunked), chunked
 
 

@@ -8,8 +8,9 @@ How it works:
 1. q, k, v are padded from jagged ``[L, H, *]`` to ``[B, N, H, *]`` (fbgemm's
    ``jagged_to_padded_dense`` when ``torch.ops.fbgemm`` has it, else a gather) in the input
    dtype; padding is O(B N H D), never O(N^2).
-2. The batch is processed in chunks of sequences and query rows so that one chunk's score
-   tensor ``[b, H, r, N]`` holds at most :func:`chunk_elements` entries. Each chunk upcasts to
+2. The batch is processed in chunks of sequences and query rows so that one chunk's float32
+   working set, its scores ``[b, H, r, N]`` plus its upcast keys and values
+   ``[b, N, H, A + V]``, holds at most :func:`chunk_elements` entries. Each chunk upcasts to
    float32 (float64 for float64 input), computes ``SiLU(alpha q.k) / S``, applies the mask
    (and dropout), multiplies by v and casts the result back to the input dtype.
 3. When autograd records the call and there is more than one chunk, each chunk runs under
@@ -17,8 +18,8 @@ How it works:
 4. The padded output is turned back into jagged ``[L, H, V]``.
 
 Knobs (read at call time; under ``torch.compile`` they are read once, while tracing):
-``TZREC_OPS_PYTORCH_ATTN_CHUNK`` (max score elements per chunk, default ``2**28``, i.e.
-1 GiB of float32 per score-sized temporary) or :func:`set_chunk_elements`;
+``TZREC_OPS_PYTORCH_ATTN_CHUNK`` (max working-set elements per chunk, default ``2**28``,
+i.e. 1 GiB of float32 per score-sized temporary) or :func:`set_chunk_elements`;
 :func:`set_use_fbgemm` (``None`` = use fbgemm when it is installed).
 """
 
@@ -43,7 +44,7 @@ _use_fbgemm_override: Optional[bool] = None
 
 
 def set_chunk_elements(elements: Optional[int]) -> None:
-    """Cap one chunk's score tensor at ``elements`` entries (``None``: env or default)."""
+    """Cap one chunk's working set at ``elements`` entries (``None``: env or default)."""
     global _chunk_elements_override
     if elements is not None and int(elements) < 1:
         raise ValueError(f"elements must be >= 1, got {elements}")
@@ -58,7 +59,7 @@ def set_use_fbgemm(enabled: Optional[bool]) -> None:
 
 @torch.compiler.assume_constant_result
 def chunk_elements() -> int:
-    """The current cap on score elements per chunk."""
+    """The current cap on working-set elements (scores + upcast k, v) per chunk."""
     if _chunk_elements_override is not None:
         return _chunk_elements_override
     raw = os.environ.get(CHUNK_ENV, "")
@@ -238,12 +239,14 @@ def _attend_chunk(
     return out.permute(0, 2, 1, 3).to(v.dtype)
 
 
-def _chunk_sizes(batch: int, rows: int, heads: int, max_len: int) -> Tuple[int, int]:
-    """(sequences, query rows) per chunk so that ``b * H * r * N <= chunk_elements()``."""
+def _chunk_sizes(batch: int, rows: int, heads: int, max_len: int, kv_dim: int) -> Tuple[int, int]:
+    """(sequences b, query rows r) per chunk so that ``b * H * N * (r + kv_dim)``, the scores
+    plus the upcast keys and values (``kv_dim = A + V``), stays within chunk_elements()."""
     budget = chunk_elements()
     per_row = max(1, heads * max_len)
-    rows_per_chunk = max(1, min(rows, budget // per_row))
-    seqs_per_chunk = max(1, min(batch, budget // (per_row * rows_per_chunk)))
+    per_seq = per_row * kv_dim
+    rows_per_chunk = max(1, min(rows, (budget - per_seq) // per_row))
+    seqs_per_chunk = max(1, min(batch, budget // (per_seq + per_row * rows_per_chunk)))
     return seqs_per_chunk, rows_per_chunk
 
 
@@ -271,7 +274,7 @@ def _chunked_attention(
     """Padded attention ``[B, R, H, V]`` from q ``[B, R, H, A]``, k/v ``[B, N, H, *]``, query
     positions ``rows`` ``[B, R]`` and optional padded ``func`` ``[B, R, H, 3]``."""
     batch, num_rows, heads = q.shape[0], q.shape[1], q.shape[2]
-    seqs, row_block = _chunk_sizes(batch, num_rows, heads, k.shape[1])
+    seqs, row_block = _chunk_sizes(batch, num_rows, heads, k.shape[1], k.shape[3] + v.shape[3])
     body = functools.partial(_attend_chunk, mask_fn, alpha, scale, dropout_pr, training)
     multi = seqs < batch or row_block < num_rows
     recompute = (
