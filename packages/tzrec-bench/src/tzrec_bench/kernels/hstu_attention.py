@@ -92,9 +92,6 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     parser.add_argument("--modes", default="fwd,bwd")
     parser.add_argument("--rep", type=int, default=200, help="do_bench rep in ms (>= 200)")
     parser.add_argument("--seed", type=int, default=1001)
-    parser.add_argument("--atomic-dq", action="store_true",
-                        help="triton backward: add dQ with fp32 atomics in the dK/dV pass "
-                             "instead of the deterministic separate dQ pass")
     args = parser.parse_args(argv)
     if args.rep < 200:
         parser.error(f"--rep must be >= 200 ms, got {args.rep}")
@@ -104,18 +101,13 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     from tzrec_ops.registry import get_backend
 
     set_value_checks(False)
-    if args.atomic_dq:
-        from tzrec_ops.backends.triton.hstu_attention import set_deterministic_backward
-
-        set_deterministic_backward(False)
     torch.backends.cuda.matmul.allow_tf32 = True
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"triton {triton.__version__}")
     print(f"B={args.batch} H={args.heads} A={args.attn_dim} V={args.hidden_dim} "
           f"{args.dtype}, lengths U[0.9N, N), targets U[1, 20], fused q/k/v buffer, "
           "sort_by_length=True; value checks OFF while timing; do_bench median, "
-          f"warmup 25 ms, rep {args.rep} ms; triton dQ: "
-          f"{'fp32 atomics' if args.atomic_dq else 'deterministic separate pass'}")
+          f"warmup 25 ms, rep {args.rep} ms")
     providers = [p for p in args.providers.split(",") if p]
     for p in providers:
         reason = get_backend(p).unavailable_reason()

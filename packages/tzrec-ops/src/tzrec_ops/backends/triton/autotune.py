@@ -101,9 +101,4 @@ def configs(kernel: str, wide: bool = False) -> List[triton.Config]:
 
 def autotuned(kernel: str, fn: Callable[..., Any], wide: bool = False) -> Any:
     """``fn`` wrapped in ``triton.autotune`` with ``kernel``'s configs and key."""
-    return triton.autotune(
-        configs=configs(kernel, wide),
-        key=FWD_KEY if kernel == FWD else KEY + ["ATOMIC_DQ"] if kernel == BWD_DKDV else KEY,
-        # the dK/dV kernel may add dQ atomically: benchmarking runs must start from zeros
-        reset_to_zero=["DQ"] if kernel == BWD_DKDV else None,
-    )(fn)
+    return triton.autotune(configs=configs(kernel, wide), key=FWD_KEY if kernel == FWD else KEY)(fn)
