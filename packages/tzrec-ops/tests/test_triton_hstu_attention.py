@@ -370,6 +370,19 @@ def test_gpu_long_sequences_int32_offsets(backend, layout):
 
 
 @pytest.mark.gpu
+def test_gpu_tma_backend_reads_misaligned_views():
+    """A view starting one element into its buffer cannot be a TMA descriptor; triton_tma
+    must still give the right answer (it reads such tensors through pointers)."""
+    lengths = _gpu_lengths(4, 500, seed=8)
+    inputs = make_attention_inputs(lengths, 2, 64, 64, seed=9, device="cuda", layout="fused")
+    buf = torch.randn(inputs.q.shape[0], 2, 3 * 64 + 1, device="cuda")
+    q, k, v = buf[..., 1:65], buf[..., 65:129], buf[..., 129:193]
+    inputs = inputs.__class__(q=q, k=k, v=v, seq_offsets=inputs.seq_offsets, num_targets=None,
+                              lengths=lengths, max_seq_len=inputs.max_seq_len)
+    check_against_oracle(inputs, "triton_tma", torch.bfloat16, alpha=0.125)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_delta_matches_full_forward(backend, dtype):
