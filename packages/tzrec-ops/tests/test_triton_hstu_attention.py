@@ -59,6 +59,8 @@ def check_against_oracle(
 ):
     """Forward (and backward) of ``backend`` in ``dtype`` vs the pytorch backend in float64."""
     ins = inputs.to(dtype, requires_grad=backward)
+    if inputs.q.dtype == dtype:  # same dtype: the views (fused/strided layouts) are kept
+        assert ins.q.stride() == inputs.q.stride()
     kwargs = dict(
         causal=causal, num_targets=inputs.num_targets, max_attn_len=max_attn_len,
         contextual_seq_len=contextual_seq_len, scaling_seqlen=scaling_seqlen,
@@ -80,9 +82,9 @@ def check_against_oracle(
         _compare(got.grad, want.grad, dtype, True, f"d{name}")
 
 
-def _inputs(case, heads, attn_dim, hidden_dim, device="cpu", seed=0, extra_len=0):
+def _inputs(case, heads, attn_dim, hidden_dim, dtype, seed=0, extra_len=0):
     return make_attention_inputs(
-        case.lengths, heads, attn_dim, hidden_dim, seed=seed, device=device,
+        case.lengths, heads, attn_dim, hidden_dim, dtype=dtype, seed=seed,
         layout=case.layout, num_targets=case.num_targets, offsets_dtype=case.offsets_dtype,
         max_seq_len=max([1, *case.lengths]) + extra_len,
     )
@@ -109,7 +111,7 @@ def test_interpreter_matches_oracle(
     case, attn_dim, hidden_dim, causal, max_attn_len, contextual_seq_len, scaling_seqlen,
     extra_len, sort_by_length, dtype,
 ):
-    inputs = _inputs(case, 2, attn_dim, hidden_dim, extra_len=extra_len)
+    inputs = _inputs(case, 2, attn_dim, hidden_dim, dtype, extra_len=extra_len)
     check_against_oracle(
         inputs, "triton", dtype, causal=causal, max_attn_len=max_attn_len,
         contextual_seq_len=contextual_seq_len, scaling_seqlen=scaling_seqlen,
@@ -319,9 +321,10 @@ def _gpu_inputs(lengths, attn_dim, hidden_dim, dtype, targets=False, layout="fus
     g = torch.Generator().manual_seed(seed + 99)
     nt = [int(x) for x in torch.randint(0, 20, (len(lengths),), generator=g)] if targets else None
     nt = None if nt is None else [min(t, n) for t, n in zip(nt, lengths)]
-    return make_attention_inputs(lengths, 4, attn_dim, hidden_dim, dtype=torch.float32,
-                                 seed=seed, device="cuda", layout=layout, num_targets=nt,
-                                 scale=0.5)
+    # drawn in ``dtype`` so the fused views survive (``AttentionInputs.to`` of another
+    # dtype would copy them into contiguous tensors)
+    return make_attention_inputs(lengths, 4, attn_dim, hidden_dim, dtype=dtype, seed=seed,
+                                 device="cuda", layout=layout, num_targets=nt, scale=0.5)
 
 
 def _gpu_lengths(batch, max_len, seed=0):
@@ -364,8 +367,10 @@ def test_gpu_long_sequences_int32_offsets(backend, layout):
     lengths = _gpu_lengths(6, 2048, seed=2)
     g = torch.Generator().manual_seed(3)
     nt = [min(int(x), n) for x, n in zip(torch.randint(1, 21, (6,), generator=g), lengths)]
-    inputs = make_attention_inputs(lengths, 2, 128, 128, seed=4, device="cuda", layout=layout,
-                                   num_targets=nt, offsets_dtype=torch.int32, scale=0.5)
+    inputs = make_attention_inputs(lengths, 2, 128, 128, dtype=torch.bfloat16, seed=4,
+                                   device="cuda", layout=layout, num_targets=nt,
+                                   offsets_dtype=torch.int32, scale=0.5)
+    assert layout == "contiguous" or inputs.q.stride(0) == 2 * (3 * 128)
     check_against_oracle(inputs, backend, torch.bfloat16, sort_by_length=True, alpha=1 / 128)
 
 
@@ -379,7 +384,8 @@ def test_gpu_tma_backend_reads_misaligned_views():
     q, k, v = buf[..., 1:65], buf[..., 65:129], buf[..., 129:193]
     inputs = inputs.__class__(q=q, k=k, v=v, seq_offsets=inputs.seq_offsets, num_targets=None,
                               lengths=lengths, max_seq_len=inputs.max_seq_len)
-    check_against_oracle(inputs, "triton_tma", torch.bfloat16, alpha=0.125)
+    assert inputs.q.storage_offset() == 1
+    check_against_oracle(inputs, "triton_tma", torch.float32, alpha=0.125)
 
 
 @pytest.mark.gpu
