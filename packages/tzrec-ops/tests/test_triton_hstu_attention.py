@@ -216,7 +216,8 @@ def _small(**over):
     "over,reason",
     [
         (dict(dropout_pr=0.2), r"dropout_pr=0.2 is not supported"),
-        (dict(min_full_attn_seq_len=1, max_attn_len=2), r"min_full_attn_seq_len=1 is not supported"),
+        (dict(min_full_attn_seq_len=1, max_attn_len=2),
+         r"min_full_attn_seq_len=1 is not supported"),
         (dict(attn_func=torch.zeros(2, 3, 8, dtype=torch.int32)), r"attn_func \(arbitrary masks\)"),
     ],
 )
@@ -228,6 +229,19 @@ def test_unsupported_options_rejected_before_launch(monkeypatch, fresh_registry,
         reason = r"tensor descriptors are not supported by the Triton interpreter"
     with pytest.raises(BackendError, match=reason):
         hstu_mha(**_small(**over), backend=backend)
+
+
+def test_tma_backend_takes_bfloat16_attention_only():
+    from tzrec_ops.backends.triton.plugin import tma_call_rejection
+
+    for dtype in (torch.float16, torch.float32):
+        for op in ("hstu_mha", "delta_hstu_mha"):
+            reason = tma_call_rejection(op, {"dtype": dtype, "device": torch.device("cpu")})
+            assert reason is not None and "(bfloat16 only); use backend 'triton'" in reason
+    assert tma_call_rejection("hstu_mha", {"dtype": torch.bfloat16}) is None
+    assert tma_call_rejection("hstu_mha", {"dtype": torch.bfloat16, "dropout_pr": 0.5}) == (
+        "dropout_pr=0.5 is not supported (needs 0.0)"
+    )
 
 
 def test_cpu_tensors_without_interpreter_rejected(monkeypatch, fresh_registry):
@@ -341,8 +355,11 @@ GPU_SWEEP = [(torch.bfloat16, option) for option in sorted(GPU_OPTIONS)] + [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", GPU_BACKENDS)
-@pytest.mark.parametrize("dtype,option", GPU_SWEEP)
+@pytest.mark.parametrize(
+    "backend,dtype,option",
+    [("triton", d, o) for d, o in GPU_SWEEP]
+    + [("triton_tma", d, o) for d, o in GPU_SWEEP if d == torch.bfloat16],
+)
 def test_gpu_matches_oracle(backend, dtype, option):
     opts = dict(GPU_OPTIONS[option])
     targets = opts.pop("targets", False)
@@ -380,12 +397,21 @@ def test_gpu_tma_backend_reads_misaligned_views():
     must still give the right answer (it reads such tensors through pointers)."""
     lengths = _gpu_lengths(4, 500, seed=8)
     inputs = make_attention_inputs(lengths, 2, 64, 64, seed=9, device="cuda", layout="fused")
-    buf = torch.randn(inputs.q.shape[0], 2, 3 * 64 + 1, device="cuda")
+    buf = torch.randn(inputs.q.shape[0], 2, 3 * 64 + 1, device="cuda", dtype=torch.bfloat16)
     q, k, v = buf[..., 1:65], buf[..., 65:129], buf[..., 129:193]
     inputs = inputs.__class__(q=q, k=k, v=v, seq_offsets=inputs.seq_offsets, num_targets=None,
                               lengths=lengths, max_seq_len=inputs.max_seq_len)
     assert inputs.q.storage_offset() == 1
-    check_against_oracle(inputs, "triton_tma", torch.float32, alpha=0.125)
+    check_against_oracle(inputs, "triton_tma", torch.bfloat16, alpha=0.125)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_gpu_tma_backend_rejects_other_dtypes(dtype):
+    inputs = make_attention_inputs((5, 9), 2, 32, 32, dtype=dtype, device="cuda")
+    with pytest.raises(BackendError, match=r"not supported by the descriptor \(TMA\) attention"):
+        hstu_mha(16, 0.5, inputs.q, inputs.k, inputs.v, inputs.seq_offsets,
+                 backend="triton_tma")
 
 
 @pytest.mark.gpu

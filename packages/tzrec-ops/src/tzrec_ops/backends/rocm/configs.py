@@ -38,9 +38,13 @@ def _hstu_attention_configs(tiles: List[tuple]) -> List[Any]:
     ]
 
 
-_BUILDERS["hstu_attention_fwd"] = lambda: _hstu_attention_configs([(64, 64), (128, 64), (128, 32)])
+_BUILDERS["hstu_attention_fwd"] = lambda: _hstu_attention_configs(
+    [(64, 64), (128, 64), (128, 32)]
+)
 _BUILDERS["hstu_attention_bwd_dq"] = lambda: _hstu_attention_configs([(64, 64), (128, 32)])
-_BUILDERS["hstu_attention_bwd_dkdv"] = lambda: _hstu_attention_configs([(32, 64), (64, 64), (32, 128)])
+_BUILDERS["hstu_attention_bwd_dkdv"] = lambda: _hstu_attention_configs(
+    [(32, 64), (64, 64), (32, 128)]
+)
 
 
 # -- GEMMs and row kernels of the STU ops (backends/triton/{mm,jagged,layer_norm,position}.py) --

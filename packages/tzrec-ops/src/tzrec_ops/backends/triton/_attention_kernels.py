@@ -161,18 +161,6 @@ def _descriptor(base, nrows, H, stride_m, stride_h, DIM: tl.constexpr, BLOCK_ROW
 
 
 @triton.jit
-def _sequence(seq_offsets, sort_idx, off_hz, H, SORT_BY_LENGTH: tl.constexpr):
-    """(sequence index, head, first token, length) of program row ``off_hz``."""
-    off_z = off_hz // H
-    off_h = off_hz % H
-    if SORT_BY_LENGTH:
-        off_z = tl.load(sort_idx + off_z).to(tl.int32)
-    start = tl.load(seq_offsets + off_z).to(tl.int64)
-    n = (tl.load(seq_offsets + off_z + 1) - start).to(tl.int32)
-    return off_z, off_h, start, n
-
-
-@triton.jit
 def _history(num_targets, off_z, n, contextual_seq_len, HAS_CONTEXTUAL: tl.constexpr,
              HAS_TARGETS: tl.constexpr):
     """(shift, M): the contextual id shift and the history-end id of sequence ``off_z``."""
@@ -265,10 +253,10 @@ def _fwd_block(
     UPCAST: tl.constexpr,
     FAST_SILU: tl.constexpr,
 ):
-    k = _load_tile(K_base, k_desc, off_h, start_n, n, stride_km, DIM_Q, BLOCK_N, BLOCK_D_Q,
-                   MASKED, ENABLE_TMA, UPCAST)
-    v = _load_tile(V_base, v_desc, off_h, start_n, n, stride_vm, DIM_V, BLOCK_N, BLOCK_D_V,
-                   MASKED, ENABLE_TMA, UPCAST)
+    k = _load_tile(K_base, k_desc, off_h, start_n, n, stride_km, DIM_Q, BLOCK_N, BLOCK_D_Q, MASKED,
+                   ENABLE_TMA, UPCAST)
+    v = _load_tile(V_base, v_desc, off_h, start_n, n, stride_vm, DIM_V, BLOCK_N, BLOCK_D_V, MASKED,
+                   ENABLE_TMA, UPCAST)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * alpha
     p = s * _sigmoid(s, FAST_SILU)
     if MASKED:
@@ -323,7 +311,14 @@ def _hstu_attn_fwd_kernel(
 ):
     """Forward: one program per (query block, sequence * head); out ``[L, H, V]``
     (``[B * delta_size, H, V]`` when ``IS_DELTA``, queries being each sequence's last rows)."""
-    off_z, off_h, start, n = _sequence(seq_offsets, sort_idx, tl.program_id(1), H, SORT_BY_LENGTH)
+    # (inlined rather than a helper: torch.compile's mutation analysis of user kernels marks
+    # every pointer passed to a helper whose results address a store as written)
+    off_z = tl.program_id(1) // H
+    off_h = tl.program_id(1) % H
+    if SORT_BY_LENGTH:
+        off_z = tl.load(sort_idx + off_z).to(tl.int32)
+    start = tl.load(seq_offsets + off_z).to(tl.int64)
+    n = (tl.load(seq_offsets + off_z + 1) - start).to(tl.int32)
     r0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     if IS_DELTA:
         q_start = off_z.to(tl.int64) * delta_size
@@ -348,27 +343,26 @@ def _hstu_attn_fwd_kernel(
         q = _load_tile(Q_base, q_desc, off_h, r0, q_rows, stride_qm, DIM_Q, BLOCK_M, BLOCK_D_Q,
                        True, ENABLE_TMA, UPCAST)
         rows = m0 + tl.arange(0, BLOCK_M)
-        lo, full_end, main_end, diag_start, diag_end = _query_block_key_ranges(
-            m0, n, shift, hist, max_attn_len, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
-            HAS_MAX_ATTN_LEN, BLOCK_M, BLOCK_N)
+        lo, full_end, main_end, diag_start, diag_end = _query_block_key_ranges(m0, n, shift, hist,
+            max_attn_len, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, BLOCK_M, BLOCK_N)
         acc = tl.zeros([BLOCK_M, BLOCK_D_V], dtype=tl.float32)
         for start_n in range(lo, full_end, BLOCK_N):
-            acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, rows, n,
-                             shift, hist, max_attn_len, stride_km, stride_vm, alpha, False, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN,
-                             DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION,
-                             ENABLE_TMA, UPCAST, FAST_SILU)
+            acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, rows, n, shift,
+                             hist, max_attn_len, stride_km, stride_vm, alpha, False, CAUSAL,
+                             HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q,
+                             BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
         for start_n in range(full_end, main_end, BLOCK_N):
-            acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, rows, n,
-                             shift, hist, max_attn_len, stride_km, stride_vm, alpha, True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN,
-                             DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION,
-                             ENABLE_TMA, UPCAST, FAST_SILU)
+            acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, rows, n, shift,
+                             hist, max_attn_len, stride_km, stride_vm, alpha, True, CAUSAL,
+                             HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q,
+                             BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
         if HAS_TARGETS:
             for start_n in range(diag_start, diag_end, BLOCK_N):
-                acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, rows,
-                                 n, shift, hist, max_attn_len, stride_km, stride_vm, alpha,
-                                 True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
-                                 HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N,
-                                 PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
+                acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, rows, n,
+                                 shift, hist, max_attn_len, stride_km, stride_vm, alpha, True,
+                                 CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q,
+                                 DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA,
+                                 UPCAST, FAST_SILU)
         O_base = Out + q_start * stride_om + off_h * stride_oh
         # stores stay in the kernel body (not a helper) so torch.compile's mutation
         # analysis of user kernels sees them on every torch version
@@ -415,10 +409,10 @@ def _dq_block(
     UPCAST: tl.constexpr,
     FAST_SILU: tl.constexpr,
 ):
-    k = _load_tile(K_base, k_desc, off_h, start_n, n, stride_km, DIM_Q, BLOCK_N, BLOCK_D_Q,
-                   MASKED, ENABLE_TMA, UPCAST)
-    v = _load_tile(V_base, v_desc, off_h, start_n, n, stride_vm, DIM_V, BLOCK_N, BLOCK_D_V,
-                   MASKED, ENABLE_TMA, UPCAST)
+    k = _load_tile(K_base, k_desc, off_h, start_n, n, stride_km, DIM_Q, BLOCK_N, BLOCK_D_Q, MASKED,
+                   ENABLE_TMA, UPCAST)
+    v = _load_tile(V_base, v_desc, off_h, start_n, n, stride_vm, DIM_V, BLOCK_N, BLOCK_D_V, MASKED,
+                   ENABLE_TMA, UPCAST)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * alpha
     sig = _sigmoid(s, FAST_SILU)
     da = tl.dot(do, tl.trans(v), input_precision=PRECISION)
@@ -475,7 +469,14 @@ def _hstu_attn_bwd_dq_kernel(
     BLOCK_N: tl.constexpr,
 ):
     """dQ: one program per (query block, sequence * head), accumulating in fp32 registers."""
-    off_z, off_h, start, n = _sequence(seq_offsets, sort_idx, tl.program_id(1), H, SORT_BY_LENGTH)
+    # (inlined rather than a helper: torch.compile's mutation analysis of user kernels marks
+    # every pointer passed to a helper whose results address a store as written)
+    off_z = tl.program_id(1) // H
+    off_h = tl.program_id(1) % H
+    if SORT_BY_LENGTH:
+        off_z = tl.load(sort_idx + off_z).to(tl.int32)
+    start = tl.load(seq_offsets + off_z).to(tl.int64)
+    n = (tl.load(seq_offsets + off_z + 1) - start).to(tl.int32)
     m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     if m0 < n:
         shift, hist = _history(num_targets, off_z, n, contextual_seq_len, HAS_CONTEXTUAL,
@@ -486,36 +487,37 @@ def _hstu_attn_bwd_dq_kernel(
         V_base = V + start * stride_vm + off_h * stride_vh
         q_desc = _descriptor(Q + start * stride_qm, n, H, stride_qm, stride_qh, DIM_Q, BLOCK_M,
                              BLOCK_D_Q, ENABLE_TMA)
-        do_desc = _descriptor(DO + start * stride_dom, n, H, stride_dom, stride_doh, DIM_V,
-                              BLOCK_M, BLOCK_D_V, ENABLE_TMA)
+        do_desc = _descriptor(DO + start * stride_dom, n, H, stride_dom, stride_doh, DIM_V, BLOCK_M,
+                              BLOCK_D_V, ENABLE_TMA)
         k_desc = _descriptor(K + start * stride_km, n, H, stride_km, stride_kh, DIM_Q, BLOCK_N,
                              BLOCK_D_Q, ENABLE_TMA)
         v_desc = _descriptor(V + start * stride_vm, n, H, stride_vm, stride_vh, DIM_V, BLOCK_N,
                              BLOCK_D_V, ENABLE_TMA)
         q = _load_tile(Q_base, q_desc, off_h, m0, n, stride_qm, DIM_Q, BLOCK_M, BLOCK_D_Q, True,
                        ENABLE_TMA, UPCAST)
-        do = _load_tile(DO_base, do_desc, off_h, m0, n, stride_dom, DIM_V, BLOCK_M, BLOCK_D_V,
-                        True, ENABLE_TMA, UPCAST)
+        do = _load_tile(DO_base, do_desc, off_h, m0, n, stride_dom, DIM_V, BLOCK_M, BLOCK_D_V, True,
+                        ENABLE_TMA, UPCAST)
         rows = m0 + tl.arange(0, BLOCK_M)
-        lo, full_end, main_end, diag_start, diag_end = _query_block_key_ranges(
-            m0, n, shift, hist, max_attn_len, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
-            HAS_MAX_ATTN_LEN, BLOCK_M, BLOCK_N)
+        lo, full_end, main_end, diag_start, diag_end = _query_block_key_ranges(m0, n, shift, hist,
+            max_attn_len, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, BLOCK_M, BLOCK_N)
         dq = tl.zeros([BLOCK_M, BLOCK_D_Q], dtype=tl.float32)
         for start_n in range(lo, full_end, BLOCK_N):
             dq = _dq_block(dq, q, do, K_base, V_base, k_desc, v_desc, off_h, start_n, rows, n,
-                           shift, hist, max_attn_len, stride_km, stride_vm, alpha, False, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q,
-                           DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
+                           shift, hist, max_attn_len, stride_km, stride_vm, alpha, False, CAUSAL,
+                           HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q,
+                           BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
         for start_n in range(full_end, main_end, BLOCK_N):
             dq = _dq_block(dq, q, do, K_base, V_base, k_desc, v_desc, off_h, start_n, rows, n,
-                           shift, hist, max_attn_len, stride_km, stride_vm, alpha, True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q,
-                           DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
+                           shift, hist, max_attn_len, stride_km, stride_vm, alpha, True, CAUSAL,
+                           HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q,
+                           BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
         if HAS_TARGETS:
             for start_n in range(diag_start, diag_end, BLOCK_N):
-                dq = _dq_block(dq, q, do, K_base, V_base, k_desc, v_desc, off_h, start_n, rows,
-                               n, shift, hist, max_attn_len, stride_km, stride_vm, alpha,
-                               True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
-                               HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N,
-                               PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
+                dq = _dq_block(dq, q, do, K_base, V_base, k_desc, v_desc, off_h, start_n, rows, n,
+                               shift, hist, max_attn_len, stride_km, stride_vm, alpha, True, CAUSAL,
+                               HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V,
+                               BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST,
+                               FAST_SILU)
         DQ_base = DQ + start * stride_dqm + off_h * stride_dqh
         dq_rows = m0 + tl.arange(0, BLOCK_M)
         dq_cols = tl.arange(0, BLOCK_D_Q)
@@ -634,7 +636,14 @@ def _hstu_attn_bwd_dkdv_kernel(
     then from ``n0`` (causal: later rows only) to the last row that can see the block, the
     rows whose id exceeds every key id of the block running without the mask.
     """
-    off_z, off_h, start, n = _sequence(seq_offsets, sort_idx, tl.program_id(1), H, SORT_BY_LENGTH)
+    # (inlined rather than a helper: torch.compile's mutation analysis of user kernels marks
+    # every pointer passed to a helper whose results address a store as written)
+    off_z = tl.program_id(1) // H
+    off_h = tl.program_id(1) % H
+    if SORT_BY_LENGTH:
+        off_z = tl.load(sort_idx + off_z).to(tl.int32)
+    start = tl.load(seq_offsets + off_z).to(tl.int64)
+    n = (tl.load(seq_offsets + off_z + 1) - start).to(tl.int32)
     n0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_N
     if n0 < n:
         shift, hist = _history(num_targets, off_z, n, contextual_seq_len, HAS_CONTEXTUAL,
@@ -645,8 +654,8 @@ def _hstu_attn_bwd_dkdv_kernel(
         V_base = V + start * stride_vm + off_h * stride_vh
         q_desc = _descriptor(Q + start * stride_qm, n, H, stride_qm, stride_qh, DIM_Q, BLOCK_M,
                              BLOCK_D_Q, ENABLE_TMA)
-        do_desc = _descriptor(DO + start * stride_dom, n, H, stride_dom, stride_doh, DIM_V,
-                              BLOCK_M, BLOCK_D_V, ENABLE_TMA)
+        do_desc = _descriptor(DO + start * stride_dom, n, H, stride_dom, stride_doh, DIM_V, BLOCK_M,
+                              BLOCK_D_V, ENABLE_TMA)
         k_desc = _descriptor(K + start * stride_km, n, H, stride_km, stride_kh, DIM_Q, BLOCK_N,
                              BLOCK_D_Q, ENABLE_TMA)
         v_desc = _descriptor(V + start * stride_vm, n, H, stride_vm, stride_vh, DIM_V, BLOCK_N,
@@ -684,28 +693,29 @@ def _hstu_attn_bwd_dkdv_kernel(
                 above = _count_below(id_last + 1, n, shift, hist, HAS_TARGETS)
                 full_start = tl.cdiv(above, BLOCK_M) * BLOCK_M
                 full_start = tl.where(key_targets, rows_end, full_start)
-        full_start = tl.minimum(tl.maximum(full_start, rows_start), tl.maximum(rows_end, rows_start))
+        rows_end = tl.maximum(rows_end, rows_start)
+        full_start = tl.minimum(tl.maximum(full_start, rows_start), rows_end)
         dk = tl.zeros([BLOCK_N, BLOCK_D_Q], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_D_V], dtype=tl.float32)
         if HAS_CONTEXTUAL:
             for start_m in range(0, ctx_end, BLOCK_M):
-                dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, q_desc, do_desc, off_h,
-                                     start_m, cols, n, shift, hist, max_attn_len, stride_qm,
-                                     stride_dom, alpha, True, CAUSAL, HAS_CONTEXTUAL,
-                                     HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q,
-                                     BLOCK_D_V, BLOCK_M, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
+                dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, q_desc, do_desc, off_h, start_m,
+                                     cols, n, shift, hist, max_attn_len, stride_qm, stride_dom,
+                                     alpha, True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
+                                     HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_M,
+                                     PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
         for start_m in range(rows_start, full_start, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, q_desc, do_desc, off_h, start_m,
                                  cols, n, shift, hist, max_attn_len, stride_qm, stride_dom, alpha,
-                                 True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
-                                 HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_M,
-                                 PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
+                                 True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q,
+                                 DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_M, PRECISION, ENABLE_TMA,
+                                 UPCAST, FAST_SILU)
         for start_m in range(full_start, rows_end, BLOCK_M):
             dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, q_desc, do_desc, off_h, start_m,
                                  cols, n, shift, hist, max_attn_len, stride_qm, stride_dom, alpha,
-                                 False, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
-                                 HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_M,
-                                 PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
+                                 False, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN,
+                                 DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_M, PRECISION, ENABLE_TMA,
+                                 UPCAST, FAST_SILU)
         DK_base = DK + start * stride_dkm + off_h * stride_dkh
         DV_base = DV + start * stride_dvm + off_h * stride_dvh
         dk_rows = n0 + tl.arange(0, BLOCK_N)

@@ -17,7 +17,8 @@ Decisions:
 * ``triton_tma`` reads through per-sequence tensor descriptors built from each tensor's real
   strides. TMA needs 16-byte aligned row/head strides and storage offsets; a tensor that is
   not aligned (e.g. an odd slice of a fused buffer) is read through pointers instead, in the
-  same kernel, so the results never depend on alignment.
+  same kernel, so the results never depend on alignment. The plugin offers ``triton_tma``
+  for bfloat16 attention only (see ``plugin.tma_call_rejection``).
 """
 
 from __future__ import annotations
