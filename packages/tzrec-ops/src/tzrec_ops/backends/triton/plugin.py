@@ -126,7 +126,7 @@ def tzrec_ops_register_backends() -> List[Backend]:
     tma_ops.update({op: f"{_MODULE}.{target}" for op, target in _TMA_OPS.items()})
     # triton ranks above triton_tma: on an H200 (torch 2.11, triton 3.6; B=512, H=4, d=128,
     # bf16; two runs of the hstu_attention benchmark) descriptor loads changed the forward by
-    # -6%..+9% and the backward by -6%..+4% at N >= 1024, within run-to-run spread, but made
+    # -1%..+4% and the backward by -8%..+4% at N >= 1024, about the run-to-run spread, but made
     # the backward 18-28% slower at N <= 512.
     return [
         Backend(
