@@ -67,6 +67,8 @@ class Backend:
         supports: ``supports(op, call)`` returns ``None`` if the backend can run this call,
             else a reason. ``call`` holds ``device``, ``dtype`` and the op's options.
         description: one line for ``python -m tzrec_ops info``.
+        automatic: returns ``None`` if automatic selection may pick this backend, else a
+            reason (e.g. the Triton CPU interpreter serves explicit requests only).
     """
 
     name: str
@@ -75,6 +77,7 @@ class Backend:
     availability: Availability = _always_available
     supports: Supports = _supports_every_call
     description: str = ""
+    automatic: Availability = _always_available
     _cache: Dict[str, Any] = dataclasses.field(
         default_factory=dict, compare=False, repr=False
     )
@@ -355,7 +358,7 @@ def _choose(op: str, backend: Union[str, Backend, None], call: Mapping[str, Any]
             f"candidates:{_candidate_report(op, call)}"
         )
     for record in backends():
-        if record.rejection(op, call) is None:
+        if record.rejection(op, call) is None and record.automatic() is None:
             return record
     raise BackendError(
         f"no backend can run {op}\ncall: {_describe_call(call)}\n"
@@ -367,6 +370,8 @@ def _candidate_report(op: str, call: Mapping[str, Any]) -> str:
     lines = []
     for record in backends():
         reason = record.rejection(op, call)
+        if reason is None and record.automatic() is not None:
+            reason = f"accepts this call when requested explicitly ({record.automatic()})"
         lines.append(f"\n  {record.name}: {'accepts this call' if reason is None else reason}")
     for failure in get_registry().failed_plugins:
         lines.append(f"\n  (not loaded) {failure.describe()}")
@@ -390,7 +395,8 @@ def resolve_backend(backend: Union[str, Backend, None] = None, op: Optional[str]
             raise BackendError(f"backend {name!r} is unavailable: {reason}")
         return record
     for record in backends():
-        if record.unavailable_reason() is None and (op is None or op in record.ops):
+        usable = record.unavailable_reason() is None and record.automatic() is None
+        if usable and (op is None or op in record.ops):
             return record
     raise BackendError(f"no available backend{'' if op is None else ' implements ' + op}")
 

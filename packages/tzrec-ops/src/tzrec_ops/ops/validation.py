@@ -28,7 +28,7 @@ def set_value_checks(enabled: Optional[bool]) -> None:
 
 def tracing() -> bool:
     """True while torch.compile, torch.export or FX symbolic tracing runs the code."""
-    return torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_tracing()
+    return torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
 
 
 def value_checks_enabled() -> bool:
