@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.metadata
+import pathlib
+import re
 
 import pytest
 import torch
@@ -71,3 +73,12 @@ def test_low_priority_keeps_it_out_of_automatic_selection():
 def test_rejects_integer_dtype_with_reason():
     with pytest.raises(BackendError, match=r"'example'.*dtype torch\.int64 is not supported"):
         select_backend("addmm", "example", device=torch.device("cpu"), dtype=torch.int64)
+
+
+def test_readme_python_example_runs():
+    readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+    (block,) = re.findall(r"```python\n(.*?)```", readme.read_text(), re.S)
+    namespace: dict = {}
+    exec(compile(block, str(readme), "exec"), namespace)
+    expected = namespace["bias"] + namespace["mat1"] @ namespace["mat2"]
+    torch.testing.assert_close(namespace["out"], expected)
