@@ -97,6 +97,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
         parser.error(f"--rep must be >= 200 ms, got {args.rep}")
 
     import triton
+
     from tzrec_ops.ops.validation import set_value_checks
     from tzrec_ops.registry import get_backend
 
