@@ -25,15 +25,16 @@ def _version(dist: str) -> Optional[str]:
 
 
 def _ptxas() -> str:
-    override = os.environ.get("TRITON_PTXAS_PATH")
-    if override:
-        return f"{override} (TRITON_PTXAS_PATH)"
+    """The ptxas Triton compiles with (``TRITON_PTXAS_PATH`` overrides the bundled one)."""
     try:
-        from triton.backends.nvidia import compiler
+        from triton import knobs
 
-        return f"{compiler.get_ptxas().path} (bundled with triton)"
-    except Exception as exc:  # triton missing or its layout changed
-        return f"unknown ({type(exc).__name__})"
+        tool = knobs.nvidia.ptxas
+        source = "TRITON_PTXAS_PATH" if os.environ.get("TRITON_PTXAS_PATH") else "bundled"
+        version = tool.version.strip().splitlines()[-1] if tool.version else "?"
+        return f"{tool.path} ({source}; {version})"
+    except Exception as exc:  # triton missing, or a layout this code does not know
+        return f"unknown ({type(exc).__name__}: {exc})"
 
 
 def info_lines() -> List[str]:
