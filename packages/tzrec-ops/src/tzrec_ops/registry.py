@@ -235,7 +235,8 @@ def reset_registry() -> None:
     global _REGISTRY
     with _LOCK:
         _REGISTRY = None
-        _IMPLEMENTATIONS.clear()
+        for key in [k for k in vars(_Chosen) if ":" in k]:
+            delattr(_Chosen, key)
 
 
 def backends() -> List[Backend]:
@@ -299,7 +300,7 @@ def select_backend(
         if not torch.compiler.is_compiling():
             return _choose(op, backend, call).implementation(op)
         backend = backend.name
-    return _IMPLEMENTATIONS[_selection_key(op, backend, tuple(call.items()), False)]
+    return getattr(_Chosen, _selection_key(op, backend, tuple(call.items()), False))
 
 
 def find_implementation(
@@ -317,13 +318,17 @@ def find_implementation(
                 return None
         backend = backend.name
     key = _selection_key(op, backend, tuple(call.items()), True)
-    return _IMPLEMENTATIONS[key] if key else None
+    return getattr(_Chosen, key) if key else None
 
 
-# Implementations chosen so far, by "backend:op". Tracing sees only this dict lookup: the
-# choice itself runs eagerly (assume_constant_result), so plugin discovery and imports never
-# happen inside a traced graph.
-_IMPLEMENTATIONS: Dict[str, Callable[..., Any]] = {}
+class _Chosen:
+    """Implementations chosen so far, as attributes named "backend:op".
+
+    Tracing sees only an attribute lookup here: the choice itself runs eagerly
+    (assume_constant_result), so plugin discovery and imports never happen inside a traced
+    graph. Attributes rather than a dict, because dynamo snapshots a dict the first time a
+    frame reads it and would miss implementations chosen later in the same frame.
+    """
 
 
 @torch.compiler.assume_constant_result
@@ -338,7 +343,7 @@ def _selection_key(
             return ""
         raise
     key = f"{record.name}:{op}"
-    _IMPLEMENTATIONS[key] = record.implementation(op)
+    setattr(_Chosen, key, record.implementation(op))
     return key
 
 
