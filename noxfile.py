@@ -1,7 +1,7 @@
 """Sessions for the tzrec monorepo.
 
     nox -s test-ops test-gr   # one package's tests, each in its own environment
-    nox -s tests              # what CI runs: every test session, lint and the compat check
+    nox -s tests              # what CI runs: lint, every test session, compat, the demo
     nox -s demo               # the main job
     nox -l                    # every session
 
@@ -351,11 +351,12 @@ CI_SESSIONS = (
     "test-ops-fbgemm",
     "test-gr-torchrec",
     "compat-gr-ops-min",
+    "demo",
 )
 
 
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
-    """What CI runs: lint, every test session and the compat check (queued after this one)."""
+    """What CI runs: lint, every test session, the compat check and the demo (queued)."""
     for name in CI_SESSIONS:
         session.notify(name)
