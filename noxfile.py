@@ -185,14 +185,21 @@ for _short, _dist in PACKAGES.items():
 
 @nox.session(name="test-plugins", tags=["test"])
 def test_plugins(session: nox.Session) -> None:
-    """Install tzrec-ops and the example backend plugin as wheels; run them and tests/."""
+    """The example backend plugin and tzrec-ops installed as wheels; its tests and tests/.
+
+    tests/ holds the tests across packages, so tzrec-gr and tzrec-acc come along (editable).
+    """
     _install(
         session,
         _package_path("tzrec-ops", "test"),
         str(EXAMPLE_PLUGIN),
+        "-e",
+        _package_path("tzrec-gr"),
+        "-e",
+        _package_path("tzrec-acc"),
         *TEST_TOOLS,
         "nox",  # tests/test_noxfile.py loads this file
-        reinstall=("tzrec-ops", "tzrec-ops-backend-example"),
+        reinstall=("tzrec-ops", "tzrec-ops-backend-example", "tzrec-gr", "tzrec-acc"),
     )
     _pytest(session, str(EXAMPLE_PLUGIN / "tests"), str(ROOT / "tests"), f"--rootdir={ROOT}")
 
