@@ -311,6 +311,9 @@ def _hstu_attn_fwd_kernel(
 ):
     """Forward: one program per (query block, sequence * head); out ``[L, H, V]``
     (``[B * delta_size, H, V]`` when ``IS_DELTA``, queries being each sequence's last rows)."""
+    # Inductor passes Python floats as fp64; the maths here is fp32.
+    alpha = tl.cast(alpha, tl.float32)
+    inv_scale = tl.cast(inv_scale, tl.float32)
     # (inlined rather than a helper: torch.compile's mutation analysis of user kernels marks
     # every pointer passed to a helper whose results address a store as written)
     off_z = tl.program_id(1) // H
@@ -469,6 +472,9 @@ def _hstu_attn_bwd_dq_kernel(
     BLOCK_N: tl.constexpr,
 ):
     """dQ: one program per (query block, sequence * head), accumulating in fp32 registers."""
+    # Inductor passes Python floats as fp64; the maths here is fp32.
+    alpha = tl.cast(alpha, tl.float32)
+    inv_scale = tl.cast(inv_scale, tl.float32)
     # (inlined rather than a helper: torch.compile's mutation analysis of user kernels marks
     # every pointer passed to a helper whose results address a store as written)
     off_z = tl.program_id(1) // H
@@ -636,6 +642,9 @@ def _hstu_attn_bwd_dkdv_kernel(
     then from ``n0`` (causal: later rows only) to the last row that can see the block, the
     rows whose id exceeds every key id of the block running without the mask.
     """
+    # Inductor passes Python floats as fp64; the maths here is fp32.
+    alpha = tl.cast(alpha, tl.float32)
+    inv_scale = tl.cast(inv_scale, tl.float32)
     # (inlined rather than a helper: torch.compile's mutation analysis of user kernels marks
     # every pointer passed to a helper whose results address a store as written)
     off_z = tl.program_id(1) // H

@@ -105,4 +105,5 @@ def num_sms(device: torch.device) -> int:
 def dropout_scale(seed, offsets, p, SCALE):
     """``1 / (1 - p)`` where the Philox draw at ``offsets`` keeps the element, else 0."""
     r = tl.rand(seed, offsets)
-    return tl.where(r >= p, SCALE, 0.0)
+    # Inductor passes Python floats as fp64: keep the mask in fp32.
+    return tl.where(r >= p, SCALE, 0.0).to(tl.float32)

@@ -95,8 +95,13 @@ def configs(kernel: str, wide: bool = False) -> List[triton.Config]:
         for bm, bn, w, s in table[kernel]
     ]
     if os.environ.get(AUTOTUNE_ENV, "1") == "0":
-        return candidates[:1]
+        # no tuning: the smallest tile, the one config that fits shared memory in every dtype
+        return [min(candidates, key=_tile_volume)]
     return candidates
+
+
+def _tile_volume(config: triton.Config) -> int:
+    return config.kwargs["BLOCK_M"] * config.kwargs["BLOCK_N"] * max(config.num_stages, 1)
 
 
 def autotuned(kernel: str, fn: Callable[..., Any], wide: bool = False) -> Any:

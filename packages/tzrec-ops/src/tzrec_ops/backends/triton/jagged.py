@@ -119,12 +119,16 @@ def _copy(
     def grid(meta):
         return (triton.cdiv(max_len, meta["BLOCK_N"]), batch)
 
+    # a dense side's offsets pointer is never read; it must not alias an output (see mm.py)
+    unused = offsets_left if offsets_left is not None else offsets_right
+    if unused is None:
+        unused = torch.zeros(1, dtype=torch.int64, device=combined.device)
     wrap_triton(kernel)[grid](
         left,
         right,
         combined,
-        offsets_left if offsets_left is not None else combined,
-        offsets_right if offsets_right is not None else combined,
+        offsets_left if offsets_left is not None else unused,
+        offsets_right if offsets_right is not None else unused,
         max_len_left,
         max_len_right,
         D,
@@ -498,7 +502,7 @@ def _jagged_dense(
     wrap_triton(kernel)[grid](
         jagged,
         dense,
-        bias if bias is not None else out,
+        bias if bias is not None else jagged,  # never alias an output (see mm.py)
         out,
         seq_offsets,
         N,

@@ -110,7 +110,7 @@ def _norm_fwd_kernel(
             xc = tl.where(mask, x - mean[:, :, None], 0.0)
             var = tl.sum(xc * xc, axis=2) / V
             tl.store(MEAN + stat_offs, mean, mask=stat_mask)
-        rstd = 1.0 / tl.sqrt(var + eps)
+        rstd = (1.0 / tl.sqrt(var + eps)).to(tl.float32)  # eps may arrive as fp64
         tl.store(RSTD + stat_offs, rstd, mask=stat_mask)
     else:
         if RMS:
@@ -399,7 +399,7 @@ def norm_forward(
         weight if weight is not None else x,
         bias if bias is not None else x,
         y,
-        mean if mean.numel() > 0 else rstd,
+        mean if mean.numel() > 0 else x,  # never alias an output (see mm.py)
         rstd,
         L,
         groups,
@@ -483,8 +483,8 @@ def norm_backward(
             mean if mean.numel() > 0 else rstd,
             rstd,
             dx,
-            du if du.numel() > 0 else dx,
-            y if compute_y else dx,
+            du if du.numel() > 0 else x,  # never alias an output (see mm.py)
+            y if compute_y else x,
             partial_dw if has_w else rstd,
             partial_db if has_b else rstd,
             L,

@@ -174,8 +174,10 @@ def matmul(
         a,
         b,
         out,
-        bias if bias is not None else out,
-        colsum if colsum is not None else out,
+        # absent optional pointers get an input, never an output: torch.compile
+        # functionalizes written arguments one by one, so an output passed twice breaks
+        bias if bias is not None else a,
+        colsum if colsum is not None else a,
         M,
         N,
         K,
