@@ -261,15 +261,16 @@ def test_stu_gpu_real_sizes(dtype):
 
 @pytest.mark.gpu
 def test_stu_gpu_compile():
+    """The compiled fused layer (bf16) against the float64 oracle, forward and backward."""
     lengths = [100, 37, 250]
     offsets = offsets_from_lengths(lengths).to("cuda")
-    got, _, _ = _params(
+    got, ref, _ = _params(
         [(387, 64), (64,), (64,), (64, 2 * 2 * 64), (2 * 2 * 64,), (2,), (2,), (64, 64)],
         torch.bfloat16,
         0,
     )
 
-    def layer(x, nw, nb, w, b, onw, onb, ow):
+    def layer(x, nw, nb, w, b, onw, onb, ow, backend="triton"):
         u, attn, _, _ = HC.hstu_preprocess_and_attention(
             x,
             nw,
@@ -290,12 +291,16 @@ def test_stu_gpu_compile():
             True,
             True,
             False,
-            backend="triton",
+            backend=backend,
         )
         return HC.hstu_compute_output(
-            attn, u, x, onw, onb, 1e-5, ow, 2, 32, 0.0, True, False, True, True, backend="triton"
+            attn, u, x, onw, onb, 1e-5, ow, 2, 32, 0.0, True, False, True, True, backend=backend
         )
 
     out = torch.compile(layer, fullgraph=True)(*got)
-    out.float().sum().backward()
-    torch.testing.assert_close(out, layer(*got))
+    expected = layer(*ref, backend="pytorch")
+    assert_close(out, expected, torch.bfloat16, name="compiled out")
+    grad = torch.randn_like(expected)
+    out.backward(grad.to(out.dtype))
+    expected.backward(grad)
+    _grads_close(got, ref, torch.bfloat16, ["x", "nw", "nb", "w", "b", "onw", "onb", "ow"])
