@@ -261,10 +261,12 @@ def test_stu_gpu_real_sizes(dtype):
 
 @pytest.mark.gpu
 def test_stu_gpu_compile():
-    """The compiled fused layer (bf16) against the float64 oracle, forward and backward."""
+    """The compiled fused layer equals the eager one up to bf16 rounding (inductor may fuse
+    the surrounding pointwise ops in fp32), forward and backward. The eager layer's accuracy
+    against the float64 oracle is tested op by op above."""
     lengths = [100, 37, 250]
     offsets = offsets_from_lengths(lengths).to("cuda")
-    got, ref, _ = _params(
+    got, _, _ = _params(
         [(387, 64), (64,), (64,), (64, 2 * 2 * 64), (2 * 2 * 64,), (2,), (2,), (64, 64)],
         torch.bfloat16,
         0,
@@ -297,10 +299,12 @@ def test_stu_gpu_compile():
             attn, u, x, onw, onb, 1e-5, ow, 2, 32, 0.0, True, False, True, True, backend=backend
         )
 
+    eager_inputs = [t.detach().clone().requires_grad_() for t in got]
     out = torch.compile(layer, fullgraph=True)(*got)
-    expected = layer(*ref, backend="pytorch")
-    assert_close(out, expected, torch.bfloat16, name="compiled out")
+    expected = layer(*eager_inputs)
+    assert_close(out, expected.double(), torch.bfloat16, name="compiled out")
     grad = torch.randn_like(expected)
-    out.backward(grad.to(out.dtype))
+    out.backward(grad)
     expected.backward(grad)
-    _grads_close(got, ref, torch.bfloat16, ["x", "nw", "nb", "w", "b", "onw", "onb", "ow"])
+    for name, a, b in zip(["x", "nw", "nb", "w", "b", "onw", "onb", "ow"], got, eager_inputs):
+        assert_close(a.grad, b.grad.double(), torch.bfloat16, grad=True, name=name)
