@@ -8,7 +8,9 @@ import torch
 from torch.nn import functional as F
 
 
-def attention_mask(n: int, targets: int, context: int, window: int, causal: bool = True) -> torch.Tensor:
+def attention_mask(
+    n: int, targets: int, context: int, window: int, causal: bool = True
+) -> torch.Tensor:
     """valid[i, j] for one sample, following the fixed-mask definition (spec 1.2)."""
     history_end = n - (context - 1 if context > 0 else 0) - targets
 
@@ -31,8 +33,13 @@ def attention_mask(n: int, targets: int, context: int, window: int, causal: bool
     return valid
 
 
-def stu_layer(layer, x: torch.Tensor, offsets: List[int], max_seq_len: int,
-              num_targets: Optional[List[int]] = None) -> torch.Tensor:
+def stu_layer(
+    layer,
+    x: torch.Tensor,
+    offsets: List[int],
+    max_seq_len: int,
+    num_targets: Optional[List[int]] = None,
+) -> torch.Tensor:
     """STULayer forward in float64 (eval mode, no dropout), one sample at a time."""
     h, a, v = layer.num_heads, layer.attention_dim, layer.hidden_dim
     p = {name: t.detach().double() for name, t in layer.named_parameters()}
@@ -56,16 +63,21 @@ def stu_layer(layer, x: torch.Tensor, offsets: List[int], max_seq_len: int,
         attn[s:e] = torch.einsum("hij,jhd->ihd", weights, vb).reshape(n, h * v)
     if layer.use_group_norm:
         normed_attn = F.group_norm(attn.view(-1, h, v), h, eps=1e-6)
-        normed_attn = (normed_attn * p["_output_norm_weight"].view(1, h, 1)
-                       + p["_output_norm_bias"].view(1, h, 1)).reshape(-1, h * v)
+        normed_attn = (
+            normed_attn * p["_output_norm_weight"].view(1, h, 1)
+            + p["_output_norm_bias"].view(1, h, 1)
+        ).reshape(-1, h * v)
     else:
-        normed_attn = F.layer_norm(attn, (h * v,), p["_output_norm_weight"],
-                                   p["_output_norm_bias"], 1e-6)
+        normed_attn = F.layer_norm(
+            attn, (h * v,), p["_output_norm_weight"], p["_output_norm_bias"], 1e-6
+        )
     y = torch.cat([u, attn, u * normed_attn], dim=1)
     return x + y @ p["_output_weight"]
 
 
-def truncate(lengths: List[int], targets: Optional[List[int]], context: int, tail: int) -> List[List[int]]:
+def truncate(
+    lengths: List[int], targets: Optional[List[int]], context: int, tail: int
+) -> List[List[int]]:
     """Kept row positions of each sample after truncation."""
     kept = []
     for b, n in enumerate(lengths):

@@ -29,8 +29,12 @@ def _triton_missing_ops():
 
 
 def _stacks(e, h, d, layers, device, dtype):
-    ref = STUStack([STULayer(e, h, d, d, output_dropout_ratio=0.0, backend="pytorch", device=device)
-                    for _ in range(layers)]).to(dtype)
+    ref = STUStack(
+        [
+            STULayer(e, h, d, d, output_dropout_ratio=0.0, backend="pytorch", device=device)
+            for _ in range(layers)
+        ]
+    ).to(dtype)
     tri = copy.deepcopy(ref)
     for layer in tri.stu_layers:
         layer._backend = __import__("tzrec_ops").get_backend("triton")
@@ -53,8 +57,10 @@ def _compare(lengths, e, h, d, device, dtype, tol):
     torch.testing.assert_close(x2.grad.float(), x1.grad.float(), **tol)
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="set TRITON_INTERPRET=1 before starting pytest to run triton on the CPU")
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="set TRITON_INTERPRET=1 before starting pytest to run triton on the CPU",
+)
 def test_stack_triton_interpreter_matches_pytorch():
     reason = _triton_missing_ops()
     if reason:

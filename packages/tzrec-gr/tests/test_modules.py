@@ -33,7 +33,7 @@ def _jagged_cat(left, right, left_len, right_len):
     lo, ro = lengths_to_offsets(left_len), lengths_to_offsets(right_len)
     parts = []
     for b in range(len(left_len)):
-        parts += [left[lo[b]:lo[b + 1]], right[ro[b]:ro[b + 1]]]
+        parts += [left[lo[b] : lo[b + 1]], right[ro[b] : ro[b + 1]]]
     return torch.cat(parts)
 
 
@@ -60,7 +60,9 @@ def test_pad_content_encoder():
 
 def test_mlp_content_encoder():
     uih, cand, rest = _content_args(4, 6)
-    enc = MLPContentEncoder(MLP(4, [8, 5], backend=PT), MLP(6, [5], backend=PT), backend=PT).double()
+    enc = MLPContentEncoder(
+        MLP(4, [8, 5], backend=PT), MLP(6, [5], backend=PT), backend=PT
+    ).double()
     out = enc(uih, cand, *rest)
     u = enc.uih_mlp.layers
     ref_u = F.silu(F.silu(uih @ u[0].weight + u[0].bias) @ u[2].weight + u[2].bias)
@@ -72,9 +74,18 @@ def test_mlp_content_encoder():
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: SliceContentEncoder(6, 4), r"target_embedding_dim \(4\) must be >= uih_embedding_dim \(6\)"),
-        (lambda: PadContentEncoder(4, 4), r"target_embedding_dim \(4\) must be > uih_embedding_dim \(4\)"),
-        (lambda: MLPContentEncoder(MLP(4, [3]), MLP(4, [5])), r"uih_mlp.output_dim \(3\) must equal"),
+        (
+            lambda: SliceContentEncoder(6, 4),
+            r"target_embedding_dim \(4\) must be >= uih_embedding_dim \(6\)",
+        ),
+        (
+            lambda: PadContentEncoder(4, 4),
+            r"target_embedding_dim \(4\) must be > uih_embedding_dim \(4\)",
+        ),
+        (
+            lambda: MLPContentEncoder(MLP(4, [3]), MLP(4, [5])),
+            r"uih_mlp.output_dim \(3\) must equal",
+        ),
         (lambda: MLP(4, []), "at least one layer"),
         (lambda: MLP(4, [3], activation="gelu"), "activation must be one of"),
     ],
@@ -85,18 +96,33 @@ def test_content_encoder_errors(make, match):
 
 
 def test_action_encoder_matches_loop():
-    enc = SimpleActionEncoder(3, [1, 2, 4], watchtime_to_action_thresholds=[10, 30],
-                              watchtime_to_action_weights=[8, 16], backend=PT)
+    enc = SimpleActionEncoder(
+        3,
+        [1, 2, 4],
+        watchtime_to_action_thresholds=[10, 30],
+        watchtime_to_action_weights=[8, 16],
+        backend=PT,
+    )
     actions = torch.tensor([1, 6, 0, 5, 2])
     watch = torch.tensor([0, 12, 40, 5, 31])
-    out = enc(actions, 3, lengths_to_offsets(UIH_LEN), 2, lengths_to_offsets(CAND_LEN),
-              int(CAND_LEN.sum()), watch)
+    out = enc(
+        actions,
+        3,
+        lengths_to_offsets(UIH_LEN),
+        2,
+        lengths_to_offsets(CAND_LEN),
+        int(CAND_LEN.sum()),
+        watch,
+    )
     table = enc.action_table.detach()
     rows = []
     for a, w in zip(actions.tolist(), watch.tolist()):
         a |= (8 if w >= 10 else 0) | (16 if w >= 30 else 0)
-        rows.append(torch.cat([table[i] if a & bit else torch.zeros(3)
-                               for i, bit in enumerate([1, 2, 4, 8, 16])]))
+        rows.append(
+            torch.cat(
+                [table[i] if a & bit else torch.zeros(3) for i, bit in enumerate([1, 2, 4, 8, 16])]
+            )
+        )
     hist = torch.stack(rows)
     cand = enc.target_action_table.detach().expand(int(CAND_LEN.sum()), -1)
     torch.testing.assert_close(out, _jagged_cat(hist, cand, UIH_LEN, CAND_LEN))
@@ -110,7 +136,15 @@ def test_action_encoder_errors():
     with pytest.raises(ValueError, match="seq_watchtimes is required"):
         enc(torch.tensor([1]), 1, torch.tensor([0, 1]), 0, torch.tensor([0, 0]), 0)
     with pytest.raises(ValueError, match="seq_watchtimes has 2 rows but seq_actions has 1"):
-        enc(torch.tensor([1]), 1, torch.tensor([0, 1]), 0, torch.tensor([0, 0]), 0, torch.tensor([1, 2]))
+        enc(
+            torch.tensor([1]),
+            1,
+            torch.tensor([0, 1]),
+            0,
+            torch.tensor([0, 0]),
+            0,
+            torch.tensor([1, 2]),
+        )
 
 
 def _ln(x, w, b, eps=1e-5):
@@ -128,20 +162,27 @@ def test_simple_contextualized_mlp():
 
 
 def test_parameterized_contextualized_mlp():
-    mlp = ParameterizedContextualizedMLP(6, 4, 3, 5, contextual_dropout_ratio=0.0, backend=PT).double()
+    mlp = ParameterizedContextualizedMLP(
+        6, 4, 3, 5, contextual_dropout_ratio=0.0, backend=PT
+    ).double()
     x = torch.randn(5, 4, dtype=torch.float64)
     ctx = torch.randn(2, 6, dtype=torch.float64)
     offsets = [0, 2, 5]
     out = mlp(x, torch.tensor(offsets), 3, ctx)
     for b in range(2):
         h = ctx[b] @ mlp.hidden.weight + mlp.hidden.bias
-        w = _ln(h @ mlp.weight_proj.weight + mlp.weight_proj.bias, mlp.weight_norm.weight,
-                mlp.weight_norm.bias).view(4, 3)
+        w = _ln(
+            h @ mlp.weight_proj.weight + mlp.weight_proj.bias,
+            mlp.weight_norm.weight,
+            mlp.weight_norm.bias,
+        ).view(4, 3)
         l1, sln, l2 = mlp.bias_mlp
         r = h @ l1.weight + l1.bias
         r = r * torch.sigmoid(_ln(r, sln.weight, sln.bias))
         r = r @ l2.weight + l2.bias
-        torch.testing.assert_close(out[offsets[b]:offsets[b + 1]], x[offsets[b]:offsets[b + 1]] @ w + r)
+        torch.testing.assert_close(
+            out[offsets[b] : offsets[b + 1]], x[offsets[b] : offsets[b + 1]] @ w + r
+        )
 
 
 def test_parameterized_mlp_errors():
@@ -204,8 +245,15 @@ def test_positional_encoder_without_time():
 
 
 def test_positional_encoder_with_time():
-    enc = HSTUPositionalEncoder(4, 16, num_time_buckets=20, use_time_encoding=True,
-                                contextual_seq_len=1, time_bucket_increments=60.0, backend=PT).double()
+    enc = HSTUPositionalEncoder(
+        4,
+        16,
+        num_time_buckets=20,
+        use_time_encoding=True,
+        contextual_seq_len=1,
+        time_bucket_increments=60.0,
+        backend=PT,
+    ).double()
     lengths = torch.tensor([4, 5])
     targets = torch.tensor([1, 2])
     ts = torch.tensor([0, 100, 700, 4000, 0, 60, 3000, 9000, 20000])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _reference import stu_layer as ref_stu_layer
 from _reference import truncate as ref_truncate
+
 from tzrec_gr import KVCache, STULayer, STUStack
 from tzrec_gr._jagged import lengths_to_offsets
 
@@ -51,8 +51,9 @@ def test_stu_layer_float32_and_grad():
     offsets = lengths_to_offsets(torch.tensor(lengths))
     x = torch.randn(7, E, requires_grad=True)
     out = layer(x, offsets, 5).out
-    torch.testing.assert_close(out.double(), ref_stu_layer(layer, x.detach(), [0, 5, 7], 5),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        out.double(), ref_stu_layer(layer, x.detach(), [0, 5, 7], 5), rtol=1e-5, atol=1e-5
+    )
     out.sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
     assert all(p.grad is not None for p in layer.parameters())
@@ -73,9 +74,15 @@ def test_prefill_then_cached_forward_equals_full_forward(n_layers):
     x = torch.randn(int(lengths.sum()), E, dtype=torch.float64)
     with torch.inference_mode():
         full = stack(x, offsets, 12, targets).x
-        caches = stack(x, offsets, 12, targets, kv_caching_lengths=lengths - delta,
-                       max_kv_caching_len=12 - delta,
-                       total_kv_caching_len=int((lengths - delta).sum())).kv_caches
+        caches = stack(
+            x,
+            offsets,
+            12,
+            targets,
+            kv_caching_lengths=lengths - delta,
+            max_kv_caching_len=12 - delta,
+            total_kv_caching_len=int((lengths - delta).sum()),
+        ).kv_caches
         rows = torch.cat([torch.arange(int(e) - delta, int(e)) for e in offsets[1:]])
         out, new_caches = stack.cached_forward(x[rows], caches, targets)
     torch.testing.assert_close(out, full[rows], rtol=1e-9, atol=1e-9)
@@ -93,11 +100,16 @@ def test_incremental_decoding_several_steps():
     xs = [torch.randn(int(n), E, dtype=torch.float64) for n in total_len]
     with torch.inference_mode():
         cat = torch.cat([s[: int(n)] for s, n in zip(xs, prime)])
-        caches = stack(cat, lengths_to_offsets(prime), 16, kv_caching_lengths=prime,
-                       total_kv_caching_len=int(prime.sum())).kv_caches
+        caches = stack(
+            cat,
+            lengths_to_offsets(prime),
+            16,
+            kv_caching_lengths=prime,
+            total_kv_caching_len=int(prime.sum()),
+        ).kv_caches
         for step in range(steps):
             start = prime + delta * step
-            delta_x = torch.cat([s[int(a): int(a) + delta] for s, a in zip(xs, start)])
+            delta_x = torch.cat([s[int(a) : int(a) + delta] for s, a in zip(xs, start)])
             out, caches = stack.cached_forward(delta_x, caches)
             seen = start + delta
             offsets = lengths_to_offsets(seen)
@@ -112,24 +124,31 @@ def test_cached_forward_keeps_old_cache_for_new_candidates():
     history = torch.tensor([4, 6])
     hist_x = torch.randn(10, E, dtype=torch.float64)
     with torch.inference_mode():
-        caches = stack(hist_x, lengths_to_offsets(history), 16, kv_caching_lengths=history,
-                       total_kv_caching_len=10).kv_caches
+        caches = stack(
+            hist_x,
+            lengths_to_offsets(history),
+            16,
+            kv_caching_lengths=history,
+            total_kv_caching_len=10,
+        ).kv_caches
         for _ in range(2):
             cand = torch.randn(2 * 3, E, dtype=torch.float64)
             nt = torch.tensor([3, 3])
             out, _ = stack.cached_forward(cand, caches, nt)
             full_x = torch.cat([hist_x[:4], cand[:3], hist_x[4:], cand[3:]])
             full = stack(full_x, lengths_to_offsets(history + 3), 16, nt).x
-            torch.testing.assert_close(out, torch.cat([full[4:7], full[13:16]]),
-                                       rtol=1e-9, atol=1e-9)
+            torch.testing.assert_close(
+                out, torch.cat([full[4:7], full[13:16]]), rtol=1e-9, atol=1e-9
+            )
 
 
 def test_cached_forward_trims_cache_with_kv_caching_lengths():
     layer = _layer(scaling_seqlen=8)
     cache = KVCache(torch.randn(5, H * A), torch.randn(5, H * V), torch.tensor([0, 2, 5]), 3)
     with torch.inference_mode():
-        _, new = layer.cached_forward(torch.randn(4, E), cache,
-                                      kv_caching_lengths=torch.tensor([3, 4]))
+        _, new = layer.cached_forward(
+            torch.randn(4, E), cache, kv_caching_lengths=torch.tensor([3, 4])
+        )
     assert new.offsets.tolist() == [0, 3, 7]
     torch.testing.assert_close(new.k[:2], cache.k[:2])
     torch.testing.assert_close(new.k[3:6], cache.k[2:5])
@@ -155,7 +174,9 @@ def test_stack_truncation_matches_reference(lengths, targets, context, tail, syn
     h = x
     for layer in layers[:2]:
         h = ref_stu_layer(layer, h, offsets.tolist(), 32, targets)
-    rows = torch.cat([torch.tensor(k, dtype=torch.int64) + int(offsets[b]) for b, k in enumerate(kept)])
+    rows = torch.cat(
+        [torch.tensor(k, dtype=torch.int64) + int(offsets[b]) for b, k in enumerate(kept)]
+    )
     new_offsets = lengths_to_offsets(torch.tensor([len(k) for k in kept]))
     expected = ref_stu_layer(layers[2], h[rows], new_offsets.tolist(), 32, targets)
     assert out.x_offsets.tolist() == new_offsets.tolist()
@@ -168,10 +189,12 @@ def test_sla_mask_is_shared_between_layers_with_equal_signature():
     offsets = torch.tensor([0, 4, 9])
     x = torch.randn(9, E, dtype=torch.float64)
     first = layers[0](x, offsets, 8)
-    same = layers[1](x, offsets, 8, prev_attn_func=first.attn_func,
-                     prev_attn_func_sig=layers[0].attn_func_sig)
-    other = layers[2](x, offsets, 8, prev_attn_func=first.attn_func,
-                      prev_attn_func_sig=layers[1].attn_func_sig)
+    same = layers[1](
+        x, offsets, 8, prev_attn_func=first.attn_func, prev_attn_func_sig=layers[0].attn_func_sig
+    )
+    other = layers[2](
+        x, offsets, 8, prev_attn_func=first.attn_func, prev_attn_func_sig=layers[1].attn_func_sig
+    )
     assert same.attn_func is first.attn_func
     assert other.attn_func is not first.attn_func
     assert torch.isfinite(STUStack(layers)(x, offsets, 8).x).all()
@@ -209,7 +232,10 @@ def test_unknown_backend_is_rejected():
         ({"truncate_split_layer": -1}, "non-negative"),
         ({"truncate_split_layer": 1}, "both be > 0"),
         ({"truncate_tail_len": 4}, "both be > 0"),
-        ({"truncate_split_layer": 2, "truncate_tail_len": 4}, r"must be < the number of layers \(2\)"),
+        (
+            {"truncate_split_layer": 2, "truncate_tail_len": 4},
+            r"must be < the number of layers \(2\)",
+        ),
     ],
 )
 def test_stack_constructor_errors(kw, match):
@@ -240,7 +266,9 @@ def test_cached_forward_errors():
     with pytest.raises(NotImplementedError, match="truncation"):
         stack.cached_forward(torch.randn(2, E), [cache, cache])
     with pytest.raises(NotImplementedError, match="truncation"):
-        stack(torch.randn(4, E), torch.tensor([0, 1, 4]), 3, kv_caching_lengths=torch.tensor([1, 1]))
+        stack(
+            torch.randn(4, E), torch.tensor([0, 1, 4]), 3, kv_caching_lengths=torch.tensor([1, 1])
+        )
     layer = _layer()
     with pytest.raises(ValueError, match=r"multiple of the cache's batch size B \(2\)"):
         layer.cached_forward(torch.randn(3, E), cache)

@@ -19,13 +19,25 @@ def test_missing_torchrec_names_the_extra(monkeypatch):
         torchrec_adapters.features_from_kjt(object())
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchrec") is None, reason="torchrec is not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchrec") is None, reason="torchrec is not installed"
+)
 def test_jagged_tensor_conversion():
     from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
     values = torch.randn(5, 4)
     jt = JaggedTensor(values=values, lengths=torch.tensor([2, 3]))
-    out = torchrec_adapters.features_from_jagged_tensors({"uih": jt, "contextual": torch.ones(2, 3)})
+    out = torchrec_adapters.features_from_jagged_tensors(
+        {"uih": jt, "contextual": torch.ones(2, 3)}
+    )
     assert out["uih.sequence"] is values and out["uih.sequence_length"].tolist() == [2, 3]
-    kjt = KeyedJaggedTensor.from_lengths_sync(["uih_timestamp"], torch.arange(5), torch.tensor([2, 3]))
-    assert torchrec_adapters.features_from_kjt(kjt)["uih_timestamp.sequence"].tolist() == [0, 1, 2, 3, 4]
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        ["uih_timestamp"], torch.arange(5), torch.tensor([2, 3])
+    )
+    assert torchrec_adapters.features_from_kjt(kjt)["uih_timestamp.sequence"].tolist() == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]

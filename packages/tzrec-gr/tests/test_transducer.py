@@ -41,10 +41,17 @@ def _features(with_ctx=True):
 def _preprocessor(interleave=False, ctx=True):
     act = SimpleActionEncoder(2, [1, 2], backend=PT)
     return ContextualInterleavePreprocessor(
-        4, 4, E, SliceContentEncoder(4, 4, backend=PT), SimpleContextualizedMLP(4, E, 8, backend=PT),
-        action_encoder=act, action_mlp=SimpleContextualizedMLP(act.output_dim, E, 8, backend=PT),
-        contextual_feature_dim=3 if ctx else 0, max_contextual_seq_len=2 if ctx else 0,
-        enable_interleaving=interleave, backend=PT,
+        4,
+        4,
+        E,
+        SliceContentEncoder(4, 4, backend=PT),
+        SimpleContextualizedMLP(4, E, 8, backend=PT),
+        action_encoder=act,
+        action_mlp=SimpleContextualizedMLP(act.output_dim, E, 8, backend=PT),
+        contextual_feature_dim=3 if ctx else 0,
+        max_contextual_seq_len=2 if ctx else 0,
+        enable_interleaving=interleave,
+        backend=PT,
     )
 
 
@@ -53,7 +60,12 @@ def test_contextual_preprocessor_layout(interleave, training):
     pre = _preprocessor(interleave).train(training)
     out = pre(_features(), 3, 2)
     if not interleave:
-        lengths, ts, targets, max_len = [5, 7], [0, 0, 10, 20, 25, 0, 0, 30, 40, 50, 60, 61], [1, 2], 7
+        lengths, ts, targets, max_len = (
+            [5, 7],
+            [0, 0, 10, 20, 25, 0, 0, 30, 40, 50, 60, 61],
+            [1, 2],
+            7,
+        )
     elif training:
         lengths, targets, max_len = [8, 12], [2, 4], 12
         ts = [0, 0, 10, 10, 20, 20, 25, 25, 0, 0, 30, 30, 40, 40, 50, 50, 60, 60, 61, 61]
@@ -94,13 +106,26 @@ def test_uih_preprocessor_with_context():
     "mutate, exc, match",
     [
         (lambda f: f.pop("candidate.sequence"), KeyError, "missing feature 'candidate.sequence'"),
-        (lambda f: f.update({"candidate.sequence_length": torch.tensor([1, 1, 1])}), ValueError,
-         "has B = 3 entries but uih.sequence_length has 2"),
-        (lambda f: f.update({"uih_timestamp.sequence": torch.tensor([1, 2])}), ValueError,
-         "uih_timestamp.sequence has 2 rows but there are 5 history tokens"),
-        (lambda f: f.update({"candidate_timestamp.sequence": torch.tensor([1])}), ValueError,
-         "candidate_timestamp.sequence has 1 rows but there are 3 candidate tokens"),
-        (lambda f: f.update({"contextual": torch.randn(3, 6)}), ValueError, r"contextual must be \[B=2"),
+        (
+            lambda f: f.update({"candidate.sequence_length": torch.tensor([1, 1, 1])}),
+            ValueError,
+            "has B = 3 entries but uih.sequence_length has 2",
+        ),
+        (
+            lambda f: f.update({"uih_timestamp.sequence": torch.tensor([1, 2])}),
+            ValueError,
+            "uih_timestamp.sequence has 2 rows but there are 5 history tokens",
+        ),
+        (
+            lambda f: f.update({"candidate_timestamp.sequence": torch.tensor([1])}),
+            ValueError,
+            "candidate_timestamp.sequence has 1 rows but there are 3 candidate tokens",
+        ),
+        (
+            lambda f: f.update({"contextual": torch.randn(3, 6)}),
+            ValueError,
+            r"contextual must be \[B=2",
+        ),
         (lambda f: f.pop("uih_action.sequence"), KeyError, "missing feature 'uih_action.sequence'"),
     ],
 )
@@ -114,11 +139,16 @@ def test_preprocessor_input_errors(mutate, exc, match):
 def test_preprocessor_constructor_errors():
     mlp = SimpleContextualizedMLP(4, E, 8)
     with pytest.raises(ValueError, match="enable_interleaving=True needs an action_encoder"):
-        ContextualInterleavePreprocessor(4, 4, E, SliceContentEncoder(4, 4), mlp, enable_interleaving=True)
+        ContextualInterleavePreprocessor(
+            4, 4, E, SliceContentEncoder(4, 4), mlp, enable_interleaving=True
+        )
     with pytest.raises(ValueError, match="action_encoder needs an action_mlp"):
-        ContextualInterleavePreprocessor(4, 4, E, SliceContentEncoder(4, 4), mlp,
-                                         action_encoder=SimpleActionEncoder(2, [1]))
-    with pytest.raises(ValueError, match=r"content_mlp.output_dim \(8\) must equal output_embedding_dim \(6\)"):
+        ContextualInterleavePreprocessor(
+            4, 4, E, SliceContentEncoder(4, 4), mlp, action_encoder=SimpleActionEncoder(2, [1])
+        )
+    with pytest.raises(
+        ValueError, match=r"content_mlp.output_dim \(8\) must equal output_embedding_dim \(6\)"
+    ):
         ContextualInterleavePreprocessor(4, 4, 6, SliceContentEncoder(4, 4), mlp)
     with pytest.raises(ValueError, match="must both be > 0 or both 0"):
         UIHPreprocessor(4, E, contextual_feature_dim=3)
@@ -126,14 +156,21 @@ def test_preprocessor_constructor_errors():
 
 def _transducer(interleave=False, full=False, truncate=False, **kw):
     pre = _preprocessor(interleave)
-    layers = [STULayer(E, 2, 4, 4, output_dropout_ratio=0.0, contextual_seq_len=2, backend=PT)
-              for _ in range(2)]
+    layers = [
+        STULayer(E, 2, 4, 4, output_dropout_ratio=0.0, contextual_seq_len=2, backend=PT)
+        for _ in range(2)
+    ]
     stack = STUStack(layers, 1, 2) if truncate else STUStack(layers)
     return HSTUTransducer(
-        pre, stack,
-        positional_encoder=HSTUPositionalEncoder(E, 16, 8, use_time_encoding=True, contextual_seq_len=2,
-                                                 backend=PT),
-        output_postprocessor=L2NormPostprocessor(), return_full_embeddings=full, backend=PT, **kw,
+        pre,
+        stack,
+        positional_encoder=HSTUPositionalEncoder(
+            E, 16, 8, use_time_encoding=True, contextual_seq_len=2, backend=PT
+        ),
+        output_postprocessor=L2NormPostprocessor(),
+        return_full_embeddings=full,
+        backend=PT,
+        **kw,
     )
 
 
@@ -171,7 +208,9 @@ def test_transducer_truncation_sync_free_matches_synced():
 def test_transducer_constructor_errors():
     pre = _preprocessor()
     stack = STUStack([STULayer(16, 2, 4, 4, backend=PT)])
-    with pytest.raises(ValueError, match=r"output_dim \(8\) must equal the STU embedding_dim \(16\)"):
+    with pytest.raises(
+        ValueError, match=r"output_dim \(8\) must equal the STU embedding_dim \(16\)"
+    ):
         HSTUTransducer(pre, stack)
     stack = STUStack([STULayer(E, 2, 4, 4, backend=PT)])
     with pytest.raises(ValueError, match=r"positional_encoder.contextual_seq_len \(0\) must equal"):
@@ -185,7 +224,9 @@ def test_transducer_compiles():
     compiled = torch.compile(model, backend="eager", fullgraph=False)
     torch.testing.assert_close(compiled(f, 3, 2).candidate_embeddings, expected)
     inductor = torch.compile(model)
-    torch.testing.assert_close(inductor(f, 3, 2).candidate_embeddings, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        inductor(f, 3, 2).candidate_embeddings, expected, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_transducer_exports():
@@ -225,7 +266,9 @@ def test_retrieval_model_trains():
 
 
 def test_retrieval_loss_matches_manual_softmax():
-    model = HSTURetrieval(20, 8, num_layers=1, num_negatives=4, dropout_ratio=0.0, backend=PT).eval()
+    model = HSTURetrieval(
+        20, 8, num_layers=1, num_negatives=4, dropout_ratio=0.0, backend=PT
+    ).eval()
     ids = torch.tensor([1, 2, 3, 4, 5])
     lengths = torch.tensor([3, 2])
     ts = torch.arange(5)
@@ -241,8 +284,17 @@ def test_retrieval_loss_matches_manual_softmax():
 
 
 def test_ranking_model_trains_and_scores():
-    model = HSTURanking(30, 4, E, [1, 2], [1, 2, 4], contextual_feature_dim=3, max_contextual_seq_len=2,
-                        dropout_ratio=0.0, backend=PT)
+    model = HSTURanking(
+        30,
+        4,
+        E,
+        [1, 2],
+        [1, 2, 4],
+        contextual_feature_dim=3,
+        max_contextual_seq_len=2,
+        dropout_ratio=0.0,
+        backend=PT,
+    )
     batch = {
         "uih.item_id": torch.tensor([1, 2, 3, 4, 5]),
         "uih.sequence_length": torch.tensor([2, 3]),

@@ -11,9 +11,8 @@ from typing import List, Optional, Sequence
 import torch
 from torch import nn
 
-from tzrec_ops.ops.jagged import concat_2D_jagged
-
 from tzrec_gr._backend import BackendArg, resolve_module_backend
+from tzrec_ops.ops.jagged import concat_2D_jagged
 
 __all__ = ["SimpleActionEncoder"]
 
@@ -83,7 +82,9 @@ class SimpleActionEncoder(nn.Module):
         self.register_buffer(
             "_thresholds", torch.tensor(thresholds, dtype=torch.int64, device=device)
         )
-        self.register_buffer("_threshold_weights", torch.tensor(tw, dtype=torch.int64, device=device))
+        self.register_buffer(
+            "_threshold_weights", torch.tensor(tw, dtype=torch.int64, device=device)
+        )
         self.action_table = nn.Parameter(
             torch.randn(self.num_action_types, action_embedding_dim, device=device) * 0.1
         )

@@ -13,10 +13,9 @@ from typing import Optional
 import torch
 from torch import nn
 
-from tzrec_ops.ops.jagged import concat_2D_jagged
-
 from tzrec_gr._backend import BackendArg, resolve_module_backend
 from tzrec_gr.layers import MLP
+from tzrec_ops.ops.jagged import concat_2D_jagged
 
 __all__ = ["ContentEncoder", "SliceContentEncoder", "PadContentEncoder", "MLPContentEncoder"]
 
@@ -102,8 +101,15 @@ class SliceContentEncoder(ContentEncoder):
         self.target_embedding_dim = target_embedding_dim
         self.output_dim = uih_embedding_dim
 
-    def forward(self, uih_embeddings, target_embeddings, max_uih_len, max_targets,
-                uih_offsets, target_offsets):
+    def forward(
+        self,
+        uih_embeddings,
+        target_embeddings,
+        max_uih_len,
+        max_targets,
+        uih_offsets,
+        target_offsets,
+    ):
         _check_width("uih_embeddings", uih_embeddings, self.uih_embedding_dim)
         _check_width("target_embeddings", target_embeddings, self.target_embedding_dim)
         return self._concat(
@@ -148,8 +154,15 @@ class PadContentEncoder(ContentEncoder):
             torch.randn(1, target_embedding_dim - uih_embedding_dim, device=device) * 0.1
         )
 
-    def forward(self, uih_embeddings, target_embeddings, max_uih_len, max_targets,
-                uih_offsets, target_offsets):
+    def forward(
+        self,
+        uih_embeddings,
+        target_embeddings,
+        max_uih_len,
+        max_targets,
+        uih_offsets,
+        target_offsets,
+    ):
         _check_width("uih_embeddings", uih_embeddings, self.uih_embedding_dim)
         _check_width("target_embeddings", target_embeddings, self.target_embedding_dim)
         pad = self.pad.to(uih_embeddings.dtype).expand(uih_embeddings.shape[0], -1)
@@ -181,8 +194,15 @@ class MLPContentEncoder(ContentEncoder):
         self.target_mlp = target_mlp
         self.output_dim = uih_mlp.output_dim
 
-    def forward(self, uih_embeddings, target_embeddings, max_uih_len, max_targets,
-                uih_offsets, target_offsets):
+    def forward(
+        self,
+        uih_embeddings,
+        target_embeddings,
+        max_uih_len,
+        max_targets,
+        uih_offsets,
+        target_offsets,
+    ):
         return self._concat(
             self.uih_mlp(uih_embeddings),
             self.target_mlp(target_embeddings),

@@ -10,14 +10,13 @@ from typing import Dict, NamedTuple, Optional
 import torch
 from torch import nn
 
-from tzrec_ops.ops.jagged import split_2D_jagged
-
 from tzrec_gr._backend import BackendArg, resolve_module_backend
 from tzrec_gr._jagged import lengths_to_offsets, row_positions, select_jagged_rows
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
 from tzrec_gr.postprocessors import OutputPostprocessor
 from tzrec_gr.preprocessors import InputPreprocessor, PreprocessorOutput
 from tzrec_gr.stu import STUStack
+from tzrec_ops.ops.jagged import split_2D_jagged
 
 __all__ = ["HSTUTransducer", "TransducerOutput"]
 
@@ -91,9 +90,10 @@ class HSTUTransducer(nn.Module):
                     f"must equal the STU embedding_dim ({stu.embedding_dim})"
                 )
             c = input_preprocessor.contextual_seq_len()
-            if positional_encoder.use_time_encoding and positional_encoder.contextual_seq_len != c:
+            encoder_c = positional_encoder.contextual_seq_len
+            if positional_encoder.use_time_encoding and encoder_c != c:
                 raise ValueError(
-                    f"positional_encoder.contextual_seq_len ({positional_encoder.contextual_seq_len})"
+                    f"positional_encoder.contextual_seq_len ({encoder_c})"
                     f" must equal the preprocessor's contextual_seq_len ({c})"
                 )
         if not 0.0 <= input_dropout_ratio < 1.0:
@@ -129,12 +129,20 @@ class HSTUTransducer(nn.Module):
                     raise KeyError(f"missing feature {self.query_time_key!r} (query_time_key)")
                 query_time = features[self.query_time_key]
             x = self.positional_encoder(
-                pre.max_seq_len, pre.seq_lengths, pre.seq_offsets, pre.seq_timestamps, x,
-                pre.num_targets, query_time,
+                pre.max_seq_len,
+                pre.seq_lengths,
+                pre.seq_offsets,
+                pre.seq_timestamps,
+                x,
+                pre.num_targets,
+                query_time,
             )
         x = self.input_dropout(x)
         out = self.stu(
-            x, pre.seq_offsets, pre.max_seq_len, pre.num_targets,
+            x,
+            pre.seq_offsets,
+            pre.max_seq_len,
+            pre.num_targets,
             truncated_total_len=truncated_total_len,
             truncated_max_seq_len=truncated_max_seq_len,
         )
@@ -143,8 +151,16 @@ class HSTUTransducer(nn.Module):
             lengths = out.x_offsets[1:] - out.x_offsets[:-1]
             timestamps = self._replay_on_timestamps(pre, out.x_offsets, out.x.shape[0])
             total_uih = out.x.shape[0] - pre.total_targets
-        return self._compose(out.x, out.x_offsets, out.max_seq_len, lengths, timestamps,
-                             pre.num_targets, total_uih, pre.total_targets)
+        return self._compose(
+            out.x,
+            out.x_offsets,
+            out.max_seq_len,
+            lengths,
+            timestamps,
+            pre.num_targets,
+            total_uih,
+            pre.total_targets,
+        )
 
     def _replay_on_timestamps(
         self, pre: PreprocessorOutput, new_offsets: torch.Tensor, total_kept: int
@@ -184,8 +200,9 @@ class HSTUTransducer(nn.Module):
             offsets_right=cand_offsets,
             backend=self._split_backend,
         )
-        cand_ts = select_jagged_rows(timestamps, offsets, cand_offsets, lengths - num_targets,
-                                     total_targets)
+        cand_ts = select_jagged_rows(
+            timestamps, offsets, cand_offsets, lengths - num_targets, total_targets
+        )
         if self.input_preprocessor.interleave_targets():
             cand = cand.view(-1, 2, cand.shape[-1])[:, 0]
             cand_ts = cand_ts.view(-1, 2)[:, 0]

@@ -11,10 +11,9 @@ from typing import List, Optional, Sequence
 import torch
 from torch import nn
 
+from tzrec_gr._backend import BackendArg, resolve_module_backend
 from tzrec_ops.ops.layer_norm import layer_norm, swish_layer_norm
 from tzrec_ops.ops.mm import addmm
-
-from tzrec_gr._backend import BackendArg, resolve_module_backend
 
 __all__ = ["Linear", "LayerNorm", "SwishLayerNorm", "MLP"]
 
@@ -70,9 +69,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_input("Linear", x, self.in_features)
-        return addmm(
-            self.bias.to(x.dtype), x, self.weight.to(x.dtype), backend=self._backend
-        )
+        return addmm(self.bias.to(x.dtype), x, self.weight.to(x.dtype), backend=self._backend)
 
 
 class LayerNorm(nn.Module):

@@ -11,9 +11,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from tzrec_ops.ops.position import add_positional_embeddings, add_timestamp_positional_embeddings
-
 from tzrec_gr._backend import BackendArg, resolve_module_backend
+from tzrec_ops.ops.position import add_positional_embeddings, add_timestamp_positional_embeddings
 
 __all__ = ["HSTUPositionalEncoder"]
 
@@ -78,9 +77,7 @@ class HSTUPositionalEncoder(nn.Module):
         if time_bucket_fn not in _TIME_BUCKET_FNS:
             raise ValueError(f"time_bucket_fn must be 'sqrt' or 'log', got {time_bucket_fn!r}")
         if time_bucket_increments <= 0:
-            raise ValueError(
-                f"time_bucket_increments must be > 0, got {time_bucket_increments}"
-            )
+            raise ValueError(f"time_bucket_increments must be > 0, got {time_bucket_increments}")
         if contextual_seq_len < 0:
             raise ValueError(f"contextual_seq_len must be >= 0, got {contextual_seq_len}")
         self.embedding_dim = embedding_dim
@@ -102,7 +99,11 @@ class HSTUPositionalEncoder(nn.Module):
                     -bound, bound
                 )
             )
-        op = "add_timestamp_positional_embeddings" if use_time_encoding else "add_positional_embeddings"
+        op = (
+            "add_timestamp_positional_embeddings"
+            if use_time_encoding
+            else "add_positional_embeddings"
+        )
         self._op = op
         self._backend = resolve_module_backend(backend, (op,))
 

@@ -129,16 +129,13 @@ class TimestampLayerNormPostprocessor(OutputPostprocessor):
         if not periods:
             raise ValueError("time_duration_period_units must not be empty")
         if any(p <= 0 for p in periods) or any(u <= 0 for u in units):
-            raise ValueError(
-                f"periods and units must be positive, got {periods} and {units}"
-            )
+            raise ValueError(f"periods and units must be positive, got {periods} and {units}")
         self.embedding_dim = embedding_dim
-        self.register_buffer(
-            "_periods", torch.tensor(periods, dtype=torch.int64, device=device)
-        )
+        self.register_buffer("_periods", torch.tensor(periods, dtype=torch.int64, device=device))
         self.register_buffer("_units", torch.tensor(units, dtype=torch.int64, device=device))
-        self.proj = Linear(embedding_dim + 2 * len(periods), embedding_dim, backend=backend,
-                           device=device)
+        self.proj = Linear(
+            embedding_dim + 2 * len(periods), embedding_dim, backend=backend, device=device
+        )
         self.norm = LayerNorm(embedding_dim, eps=eps, backend=backend, device=device)
 
     def time_features(self, seq_timestamps: torch.Tensor) -> torch.Tensor:

@@ -38,14 +38,13 @@ from typing import Dict, NamedTuple, Optional
 import torch
 from torch import nn
 
-from tzrec_ops.ops.jagged import concat_2D_jagged
-
 from tzrec_gr._backend import BackendArg, resolve_module_backend
 from tzrec_gr._jagged import concat_jagged_rows, lengths_to_offsets, row_positions
 from tzrec_gr.action_encoder import SimpleActionEncoder
 from tzrec_gr.content_encoder import ContentEncoder
 from tzrec_gr.contextualize_mlps import ContextualizedMLP
 from tzrec_gr.layers import Linear
+from tzrec_ops.ops.jagged import concat_2D_jagged
 
 __all__ = [
     "PreprocessorOutput",
@@ -129,14 +128,20 @@ class ContextualProjection(nn.Module):
     """
 
     def __init__(
-        self, num_slots: int, feature_dim: int, output_dim: int, device: Optional[torch.device] = None
+        self,
+        num_slots: int,
+        feature_dim: int,
+        output_dim: int,
+        device: Optional[torch.device] = None,
     ) -> None:
         super().__init__()
         self.num_slots = num_slots
         self.feature_dim = feature_dim
         self.output_dim = output_dim
         std = math.sqrt(2.0 / (feature_dim + output_dim))
-        self.weight = nn.Parameter(torch.randn(num_slots, feature_dim, output_dim, device=device) * std)
+        self.weight = nn.Parameter(
+            torch.randn(num_slots, feature_dim, output_dim, device=device) * std
+        )
         self.bias = nn.Parameter(torch.zeros(num_slots, 1, output_dim, device=device))
 
     def forward(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -206,8 +211,9 @@ class _ContextualBase(InputPreprocessor):
         self.contextual_group_name = contextual_group_name
         self.name = name or "uih"
         self.contextual = (
-            ContextualProjection(max_contextual_seq_len, contextual_feature_dim,
-                                 output_embedding_dim, device=device)
+            ContextualProjection(
+                max_contextual_seq_len, contextual_feature_dim, output_embedding_dim, device=device
+            )
             if max_contextual_seq_len > 0
             else None
         )
@@ -226,7 +232,9 @@ class _ContextualBase(InputPreprocessor):
             )
         return raw
 
-    def _add_prefix(self, out: PreprocessorOutput, raw: Optional[torch.Tensor]) -> PreprocessorOutput:
+    def _add_prefix(
+        self, out: PreprocessorOutput, raw: Optional[torch.Tensor]
+    ) -> PreprocessorOutput:
         if raw is None or self.contextual is None:
             return out
         c = self._contextual_seq_len
@@ -243,7 +251,9 @@ class _ContextualBase(InputPreprocessor):
         )
         prefix_offsets = torch.arange(batch + 1, device=out.seq_offsets.device) * c
         ts = concat_jagged_rows(
-            torch.zeros(batch * c, dtype=out.seq_timestamps.dtype, device=out.seq_timestamps.device),
+            torch.zeros(
+                batch * c, dtype=out.seq_timestamps.dtype, device=out.seq_timestamps.device
+            ),
             out.seq_timestamps,
             prefix_offsets,
             out.seq_offsets,
@@ -310,8 +320,13 @@ class ContextualInterleavePreprocessor(_ContextualBase):
         device: Optional[torch.device] = None,
     ) -> None:
         super().__init__(
-            output_embedding_dim, contextual_feature_dim, max_contextual_seq_len,
-            contextual_group_name, name, backend, device,
+            output_embedding_dim,
+            contextual_feature_dim,
+            max_contextual_seq_len,
+            contextual_group_name,
+            name,
+            backend,
+            device,
         )
         if enable_interleaving and action_encoder is None:
             raise ValueError("enable_interleaving=True needs an action_encoder")
@@ -338,7 +353,9 @@ class ContextualInterleavePreprocessor(_ContextualBase):
     def interleave_targets(self) -> bool:
         return self.enable_interleaving and self.training
 
-    def forward(self, features: Features, max_uih_len: int, max_targets: int = 0) -> PreprocessorOutput:
+    def forward(
+        self, features: Features, max_uih_len: int, max_targets: int = 0
+    ) -> PreprocessorOutput:
         k = self.name
         uih = _get(features, f"{k}.sequence")
         uih_lengths = _get(features, f"{k}.sequence_length")
@@ -348,10 +365,18 @@ class ContextualInterleavePreprocessor(_ContextualBase):
         batch = uih_lengths.shape[0]
         _check_lengths("candidate.sequence_length", cand_lengths, batch)
         total_uih, total_t = uih.shape[0], cand.shape[0]
-        uih_ts = _flat1(f"{k}_timestamp.sequence", _get(features, f"{k}_timestamp.sequence"),
-                        total_uih, "history")
-        cand_ts = _flat1("candidate_timestamp.sequence", _get(features, "candidate_timestamp.sequence"),
-                         total_t, "candidate")
+        uih_ts = _flat1(
+            f"{k}_timestamp.sequence",
+            _get(features, f"{k}_timestamp.sequence"),
+            total_uih,
+            "history",
+        )
+        cand_ts = _flat1(
+            "candidate_timestamp.sequence",
+            _get(features, "candidate_timestamp.sequence"),
+            total_t,
+            "candidate",
+        )
         raw_ctx = self._raw_contextual(features, batch)
 
         uih_offsets = lengths_to_offsets(uih_lengths)
@@ -359,7 +384,9 @@ class ContextualInterleavePreprocessor(_ContextualBase):
         lengths = uih_lengths.to(torch.int64) + cand_lengths.to(torch.int64)
         offsets = lengths_to_offsets(lengths)
         max_len = max_uih_len + max_targets
-        content = self.content_encoder(uih, cand, max_uih_len, max_targets, uih_offsets, cand_offsets)
+        content = self.content_encoder(
+            uih, cand, max_uih_len, max_targets, uih_offsets, cand_offsets
+        )
         content = self.content_mlp(content, offsets, max_len, raw_ctx)
         timestamps = concat_jagged_rows(
             uih_ts.to(torch.int64), cand_ts.to(torch.int64), uih_offsets, cand_offsets
@@ -367,33 +394,61 @@ class ContextualInterleavePreprocessor(_ContextualBase):
         num_targets = cand_lengths.to(torch.int64)
 
         if self.action_encoder is None or self.action_mlp is None:
-            out = PreprocessorOutput(max_len, total_uih, total_t, lengths, offsets, timestamps,
-                                     content, num_targets)
+            out = PreprocessorOutput(
+                max_len, total_uih, total_t, lengths, offsets, timestamps, content, num_targets
+            )
             return self._add_prefix(out, raw_ctx)
 
-        actions = _flat1(f"{k}_action.sequence", _get(features, f"{k}_action.sequence"),
-                         total_uih, "history")
+        actions = _flat1(
+            f"{k}_action.sequence", _get(features, f"{k}_action.sequence"), total_uih, "history"
+        )
         watch = None
         if self.action_encoder.need_watchtime:
-            watch = _flat1(f"{k}_watchtime.sequence", _get(features, f"{k}_watchtime.sequence"),
-                           total_uih, "history")
-        action = self.action_encoder(actions, max_uih_len, uih_offsets, max_targets, cand_offsets,
-                                     total_t, watch).to(content.dtype)
+            watch = _flat1(
+                f"{k}_watchtime.sequence",
+                _get(features, f"{k}_watchtime.sequence"),
+                total_uih,
+                "history",
+            )
+        action = self.action_encoder(
+            actions, max_uih_len, uih_offsets, max_targets, cand_offsets, total_t, watch
+        ).to(content.dtype)
         action = self.action_mlp(action, offsets, max_len, raw_ctx)
 
         if not self.enable_interleaving:
-            out = PreprocessorOutput(max_len, total_uih, total_t, lengths, offsets, timestamps,
-                                     content + action, num_targets)
+            out = PreprocessorOutput(
+                max_len,
+                total_uih,
+                total_t,
+                lengths,
+                offsets,
+                timestamps,
+                content + action,
+                num_targets,
+            )
         elif self.training:
             pairs = torch.stack([content, action], dim=1).reshape(-1, content.shape[1])
             out = PreprocessorOutput(
-                2 * max_len, 2 * total_uih, 2 * total_t, 2 * lengths, 2 * offsets,
-                timestamps.unsqueeze(1).expand(-1, 2).reshape(-1), pairs, 2 * num_targets,
+                2 * max_len,
+                2 * total_uih,
+                2 * total_t,
+                2 * lengths,
+                2 * offsets,
+                timestamps.unsqueeze(1).expand(-1, 2).reshape(-1),
+                pairs,
+                2 * num_targets,
             )
         else:
             out = self._interleave_history_only(
-                content, action, timestamps, lengths, offsets, num_targets,
-                2 * max_uih_len + max_targets, total_uih, total_t,
+                content,
+                action,
+                timestamps,
+                lengths,
+                offsets,
+                num_targets,
+                2 * max_uih_len + max_targets,
+                total_uih,
+                total_t,
             )
         return self._add_prefix(out, raw_ctx)
 
@@ -422,8 +477,14 @@ class ContextualInterleavePreprocessor(_ContextualBase):
         source = offsets[sample] + token
         pairs = torch.stack([content, action], dim=1).reshape(-1, content.shape[1])
         return PreprocessorOutput(
-            max_len, 2 * total_uih, total_t, new_lengths, new_offsets,
-            timestamps.index_select(0, source), pairs.index_select(0, 2 * source + slot), num_targets,
+            max_len,
+            2 * total_uih,
+            total_t,
+            new_lengths,
+            new_offsets,
+            timestamps.index_select(0, source),
+            pairs.index_select(0, 2 * source + slot),
+            num_targets,
         )
 
 
@@ -460,17 +521,26 @@ class UIHPreprocessor(_ContextualBase):
         device: Optional[torch.device] = None,
     ) -> None:
         super().__init__(
-            output_embedding_dim, contextual_feature_dim, max_contextual_seq_len,
-            contextual_group_name, name, backend, device,
+            output_embedding_dim,
+            contextual_feature_dim,
+            max_contextual_seq_len,
+            contextual_group_name,
+            name,
+            backend,
+            device,
         )
         if action_encoder is not None and action_mlp is None:
             raise ValueError("action_encoder needs an action_mlp to map it to the output width")
         self.uih_embedding_dim = uih_embedding_dim
-        self.projection = Linear(uih_embedding_dim, output_embedding_dim, backend=backend, device=device)
+        self.projection = Linear(
+            uih_embedding_dim, output_embedding_dim, backend=backend, device=device
+        )
         self.action_encoder = action_encoder
         self.action_mlp = action_mlp
 
-    def forward(self, features: Features, max_uih_len: int, max_targets: int = 0) -> PreprocessorOutput:
+    def forward(
+        self, features: Features, max_uih_len: int, max_targets: int = 0
+    ) -> PreprocessorOutput:
         k = self.name
         uih = _get(features, f"{k}.sequence")
         lengths = _get(features, f"{k}.sequence_length")
@@ -480,22 +550,37 @@ class UIHPreprocessor(_ContextualBase):
                 f"{k}.sequence must be [L_u, {self.uih_embedding_dim}], got {tuple(uih.shape)}"
             )
         batch, total = lengths.shape[0], uih.shape[0]
-        ts = _flat1(f"{k}_timestamp.sequence", _get(features, f"{k}_timestamp.sequence"),
-                    total, "history")
+        ts = _flat1(
+            f"{k}_timestamp.sequence", _get(features, f"{k}_timestamp.sequence"), total, "history"
+        )
         raw_ctx = self._raw_contextual(features, batch)
         lengths = lengths.to(torch.int64)
         offsets = lengths_to_offsets(lengths)
         emb = self.projection(uih)
         if self.action_encoder is not None and self.action_mlp is not None:
-            actions = _flat1(f"{k}_action.sequence", _get(features, f"{k}_action.sequence"),
-                             total, "history")
+            actions = _flat1(
+                f"{k}_action.sequence", _get(features, f"{k}_action.sequence"), total, "history"
+            )
             watch = None
             if self.action_encoder.need_watchtime:
-                watch = _flat1(f"{k}_watchtime.sequence", _get(features, f"{k}_watchtime.sequence"),
-                               total, "history")
-            action = self.action_encoder(actions, max_uih_len, offsets, 0, torch.zeros_like(offsets),
-                                         0, watch).to(emb.dtype)
+                watch = _flat1(
+                    f"{k}_watchtime.sequence",
+                    _get(features, f"{k}_watchtime.sequence"),
+                    total,
+                    "history",
+                )
+            action = self.action_encoder(
+                actions, max_uih_len, offsets, 0, torch.zeros_like(offsets), 0, watch
+            ).to(emb.dtype)
             emb = emb + self.action_mlp(action, offsets, max_uih_len, raw_ctx)
-        out = PreprocessorOutput(max_uih_len, total, 0, lengths, offsets, ts.to(torch.int64), emb,
-                                 torch.zeros_like(lengths))
+        out = PreprocessorOutput(
+            max_uih_len,
+            total,
+            0,
+            lengths,
+            offsets,
+            ts.to(torch.int64),
+            emb,
+            torch.zeros_like(lengths),
+        )
         return self._add_prefix(out, raw_ctx)

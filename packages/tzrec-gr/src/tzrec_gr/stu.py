@@ -24,6 +24,8 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from tzrec_gr._backend import BackendArg, resolve_module_backend
+from tzrec_gr._jagged import lengths_to_offsets
 from tzrec_ops.ops.hstu_attention import delta_hstu_mha
 from tzrec_ops.ops.hstu_attention_utils import build_sla_func_tensor
 from tzrec_ops.ops.hstu_compute import (
@@ -37,9 +39,6 @@ from tzrec_ops.ops.truncation import (
     apply_stu_truncation_plan,
     compute_stu_truncation_plan,
 )
-
-from tzrec_gr._backend import BackendArg, resolve_module_backend
-from tzrec_gr._jagged import lengths_to_offsets
 
 __all__ = ["KVCache", "STU", "STULayer", "STUOutput", "STUStack", "STUStackOutput"]
 
@@ -238,9 +237,7 @@ class STULayer(STU):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not 0.0 <= output_dropout_ratio < 1.0:
-            raise ValueError(
-                f"output_dropout_ratio must be in [0, 1), got {output_dropout_ratio}"
-            )
+            raise ValueError(f"output_dropout_ratio must be in [0, 1), got {output_dropout_ratio}")
         for name, value in (
             ("max_attn_len", max_attn_len or 0),
             ("contextual_seq_len", contextual_seq_len),
@@ -357,8 +354,14 @@ class STULayer(STU):
             (x' [L', E], offsets' [B + 1], max_seq_len', plan).
         """
         plan = _compute_plan(
-            x_offsets, num_targets, max_seq_len, x.shape[0], truncate_tail_len,
-            self._contextual_seq_len, total_kept, new_max_seq_len,
+            x_offsets,
+            num_targets,
+            max_seq_len,
+            x.shape[0],
+            truncate_tail_len,
+            self._contextual_seq_len,
+            total_kept,
+            new_max_seq_len,
         )
         x = apply_stu_truncation_plan(x, plan, backend=self._backend)
         return x, plan.new_x_offsets, plan.new_max_seq_len, plan
@@ -511,9 +514,7 @@ class STULayer(STU):
                 backend=self._backend,
             )
             caches.append(kept)
-        return KVCache(
-            caches[0], caches[1], cache_offsets, max_kv_caching_len or max_seq_len
-        )
+        return KVCache(caches[0], caches[1], cache_offsets, max_kv_caching_len or max_seq_len)
 
     def construct_full_kv(
         self, kv_cache: KVCache, delta_k: torch.Tensor, delta_v: torch.Tensor
@@ -789,18 +790,20 @@ class STUStack(nn.Module):
             )
         dims = {getattr(s, "embedding_dim", None) for s in stu_list}
         if len(dims) != 1:
-            raise ValueError(f"every STU layer must have the same embedding_dim, got {sorted(dims)}")
+            raise ValueError(
+                f"every STU layer must have the same embedding_dim, got {sorted(dims)}"
+            )
         self.stu_layers = nn.ModuleList(stu_list)
         self.embedding_dim = dims.pop()
         self.truncate_split_layer = truncate_split_layer
         self.truncate_tail_len = truncate_tail_len
-        sigs: List[Optional[str]] = []
-        for i, layer in enumerate(stu_list):
-            if i == 0 or (self.truncation_enabled and i == truncate_split_layer):
-                sigs.append(None)
-            else:
-                sigs.append(stu_list[i - 1].attn_func_sig)
-        self._prev_sigs = sigs
+        # the attention mask is rebuilt at layer 0 and where truncation changes the sequences
+        self._prev_sigs: List[Optional[str]] = [
+            None
+            if i == 0 or (self.truncation_enabled and i == truncate_split_layer)
+            else stu_list[i - 1].attn_func_sig
+            for i in range(len(stu_list))
+        ]
 
     @property
     def truncation_enabled(self) -> bool:
@@ -834,13 +837,20 @@ class STUStack(nn.Module):
         for i, layer in enumerate(self.stu_layers):
             if self.truncation_enabled and i == self.truncate_split_layer:
                 x, x_offsets, max_seq_len, plan = layer.truncate_input(
-                    x, x_offsets, max_seq_len, num_targets,
-                    truncate_tail_len=self.truncate_tail_len, total_kept=truncated_total_len,
+                    x,
+                    x_offsets,
+                    max_seq_len,
+                    num_targets,
+                    truncate_tail_len=self.truncate_tail_len,
+                    total_kept=truncated_total_len,
                     new_max_seq_len=truncated_max_seq_len,
                 )
                 attn_func = None
             out = layer(
-                x, x_offsets, max_seq_len, num_targets,
+                x,
+                x_offsets,
+                max_seq_len,
+                num_targets,
                 kv_caching_lengths=kv_caching_lengths,
                 max_kv_caching_len=max_kv_caching_len,
                 total_kv_caching_len=total_kv_caching_len,
@@ -890,7 +900,9 @@ class STUStack(nn.Module):
         x = delta_x
         for layer, cache in zip(self.stu_layers, kv_caches):
             x, new = layer.cached_forward(
-                x, cache, num_targets,
+                x,
+                cache,
+                num_targets,
                 kv_caching_lengths=kv_caching_lengths,
                 max_kv_caching_len=max_kv_caching_len,
                 total_kv_caching_len=total_kv_caching_len,

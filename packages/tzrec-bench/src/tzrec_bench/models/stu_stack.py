@@ -48,9 +48,16 @@ def _bench_ms(fn: Callable[[], object]) -> float:
 
 def _setup_stack(provider: str, args, device) -> STUStack:
     layers = [
-        STULayer(args.embedding_dim, args.heads, args.head_dim, args.head_dim,
-                 output_dropout_ratio=0.0, scaling_seqlen=args.max_seq_len, backend=provider,
-                 device=device)
+        STULayer(
+            args.embedding_dim,
+            args.heads,
+            args.head_dim,
+            args.head_dim,
+            output_dropout_ratio=0.0,
+            scaling_seqlen=args.max_seq_len,
+            backend=provider,
+            device=device,
+        )
         for _ in range(args.layers)
     ]
     return STUStack(layers)
@@ -87,9 +94,14 @@ def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
     x = torch.randn(int(lengths.sum()), e, device=device, dtype=dtype)
     rows = (offsets[1:, None] - delta + torch.arange(delta, device=device)).reshape(-1)
     with torch.inference_mode():
-        caches = stack(x, offsets, cache_len + delta,
-                       kv_caching_lengths=lengths - delta, max_kv_caching_len=cache_len,
-                       total_kv_caching_len=b * cache_len).kv_caches
+        caches = stack(
+            x,
+            offsets,
+            cache_len + delta,
+            kv_caching_lengths=lengths - delta,
+            max_kv_caching_len=cache_len,
+            total_kv_caching_len=b * cache_len,
+        ).kv_caches
         delta_x = x[rows]
         cached = _bench_ms(lambda: stack.cached_forward(delta_x, caches))
         full = _bench_ms(lambda: stack(x, offsets, cache_len + delta))
@@ -116,21 +128,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     import triton  # noqa: F401  (for the version line; the pytorch provider does not need it)
 
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(f"device {gpu}, torch {torch.__version__}, triton {triton.__version__}, {args.dtype}, "
-          f"E {args.embedding_dim}, H {args.heads}, d {args.head_dim}, {args.layers} layers, "
-          f"B {args.batch}, N {args.max_seq_len}")
+    print(
+        f"device {gpu}, torch {torch.__version__}, triton {triton.__version__}, {args.dtype}, "
+        f"E {args.embedding_dim}, H {args.heads}, d {args.head_dim}, {args.layers} layers, "
+        f"B {args.batch}, N {args.max_seq_len}"
+    )
     modes = args.modes.split(",")
     train: Dict[str, Dict[str, float]] = {}
     for provider in args.providers.split(","):
         if "train" in modes:
             r = bench_train(provider, args, device, dtype)
             train[provider] = r
-            print(f"train {provider:>8}: {r['ms']:9.2f} ms/step  {r['tokens_per_s'] / 1e6:8.3f} M tokens/s")
+            tokens_m = r["tokens_per_s"] / 1e6
+            print(f"train {provider:>8}: {r['ms']:9.2f} ms/step  {tokens_m:8.3f} M tokens/s")
         if "serve" in modes:
             r = bench_serve(provider, args, device, dtype)
-            print(f"serve {provider:>8}: cached {args.delta} tokens vs {args.cache_len} cache "
-                  f"{r['cached_ms']:8.3f} ms, full recompute {r['full_ms']:8.3f} ms, "
-                  f"speed-up {r['speedup']:6.1f}x")
+            print(
+                f"serve {provider:>8}: cached {args.delta} tokens vs {args.cache_len} cache "
+                f"{r['cached_ms']:8.3f} ms, full recompute {r['full_ms']:8.3f} ms, "
+                f"speed-up {r['speedup']:6.1f}x"
+            )
     if "pytorch" in train and "triton" in train:
         ratio = train["triton"]["tokens_per_s"] / train["pytorch"]["tokens_per_s"]
         print(f"train triton / pytorch tokens/s: {ratio:.2f}x")

@@ -106,13 +106,19 @@ class HSTURanking(nn.Module):
         e, du = embedding_dim, item_embedding_dim
         kw = {"backend": backend, "device": device}
         self.num_tasks = len(task_bitmasks)
-        self.register_buffer("_task_bits", torch.tensor(list(task_bitmasks), dtype=torch.int64, device=device))
-        self.register_buffer("_task_weights", torch.tensor(weights, dtype=torch.float32, device=device))
+        self.register_buffer(
+            "_task_bits", torch.tensor(list(task_bitmasks), dtype=torch.int64, device=device)
+        )
+        self.register_buffer(
+            "_task_weights", torch.tensor(weights, dtype=torch.float32, device=device)
+        )
         self.item_embeddings = nn.Embedding(num_items, du, device=device)
         nn.init.normal_(self.item_embeddings.weight, std=0.02)
         action_encoder = SimpleActionEncoder(8, action_weights, **kw)
         preprocessor = ContextualInterleavePreprocessor(
-            du, du, e,
+            du,
+            du,
+            e,
             content_encoder=SliceContentEncoder(du, du, backend=backend),
             content_mlp=SimpleContextualizedMLP(du, e, 2 * e, **kw),
             action_encoder=action_encoder,
@@ -125,8 +131,13 @@ class HSTURanking(nn.Module):
         c = preprocessor.contextual_seq_len()
         layers = [
             STULayer(
-                e, num_heads, hidden_dim or e // num_heads, attention_dim or e // num_heads,
-                output_dropout_ratio=dropout_ratio, contextual_seq_len=c, **kw,
+                e,
+                num_heads,
+                hidden_dim or e // num_heads,
+                attention_dim or e // num_heads,
+                output_dropout_ratio=dropout_ratio,
+                contextual_seq_len=c,
+                **kw,
             )
             for _ in range(num_layers)
         ]
@@ -134,8 +145,12 @@ class HSTURanking(nn.Module):
             preprocessor,
             STUStack(layers),
             positional_encoder=HSTUPositionalEncoder(
-                e, num_position_buckets, num_time_buckets, use_time_encoding=True,
-                contextual_seq_len=c, **kw,
+                e,
+                num_position_buckets,
+                num_time_buckets,
+                use_time_encoding=True,
+                contextual_seq_len=c,
+                **kw,
             ),
             output_postprocessor=TimestampLayerNormPostprocessor(e, [3600, 86400], [24, 7], **kw),
             input_dropout_ratio=dropout_ratio,
@@ -143,8 +158,10 @@ class HSTURanking(nn.Module):
         )
         item_hidden = item_hidden_dim or 2 * e
         self.item_tower = nn.Sequential(
-            Linear(du, item_hidden, **kw), SwishLayerNorm(item_hidden, **kw),
-            Linear(item_hidden, e, **kw), LayerNorm(e, **kw),
+            Linear(du, item_hidden, **kw),
+            SwishLayerNorm(item_hidden, **kw),
+            Linear(item_hidden, e, **kw),
+            LayerNorm(e, **kw),
         )
         self.task_head = nn.Sequential(
             MLP(e, [mtl_hidden_dim or e], activation="silu", **kw),
@@ -156,7 +173,9 @@ class HSTURanking(nn.Module):
     ) -> torch.Tensor:
         for key in ("uih.item_id", "candidate.item_id"):
             if key not in batch:
-                raise KeyError(f"missing feature {key!r}; features given: {', '.join(sorted(batch))}")
+                raise KeyError(
+                    f"missing feature {key!r}; features given: {', '.join(sorted(batch))}"
+                )
         features = dict(batch)
         features["uih.sequence"] = self.item_embeddings(batch["uih.item_id"])
         cand = self.item_embeddings(batch["candidate.item_id"])
@@ -179,7 +198,7 @@ class HSTURanking(nn.Module):
             raise ValueError(
                 f"labels must be [L_t] = [{logits.shape[0]}] bitmasks, got {tuple(labels.shape)}"
             )
-        targets = (torch.bitwise_and(labels.to(torch.int64).unsqueeze(1), self._task_bits) > 0)
+        targets = torch.bitwise_and(labels.to(torch.int64).unsqueeze(1), self._task_bits) > 0
         per_task = F.binary_cross_entropy_with_logits(
             logits.float(), targets.float(), reduction="none"
         ).mean(dim=0)

@@ -85,9 +85,14 @@ class HSTURetrieval(nn.Module):
         nn.init.normal_(self.item_embeddings.weight, std=0.02)
         layers = [
             STULayer(
-                embedding_dim, num_heads, hidden_dim or embedding_dim // num_heads,
-                attention_dim or embedding_dim // num_heads, output_dropout_ratio=dropout_ratio,
-                target_aware=False, backend=backend, device=device,
+                embedding_dim,
+                num_heads,
+                hidden_dim or embedding_dim // num_heads,
+                attention_dim or embedding_dim // num_heads,
+                output_dropout_ratio=dropout_ratio,
+                target_aware=False,
+                backend=backend,
+                device=device,
             )
             for _ in range(num_layers)
         ]
@@ -133,7 +138,11 @@ class HSTURetrieval(nn.Module):
         return out.full_embeddings
 
     def user_embedding(
-        self, item_ids: torch.Tensor, lengths: torch.Tensor, timestamps: torch.Tensor, max_seq_len: int
+        self,
+        item_ids: torch.Tensor,
+        lengths: torch.Tensor,
+        timestamps: torch.Tensor,
+        max_seq_len: int,
     ) -> torch.Tensor:
         """[B, E] the embedding after each user's last token (zeros for empty histories)."""
         full = self.forward(item_ids, lengths, timestamps, max_seq_len)
@@ -164,12 +173,18 @@ class HSTURetrieval(nn.Module):
         offsets = lengths_to_offsets(lengths)
         sample, pos = row_positions(offsets, total)
         has_next = pos < (lengths.to(torch.int64)[sample] - 1)
-        next_ids = item_ids[(torch.arange(total, device=item_ids.device) + 1).clamp(max=max(total - 1, 0))]
+        next_ids = item_ids[
+            (torch.arange(total, device=item_ids.device) + 1).clamp(max=max(total - 1, 0))
+        ]
         if negatives is None:
-            negatives = torch.randint(0, self.num_items, (self.num_negatives,), device=item_ids.device)
+            negatives = torch.randint(
+                0, self.num_items, (self.num_negatives,), device=item_ids.device
+            )
         pos_logit = (user * self.item_embedding(next_ids).to(user.dtype)).sum(-1) / self.temperature
         neg_logit = user @ self.item_embedding(negatives).to(user.dtype).t() / self.temperature
-        neg_logit = neg_logit.masked_fill(negatives.unsqueeze(0) == next_ids.unsqueeze(1), float("-inf"))
+        neg_logit = neg_logit.masked_fill(
+            negatives.unsqueeze(0) == next_ids.unsqueeze(1), float("-inf")
+        )
         logits = torch.cat([pos_logit.unsqueeze(1), neg_logit], dim=1).float()
         per_row = torch.logsumexp(logits, dim=1) - logits[:, 0]
         weight = has_next.to(per_row.dtype)
