@@ -1,7 +1,9 @@
 """tzrec-ops: HSTU generative-recommender kernels with pluggable backends.
 
 Every public op takes ``backend=`` (a name or a :class:`~tzrec_ops.registry.Backend`);
-see :mod:`tzrec_ops.registry` for how a backend is chosen when it is omitted.
+see :mod:`tzrec_ops.registry` for how a backend is chosen when it is omitted, and
+``tzrec_ops.registry.backends()`` for the registered backends (``tzrec_ops.backends`` is the
+package holding the built-in ones).
 """
 
 from tzrec_ops.hookspecs import hookimpl
@@ -42,7 +44,6 @@ from tzrec_ops.ops.validation import set_value_checks
 from tzrec_ops.registry import (
     Backend,
     BackendError,
-    backends,
     get_backend,
     resolve_backend,
     select_backend,
@@ -59,7 +60,6 @@ __all__ = [
     "addmm",
     "apply_stu_truncation_plan",
     "autotune_max_seq_len",
-    "backends",
     "build_sla_func_tensor",
     "compute_stu_truncation_plan",
     "concat_2D_jagged",
