@@ -8,10 +8,12 @@ Measures, in bf16 with E=512, H=4, d=128 and 64 sequences of U[0.9 N, N) tokens 
 
 * train: forward + backward of the stack, tokens/s per provider (backend name);
 * serve: 8 new tokens per sequence against a 2000-token KV cache (``cached_forward``) vs a
-  full forward over 2008 tokens, ms and speed-up.
+  full forward over 2008 tokens, ms and speed-up; on a GPU also both replayed from CUDA
+  graphs, as a server with fixed request shapes would run them (no Python or launch cost).
 
 Timings use ``triton.testing.do_bench`` (warm-up 25, rep 200) when triton is installed,
-else CUDA events (or wall clock on CPU).
+else CUDA events (or wall clock on CPU). The ops' value checks (one host sync per op call)
+are turned off while timing.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from tzrec_gr import STULayer, STUStack
 from tzrec_gr._jagged import lengths_to_offsets
+from tzrec_ops.ops.validation import set_value_checks
 
 
 def _bench_ms(fn: Callable[[], object]) -> float:
@@ -44,6 +47,20 @@ def _bench_ms(fn: Callable[[], object]) -> float:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return (time.perf_counter() - start) / reps * 1e3
+
+
+def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` captured in a CUDA graph (after warm-up, so autotuning is done); returns replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def _setup_stack(provider: str, args, device) -> STUStack:
@@ -103,9 +120,18 @@ def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
             total_kv_caching_len=b * cache_len,
         ).kv_caches
         delta_x = x[rows]
-        cached = _bench_ms(lambda: stack.cached_forward(delta_x, caches))
-        full = _bench_ms(lambda: stack(x, offsets, cache_len + delta))
-    return {"cached_ms": cached, "full_ms": full, "speedup": full / cached}
+
+        def cached_step() -> object:
+            return stack.cached_forward(delta_x, caches)
+
+        def full_step() -> object:
+            return stack(x, offsets, cache_len + delta)
+
+        result = {"cached_ms": _bench_ms(cached_step), "full_ms": _bench_ms(full_step)}
+        if device.type == "cuda":
+            result["graph_cached_ms"] = _bench_ms(_graphed(cached_step))
+            result["graph_full_ms"] = _bench_ms(_graphed(full_step))
+    return result
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -133,6 +159,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"E {args.embedding_dim}, H {args.heads}, d {args.head_dim}, {args.layers} layers, "
         f"B {args.batch}, N {args.max_seq_len}"
     )
+    set_value_checks(False)
+    print("ops value checks: off while timing")
     modes = args.modes.split(",")
     train: Dict[str, Dict[str, float]] = {}
     for provider in args.providers.split(","):
@@ -143,11 +171,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"train {provider:>8}: {r['ms']:9.2f} ms/step  {tokens_m:8.3f} M tokens/s")
         if "serve" in modes:
             r = bench_serve(provider, args, device, dtype)
-            print(
-                f"serve {provider:>8}: cached {args.delta} tokens vs {args.cache_len} cache "
-                f"{r['cached_ms']:8.3f} ms, full recompute {r['full_ms']:8.3f} ms, "
-                f"speed-up {r['speedup']:6.1f}x"
-            )
+            runs = [("eager", "cached_ms", "full_ms")]
+            if "graph_cached_ms" in r:
+                runs.append(("cuda graph", "graph_cached_ms", "graph_full_ms"))
+            for label, cached, full in runs:
+                print(
+                    f"serve {provider:>8} ({label}): {args.delta} new tokens vs a "
+                    f"{args.cache_len}-token cache {r[cached]:8.3f} ms, full recompute "
+                    f"{r[full]:8.3f} ms, speed-up {r[full] / r[cached]:6.1f}x"
+                )
     if "pytorch" in train and "triton" in train:
         ratio = train["triton"]["tokens_per_s"] / train["pytorch"]["tokens_per_s"]
         print(f"train triton / pytorch tokens/s: {ratio:.2f}x")
