@@ -11,13 +11,15 @@ FLOPs per sequence of length n: forward ``H (A + V) n^2``, backward ``H n^2 (3A 
 TFLOP/s = FLOPs / ms / 1e9. Times are ``triton.testing.do_bench`` medians (warm-up 25 ms,
 rep >= 200 ms). The backward time is ``torch.autograd.grad`` of the output with respect to
 q, k, v (leaf views of the fused buffer, so no gradient copies are added). Argument value
-checks (one host sync per call) are turned off while timing.
+checks (one host sync per call) are turned off while timing. Each point also reports the
+peak GPU memory its timed calls allocated above the inputs (for the pytorch reference this
+is the chunked attention's working set: ``--pytorch-max-seq-len 4096`` shows it at B=512).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -58,9 +60,16 @@ def _bench(fn: Callable[[], object], rep: int) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
 
 
-def run_point(inputs: Dict[str, object], provider: str, mode: str, rep: int) -> float:
-    """Median milliseconds of one provider (backend name) in one mode (fwd | bwd)."""
+def run_point(
+    inputs: Dict[str, object], provider: str, mode: str, rep: int
+) -> Tuple[float, float]:
+    """Median milliseconds of one provider (backend name) in one mode (fwd | bwd), and the
+    peak GPU memory (MiB) the timed calls allocated above the inputs."""
     from tzrec_ops.ops.hstu_attention import hstu_mha
+
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
 
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
 
@@ -72,10 +81,13 @@ def run_point(inputs: Dict[str, object], provider: str, mode: str, rep: int) -> 
 
     if mode == "fwd":
         with torch.no_grad():
-            return _bench(forward, rep)
-    out = forward()
-    dout = torch.randn_like(out)
-    return _bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), rep)
+            ms = _bench(forward, rep)
+    else:
+        out = forward()
+        dout = torch.randn_like(out)
+        ms = _bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), rep)
+        del out, dout
+    return ms, (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
@@ -118,7 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     modes = [m for m in args.modes.split(",") if m]
     rows: List[Dict[str, object]] = []
     header = f"{'N':>5} {'provider':>11} " + " ".join(
-        f"{m + ' ms':>9} {m + ' TFLOP/s':>12}" for m in modes)
+        f"{m + ' ms':>9} {m + ' TFLOP/s':>12} {m + ' peak MiB':>13}" for m in modes)
     print(header, flush=True)
     for n in (int(x) for x in args.seq_lens.split(",")):
         inputs = make_inputs(args.batch, args.heads, args.attn_dim, args.hidden_dim, n,
@@ -129,11 +141,11 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
             row: Dict[str, object] = {"N": n, "provider": p}
             cells = []
             for m in modes:
-                ms = run_point(inputs, p, m, args.rep)
+                ms, peak = run_point(inputs, p, m, args.rep)
                 tflops = flops(inputs["lengths"], args.heads, args.attn_dim, args.hidden_dim,
                                m) / ms / 1e9
-                row[f"{m}_ms"], row[f"{m}_tflops"] = ms, tflops
-                cells.append(f"{ms:9.3f} {tflops:12.1f}")
+                row[f"{m}_ms"], row[f"{m}_tflops"], row[f"{m}_peak_mib"] = ms, tflops, peak
+                cells.append(f"{ms:9.3f} {tflops:12.1f} {peak:13.0f}")
             rows.append(row)
             print(f"{n:5d} {p:>11} " + " ".join(cells), flush=True)
         del inputs
