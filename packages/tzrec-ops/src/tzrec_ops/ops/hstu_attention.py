@@ -92,8 +92,12 @@ def _value_checks(
     total: int,
     max_seq_len: int,
     num_targets: Optional[torch.Tensor],
-) -> torch.Tensor:
-    """Offsets, lengths <= max_seq_len and 0 <= num_targets <= length; returns lengths."""
+    delta: int = 0,
+) -> None:
+    """Offsets, lengths <= max_seq_len, 0 <= num_targets <= length and, for cached attention,
+    length >= ``delta``. Queues nothing (and adds nothing to a traced graph) when disabled."""
+    if not checks.enabled:
+        return
     checks.offsets("seq_offsets", seq_offsets, total=total)
     lengths = seq_offsets[1:] - seq_offsets[:-1]
     checks.require(
@@ -108,7 +112,12 @@ def _value_checks(
             "num_targets[b] must be <= the length of sequence b (num_targets longer than "
             "its sequence)",
         )
-    return lengths
+    if delta > 0:
+        checks.require(
+            lengths >= delta,
+            f"every sequence must hold its D = {delta} new queries (a length in seq_offsets "
+            f"is shorter than delta_q.shape[0] / B)",
+        )
 
 
 def hstu_mha(
@@ -305,14 +314,8 @@ def delta_hstu_mha(
         ("num_targets", num_targets),
     )
     checks = ValueChecks()
-    lengths = _value_checks(checks, seq_offsets, k.shape[0], max_seq_len, num_targets)
-    if batch > 0:
-        delta = delta_q.shape[0] // batch
-        checks.require(
-            lengths >= delta,
-            f"every sequence must hold its D = {delta} new queries (a length in seq_offsets "
-            f"is shorter than delta_q.shape[0] / B)",
-        )
+    delta = delta_q.shape[0] // batch if batch > 0 else 0
+    _value_checks(checks, seq_offsets, k.shape[0], max_seq_len, num_targets, delta)
     checks.run()
 
     impl = select_backend(
