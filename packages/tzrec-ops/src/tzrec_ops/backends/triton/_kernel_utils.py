@@ -19,16 +19,12 @@ import torch
 import triton
 import triton.language as tl
 
+from tzrec_ops.backends.triton.plugin import interpreting
 from tzrec_ops.ops.utils import prev_power_of_2
 
 AUTOTUNE_ENV = "TZREC_OPS_TRITON_AUTOTUNE"
 _TUNED: Dict[Tuple[str, str], Any] = {}
 _LOCK = threading.Lock()
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels on the CPU (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "") == "1"
 
 
 def allow_tf32() -> bool:

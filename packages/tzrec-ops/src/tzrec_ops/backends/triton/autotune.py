@@ -19,9 +19,9 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import torch
 import triton
 
+from tzrec_ops.backends.triton._kernel_utils import AUTOTUNE_ENV, interpreting
 from tzrec_ops.registry import autotune_configs
 
-AUTOTUNE_ENV = "TZREC_OPS_TRITON_AUTOTUNE"
 FWD = "hstu_attention_fwd"
 BWD_DQ = "hstu_attention_bwd_dq"
 BWD_DKDV = "hstu_attention_bwd_dkdv"
@@ -74,10 +74,6 @@ _CUDA_WIDE: Dict[str, Sequence[Tuple[int, int, int, int]]] = {
 # One config per kernel for the interpreter: small grids, and several key/query blocks per
 # sequence at test sizes so the loop bounds are exercised.
 _INTERPRETER = {FWD: (32, 16), BWD_DQ: (32, 16), BWD_DKDV: (16, 32)}
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "") == "1"
 
 
 def _device() -> torch.device:
