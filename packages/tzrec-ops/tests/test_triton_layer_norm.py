@@ -243,5 +243,5 @@ def test_norms_gpu_compile_and_opcheck():
     out = torch.compile(f, fullgraph=True)(x, u, w, b)
     out.sum().backward()
     torch.testing.assert_close(out, f(x, u, w, b))
-    torch.library.opcheck(layer_norm_op, (x, w, b, 1e-5))
-    torch.library.opcheck(norm_mul_dropout_op, (x, u, w, b, 1e-5, 0, True, 0.1, 5))
+    torch.library.opcheck(layer_norm_op.op, (x, w, b, 1e-5))
+    torch.library.opcheck(norm_mul_dropout_op.op, (x, u, w, b, 1e-5, 0, True, 0.1, 5))

@@ -24,10 +24,10 @@ from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch.library import triton_op
 from torch.utils.checkpoint import checkpoint
 
 from tzrec_ops.backends.triton import hstu_attention as attention
+from tzrec_ops.backends.triton._eager import triton_library_op
 from tzrec_ops.backends.triton._kernel_utils import draw_seed
 from tzrec_ops.backends.triton.layer_norm import (
     MUL,
@@ -151,7 +151,7 @@ def _uvqk_forward(
     return uvqk
 
 
-@triton_op("tzrec_ops::hstu_preprocess_and_attention_triton", mutates_args=())
+@triton_library_op("tzrec_ops::hstu_preprocess_and_attention_triton")
 def preprocess_and_attention_op(
     x: torch.Tensor,
     norm_weight: torch.Tensor,
@@ -208,7 +208,7 @@ def preprocess_and_attention_op(
     )
 
 
-@triton_op("tzrec_ops::hstu_preprocess_and_attention_bwd_triton", mutates_args=())
+@triton_library_op("tzrec_ops::hstu_preprocess_and_attention_bwd_triton")
 def preprocess_and_attention_bwd_op(
     du: torch.Tensor,
     dattn: torch.Tensor,
@@ -456,7 +456,7 @@ def hstu_preprocess_and_attention(
 # hstu_compute_output: one fused op
 
 
-@triton_op("tzrec_ops::hstu_compute_output_triton", mutates_args=())
+@triton_library_op("tzrec_ops::hstu_compute_output_triton")
 def compute_output_op(
     attn: torch.Tensor,
     u: torch.Tensor,
@@ -492,7 +492,7 @@ def compute_output_op(
     return out, x.new_empty(0) if recompute_y_in_backward else y, mean, rstd
 
 
-@triton_op("tzrec_ops::hstu_compute_output_bwd_triton", mutates_args=())
+@triton_library_op("tzrec_ops::hstu_compute_output_bwd_triton")
 def compute_output_bwd_op(
     dout: torch.Tensor,
     attn: torch.Tensor,

@@ -18,8 +18,8 @@ from typing import List, Optional, Tuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
 
+from tzrec_ops.backends.triton._eager import launchable, triton_library_op
 from tzrec_ops.backends.triton._kernel_utils import input_precision, interpreting, tuned
 from tzrec_ops.ops.utils import autotune_max_seq_len, next_power_of_2
 
@@ -123,7 +123,7 @@ def _copy(
     unused = offsets_left if offsets_left is not None else offsets_right
     if unused is None:
         unused = torch.zeros(1, dtype=torch.int64, device=combined.device)
-    wrap_triton(kernel)[grid](
+    launchable(kernel)[grid](
         left,
         right,
         combined,
@@ -153,7 +153,7 @@ def _batch(offsets_left, offsets_right, rows_left, max_len_left, rows_right, max
     return 0
 
 
-@triton_op("tzrec_ops::concat_2D_jagged_triton", mutates_args=())
+@triton_library_op("tzrec_ops::concat_2D_jagged_triton")
 def concat_2D_jagged_op(
     values_left: torch.Tensor,
     values_right: torch.Tensor,
@@ -191,7 +191,7 @@ def concat_2D_jagged_op(
     return out
 
 
-@triton_op("tzrec_ops::split_2D_jagged_triton", mutates_args=())
+@triton_library_op("tzrec_ops::split_2D_jagged_triton")
 def split_2D_jagged_op(
     values: torch.Tensor,
     max_seq_len: int,
@@ -499,7 +499,7 @@ def _jagged_dense(
     def grid(meta):
         return (triton.cdiv(N, meta["BLOCK_N"]), triton.cdiv(max_seq_len, meta["BLOCK_M"]), batch)
 
-    wrap_triton(kernel)[grid](
+    launchable(kernel)[grid](
         jagged,
         dense,
         bias if bias is not None else jagged,  # never alias an output (see mm.py)
@@ -520,7 +520,7 @@ def _jagged_dense(
     )
 
 
-@triton_op("tzrec_ops::jagged_dense_bmm_broadcast_add_triton", mutates_args=())
+@triton_library_op("tzrec_ops::jagged_dense_bmm_broadcast_add_triton")
 def jagged_dense_bmm_broadcast_add_op(
     max_seq_len: int,
     seq_offsets: torch.Tensor,
@@ -539,7 +539,7 @@ def jagged_dense_bmm_broadcast_add_op(
     return out
 
 
-@triton_op("tzrec_ops::jagged_dense_bmm_broadcast_add_bwd_triton", mutates_args=())
+@triton_library_op("tzrec_ops::jagged_dense_bmm_broadcast_add_bwd_triton")
 def jagged_dense_bmm_broadcast_add_bwd_op(
     max_seq_len: int,
     seq_offsets: torch.Tensor,
@@ -570,7 +570,7 @@ def jagged_dense_bmm_broadcast_add_bwd_op(
         def grid(meta):
             return (triton.cdiv(k_blocks, meta["BLOCK_M"]), triton.cdiv(N, meta["BLOCK_N"]), batch)
 
-        wrap_triton(kernel)[grid](
+        launchable(kernel)[grid](
             jagged,
             grad,
             d_dense,

@@ -34,8 +34,8 @@ from typing import List, Optional, Tuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
 
+from tzrec_ops.backends.triton._eager import launchable, triton_library_op
 from tzrec_ops.backends.triton._kernel_utils import (
     draw_seed,
     dropout_scale,
@@ -353,7 +353,7 @@ def sum_partials(partial: torch.Tensor) -> torch.Tensor:
     out = torch.empty(D, dtype=torch.float32, device=partial.device)
     block_d = min(256, next_power_of_2(max(D, 1)))
     block_p = 1 if interpreting() else 32
-    wrap_triton(_sum_partials_kernel)[(triton.cdiv(D, block_d),)](
+    launchable(_sum_partials_kernel)[(triton.cdiv(D, block_d),)](
         partial, out, P, D, BLOCK_P=block_p, BLOCK_D=block_d
     )
     return out
@@ -393,7 +393,7 @@ def norm_forward(
     block_m = 1 if interpreting() else _rows_per_tile(block_g, block_v, 4096)
     kernel = tuned("norm_fwd", _norm_fwd_kernel, _warp_configs, _KEY, _INTERPRET_CONFIG, x.device)
     dropout = dropout_p > 0.0
-    wrap_triton(kernel)[(triton.cdiv(L, block_m),)](
+    launchable(kernel)[(triton.cdiv(L, block_m),)](
         x,
         u if u is not None else x,
         weight if weight is not None else x,
@@ -474,7 +474,7 @@ def norm_backward(
     if L > 0:
         kernel = tuned("norm_bwd", _norm_bwd_kernel, _warp_configs, _KEY, _INTERPRET_CONFIG, device)
         dropout = dropout_p > 0.0
-        wrap_triton(kernel)[(programs,)](
+        launchable(kernel)[(programs,)](
             dy,
             x,
             u if u is not None else x,
@@ -534,7 +534,7 @@ def _reduce_affine_grad(
 # (dx, du, dweight, dbias, y) with empty tensors for the gradients that do not apply.
 
 
-@triton_op("tzrec_ops::norm_bwd_triton", mutates_args=())
+@triton_library_op("tzrec_ops::norm_bwd_triton")
 def norm_bwd_op(
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -615,7 +615,7 @@ def _save(ctx, x, u, weight, bias, output, **flags):  # type: ignore[no-untyped-
         setattr(ctx, name, value)
 
 
-@triton_op("tzrec_ops::layer_norm_triton", mutates_args=())
+@triton_library_op("tzrec_ops::layer_norm_triton")
 def layer_norm_op(
     x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -650,7 +650,7 @@ def _layer_norm_backward(ctx, dy, dmean, drstd):  # type: ignore[no-untyped-def]
 layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_setup_layer_norm)
 
 
-@triton_op("tzrec_ops::rms_norm_triton", mutates_args=())
+@triton_library_op("tzrec_ops::rms_norm_triton")
 def rms_norm_op(
     x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -685,7 +685,7 @@ def _rms_norm_backward(ctx, dy, dmean, drstd):  # type: ignore[no-untyped-def]
 rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_setup_rms_norm)
 
 
-@triton_op("tzrec_ops::swish_layer_norm_triton", mutates_args=())
+@triton_library_op("tzrec_ops::swish_layer_norm_triton")
 def swish_layer_norm_op(
     x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -715,7 +715,7 @@ def _setup_swish(ctx, inputs, output):  # type: ignore[no-untyped-def]
 swish_layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_setup_swish)
 
 
-@triton_op("tzrec_ops::norm_mul_dropout_triton", mutates_args=())
+@triton_library_op("tzrec_ops::norm_mul_dropout_triton")
 def norm_mul_dropout_op(
     x: torch.Tensor,
     u: torch.Tensor,

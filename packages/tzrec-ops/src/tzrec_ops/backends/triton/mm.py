@@ -8,6 +8,12 @@ backward products, through strides:
 * ``dw = x^T @ dz``, which also reduces ``db = sum_rows dz`` for a 1-D bias while it streams
   ``dz`` (only the programs of the first output row block write it, so no atomics).
 
+``dw`` reduces over every token (K = L, ~10^5) into a small output (E x 4HD: 64 tiles of
+128 x 128 at E=512, H=4, D=128), too few programs for the GPU. Such products are split along
+K (:func:`split_k`): each split writes fp32 partial sums, then one ``sum`` adds them in a fixed
+order, so the result stays deterministic. The autotune key quantizes M and K, so a new token
+count does not trigger a new tuning run.
+
 Shapes: x ``[M, K]``, w ``[K, N]``, bias ``[N]`` or ``[M, N]``, z ``[M, N]``.
 """
 
@@ -18,11 +24,12 @@ from typing import List, Optional, Tuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
 
+from tzrec_ops.backends.triton._eager import launchable, triton_library_op
 from tzrec_ops.backends.triton._kernel_utils import (
     input_precision,
     interpreting,
+    num_sms,
     quantize_rows,
     tuned,
 )
@@ -72,7 +79,10 @@ def _addmm_kernel(
     stride_cn,
     stride_biasm,
     stride_biasn,
+    stride_cs,
+    K_PER_SPLIT,
     AUTOTUNE_M,
+    AUTOTUNE_K,
     HAS_BIAS: tl.constexpr,
     COLSUM_B: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -82,8 +92,14 @@ def _addmm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    """``C = BIAS + A @ B``; with ``COLSUM_B`` also ``COLSUM = sum over K of B`` ([N], fp32)."""
+    """``C = BIAS + A @ B``; with ``COLSUM_B`` also ``COLSUM = sum over K of B`` ([N], fp32).
+
+    Split along K: program ``(pid, s)`` covers ``K`` rows ``[s * K_PER_SPLIT, ...)`` and writes
+    ``C + s * stride_cs`` (and ``COLSUM + s * N``)."""
     pid = tl.program_id(0)
+    split = tl.program_id(1)
+    k_lo = split * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     grid_m = tl.cdiv(M, BLOCK_M)
     grid_n = tl.cdiv(N, BLOCK_N)
     group_size = GROUP_M * grid_n
@@ -98,12 +114,12 @@ def _addmm_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    a_ptrs = A + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = B + offs_k[:, None].to(tl.int64) * stride_bk + offs_n[None, :] * stride_bn
+    a_ptrs = A + offs_m[:, None].to(tl.int64) * stride_am + (k_lo + offs_k[None, :]) * stride_ak
+    b_ptrs = B + (k_lo + offs_k[:, None]).to(tl.int64) * stride_bk + offs_n[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     colsum = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        mask_k = offs_k + k0 < K
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        mask_k = offs_k + k0 < k_hi
         a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
         if UPCAST:
@@ -122,11 +138,27 @@ def _addmm_kernel(
             other=0.0,
         )
         acc += bias.to(tl.float32)
-    c_ptrs = C + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+    c_ptrs = (
+        C
+        + split.to(tl.int64) * stride_cs
+        + offs_m[:, None].to(tl.int64) * stride_cm
+        + offs_n[None, :] * stride_cn
+    )
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
     if COLSUM_B:
         if pid_m == 0:
-            tl.store(COLSUM + offs_n, colsum, mask=mask_n)
+            tl.store(COLSUM + split * N + offs_n, colsum, mask=mask_n)
+
+
+_MIN_SPLIT_DEPTH = 2048
+
+
+def split_k(m: int, n: int, k: int, device: torch.device) -> int:
+    """How many K splits a bias-free ``[M, K] @ [K, N]`` gets: enough 128 x 128 output tiles
+    times splits for two programs per SM, each split at least ``_MIN_SPLIT_DEPTH`` deep."""
+    tiles = triton.cdiv(m, 128) * triton.cdiv(n, 128)
+    wanted = triton.cdiv(2 * num_sms(device), tiles)
+    return max(1, min(wanted, k // _MIN_SPLIT_DEPTH))
 
 
 def matmul(
@@ -139,7 +171,8 @@ def matmul(
     """Write ``bias + a @ b`` into ``out`` ([M, N]); ``colsum`` ([N], fp32) gets ``b.sum(0)``.
 
     ``a`` [M, K] and ``b`` [K, N] may be any strided views (transposes are free). ``bias`` is
-    ``[N]`` (broadcast over rows) or ``[M, N]``.
+    ``[N]`` (broadcast over rows) or ``[M, N]``. Bias-free products with a deep K and a small
+    output are split along K (see the module docstring).
     """
     M, K = a.shape
     N = b.shape[1]
@@ -162,22 +195,31 @@ def matmul(
         "addmm",
         _addmm_kernel,
         _cuda_configs,
-        ["AUTOTUNE_M", "N", "K"],
+        ["AUTOTUNE_M", "N", "AUTOTUNE_K"],
         _INTERPRET_CONFIG,
         a.device,
     )
 
-    def grid(meta):
-        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    splits = 1 if bias is not None else split_k(M, N, K, a.device)
+    depth = triton.cdiv(triton.cdiv(K, splits), 64) * 64  # whole BLOCK_K steps per split
+    splits = triton.cdiv(K, depth)
+    target, target_colsum = out, colsum
+    if splits > 1:
+        target = torch.empty((splits, M, N), dtype=torch.float32, device=out.device)
+        if colsum is not None:
+            target_colsum = torch.empty((splits, N), dtype=torch.float32, device=out.device)
 
-    wrap_triton(kernel)[grid](
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), splits)
+
+    launchable(kernel)[grid](
         a,
         b,
-        out,
+        target,
         # absent optional pointers get an input, never an output: torch.compile
         # functionalizes written arguments one by one, so an output passed twice breaks
         bias if bias is not None else a,
-        colsum if colsum is not None else a,
+        target_colsum if target_colsum is not None else a,
         M,
         N,
         K,
@@ -185,19 +227,26 @@ def matmul(
         a.stride(1),
         b.stride(0),
         b.stride(1),
-        out.stride(0),
-        out.stride(1),
+        target.stride(-2),
+        target.stride(-1),
         stride_biasm,
         stride_biasn,
+        target.stride(0) if splits > 1 else 0,
+        depth,
         quantize_rows(M),
+        quantize_rows(K),
         HAS_BIAS=bias is not None,
         COLSUM_B=colsum is not None,
         UPCAST=interpreting(),
         INPUT_PRECISION=input_precision(a.dtype),
     )
+    if splits > 1:
+        out.copy_(target.sum(0))
+        if colsum is not None:
+            colsum.copy_(target_colsum.sum(0))
 
 
-@triton_op("tzrec_ops::addmm_triton", mutates_args=())
+@triton_library_op("tzrec_ops::addmm_triton")
 def addmm_fwd(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     """``input + mat1 @ mat2``: mat1 [M, K], mat2 [K, N], input [N] or [M, N] -> [M, N]."""
     out = torch.empty((mat1.shape[0], mat2.shape[1]), dtype=mat1.dtype, device=mat1.device)
@@ -205,7 +254,7 @@ def addmm_fwd(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> to
     return out
 
 
-@triton_op("tzrec_ops::addmm_bwd_triton", mutates_args=())
+@triton_library_op("tzrec_ops::addmm_bwd_triton")
 def addmm_bwd(
     dz: torch.Tensor, input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

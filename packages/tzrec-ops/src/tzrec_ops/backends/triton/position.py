@@ -25,8 +25,8 @@ from typing import List, Optional, Tuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
 
+from tzrec_ops.backends.triton._eager import launchable, triton_library_op
 from tzrec_ops.backends.triton._kernel_utils import tuned
 from tzrec_ops.ops.utils import autotune_max_seq_len, next_power_of_2
 
@@ -168,7 +168,7 @@ def _target_args(num_targets: Optional[torch.Tensor], interleave_targets: bool, 
     )
 
 
-@triton_op("tzrec_ops::add_positional_embeddings_triton", mutates_args=())
+@triton_library_op("tzrec_ops::add_positional_embeddings_triton")
 def add_positional_embeddings_op(
     alpha: float,
     max_seq_len: int,
@@ -199,7 +199,7 @@ def add_positional_embeddings_op(
     def grid(meta):
         return (triton.cdiv(max_seq_len, meta["BLOCK_N"]), batch)
 
-    wrap_triton(kernel)[grid](
+    launchable(kernel)[grid](
         x,
         position_embeddings_weight,
         out,
@@ -220,7 +220,7 @@ def add_positional_embeddings_op(
     return out
 
 
-@triton_op("tzrec_ops::add_positional_embeddings_bwd_triton", mutates_args=())
+@triton_library_op("tzrec_ops::add_positional_embeddings_bwd_triton")
 def add_positional_embeddings_bwd_op(
     grad: torch.Tensor,
     alpha: float,
@@ -240,7 +240,7 @@ def add_positional_embeddings_bwd_op(
     targets, factor, has_targets = _target_args(num_targets, interleave_targets, seq_lengths)
     block_k = 16 if grad.device.type == "cpu" else 32
     block_d = _block_d(D)
-    wrap_triton(_add_position_bwd_kernel)[(triton.cdiv(K, block_k), triton.cdiv(D, block_d))](
+    launchable(_add_position_bwd_kernel)[(triton.cdiv(K, block_k), triton.cdiv(D, block_d))](
         grad,
         d_x,
         d_table,
@@ -405,7 +405,7 @@ def _scatter_sorted_rows_kernel(
     )
 
 
-@triton_op("tzrec_ops::add_timestamp_positional_embeddings_triton", mutates_args=())
+@triton_library_op("tzrec_ops::add_timestamp_positional_embeddings_triton")
 def add_timestamp_positional_embeddings_op(
     alpha: float,
     max_seq_len: int,
@@ -445,7 +445,7 @@ def add_timestamp_positional_embeddings_op(
     def grid(meta):
         return (triton.cdiv(max_seq_len, meta["BLOCK_N"]), batch)
 
-    wrap_triton(kernel)[grid](
+    launchable(kernel)[grid](
         x,
         position_embeddings_weight,
         timestamp_embeddings_weight,
@@ -492,7 +492,7 @@ def _scatter_sorted(
     keys, perm = torch.sort(index, stable=True)
     block_e = 16 if grad.device.type == "cpu" else 64
     block_d = _block_d(D)
-    wrap_triton(_scatter_sorted_rows_kernel)[(triton.cdiv(L, block_e), triton.cdiv(D, block_d))](
+    launchable(_scatter_sorted_rows_kernel)[(triton.cdiv(L, block_e), triton.cdiv(D, block_d))](
         grad,
         keys,
         perm,
@@ -511,7 +511,7 @@ def _scatter_sorted(
     return d_table
 
 
-@triton_op("tzrec_ops::add_timestamp_positional_embeddings_bwd_triton", mutates_args=())
+@triton_library_op("tzrec_ops::add_timestamp_positional_embeddings_bwd_triton")
 def add_timestamp_positional_embeddings_bwd_op(
     grad: torch.Tensor,
     alpha: float,

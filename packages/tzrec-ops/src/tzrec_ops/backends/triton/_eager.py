@@ -1,0 +1,95 @@
+"""``torch.library`` Triton ops whose eager calls skip the dispatcher.
+
+Every Triton op is registered with :func:`torch.library.triton_op` so that
+``torch.compile``, ``torch.export`` and AOTInductor see its kernels. In eager mode that
+registration costs host time on every call: the dispatcher, the op's autograd wrapper and,
+above all, :func:`torch.library.wrap_triton`, which routes each launch through a
+higher-order op. On an H100 with torch 2.11 an eager layer norm (forward + backward, three
+launches) spent 1.06 ms of host time per step for 0.41 ms of GPU work.
+
+:func:`triton_library_op` registers the op exactly as before and returns a callable that,
+for plain tensors outside any tracing, runs the op's Python body directly (through a plain
+``autograd.Function`` when a gradient is needed) and launches kernels without the
+higher-order op (:func:`launchable`). Anything being traced goes through the registered op.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch.library import triton_op, wrap_triton
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+
+
+def tracing() -> bool:
+    """Whether a compiler or a dispatch-mode tracer (export, make_fx, fake tensors) is active."""
+    return torch.compiler.is_compiling() or is_in_torch_dispatch_mode()
+
+
+def launchable(kernel: Any) -> Any:
+    """``kernel`` wrapped for graph capture while tracing, else ``kernel`` itself."""
+    return wrap_triton(kernel) if tracing() else kernel
+
+
+def _plain_eager(args: tuple) -> bool:
+    if tracing():
+        return False
+    return all(type(a) is torch.Tensor for a in args if isinstance(a, torch.Tensor))
+
+
+class _EagerAutograd(torch.autograd.Function):
+    """The op's registered autograd formula, applied without the dispatcher."""
+
+    @staticmethod
+    def forward(ctx: Any, op: "TritonLibraryOp", *args: Any) -> Any:
+        out = op.fn(*args)
+        ctx.library_op = op
+        op.setup_context(ctx, args, out)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        result = ctx.library_op.backward(ctx, *grads)
+        return (None, *(result if isinstance(result, tuple) else (result,)))
+
+
+class TritonLibraryOp:
+    """A registered ``triton_op`` (``.op``) with a dispatcher-free eager path."""
+
+    def __init__(self, name: str, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.op = triton_op(name, mutates_args=())(fn)
+        self.backward: Optional[Callable[..., Any]] = None
+        self.setup_context: Optional[Callable[..., None]] = None
+
+    def register_autograd(
+        self, backward: Callable[..., Any], *, setup_context: Callable[..., None]
+    ) -> None:
+        self.op.register_autograd(backward, setup_context=setup_context)
+        self.backward, self.setup_context = backward, setup_context
+
+    def register_fake(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return self.op.register_fake(fn)
+
+    def __call__(self, *args: Any) -> Any:
+        if not _plain_eager(args):
+            return self.op(*args)
+        needs_grad = (
+            self.backward is not None
+            and torch.is_grad_enabled()
+            and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        )
+        if needs_grad:
+            return _EagerAutograd.apply(self, *args)
+        return self.fn(*args)
+
+
+def triton_library_op(name: str) -> Callable[[Callable[..., Any]], TritonLibraryOp]:
+    """Decorator: register ``fn`` as the ``triton_op`` ``name`` (no mutated arguments) and
+    return a :class:`TritonLibraryOp` calling it."""
+
+    def register(fn: Callable[..., Any]) -> TritonLibraryOp:
+        return TritonLibraryOp(name, fn)
+
+    return register

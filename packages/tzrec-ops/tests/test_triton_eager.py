@@ -1,0 +1,75 @@
+"""The dispatcher-free eager path of the Triton ops (``backends/triton/_eager.py``).
+
+Eager calls with plain tensors run the op's body (and its registered autograd formula)
+directly and launch kernels without ``wrap_triton``'s higher-order op; anything traced goes
+through the registered ``torch.library`` op. Both paths must give identical results.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from tzrec_ops.backends.triton import _eager  # noqa: E402
+from tzrec_ops.backends.triton.layer_norm import _norm_fwd_kernel, layer_norm_op  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class _Recording(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_launchable_is_the_kernel_itself_unless_tracing():
+    assert not _eager.tracing()
+    assert _eager.launchable(_norm_fwd_kernel) is _norm_fwd_kernel
+    with _Recording():
+        assert _eager.tracing()
+
+
+def _inputs(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(37, 24, generator=g).to(DEVICE)
+    w = torch.randn(24, generator=g).to(DEVICE)
+    b = torch.randn(24, generator=g).to(DEVICE)
+    return [t.requires_grad_() for t in (x, w, b)]
+
+
+def test_eager_path_matches_the_registered_op_forward_and_backward():
+    fast, slow = _inputs(0), _inputs(0)
+    y_fast = layer_norm_op(*fast, 1e-5)[0]
+    y_slow = layer_norm_op.op(*slow, 1e-5)[0]
+    torch.testing.assert_close(y_fast, y_slow, rtol=0, atol=0)
+    dy = torch.randn(y_fast.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    y_fast.backward(dy)
+    y_slow.backward(dy)
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+def test_eager_path_skips_the_dispatcher_and_tracing_uses_the_op():
+    x, w, b = _inputs(2)
+    with torch.no_grad(), _Recording() as traced:
+        layer_norm_op(x, w, b, 1e-5)
+    # under a dispatch mode the call goes through the registered op
+    assert any("tzrec_ops.layer_norm_triton" in name for name in traced.ops)
+    y = layer_norm_op(x, w, b, 1e-5)[0]
+    assert y.grad_fn is not None and "EagerAutograd" in type(y.grad_fn).__name__
+    with torch.no_grad():
+        assert layer_norm_op(x, w, b, 1e-5)[0].grad_fn is None
