@@ -46,10 +46,23 @@ class _EagerAutograd(torch.autograd.Function):
         out = op.fn(*args)
         ctx.library_op = op
         op.setup_context(ctx, args, out)
+        if isinstance(out, tuple) and op.grad_outputs < len(out):
+            # outputs past the differentiable ones are saved values: no zero-filled gradients
+            ctx.mark_non_differentiable(*out[op.grad_outputs :])
+            ctx.set_materialize_grads(False)
+            ctx.grad_meta = [(t.shape, t.dtype, t.device) for t in out[: op.grad_outputs]]
         return out
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
+        meta = getattr(ctx, "grad_meta", None)
+        if meta is not None:
+            grads = tuple(
+                torch.zeros(*meta[i][:1], dtype=meta[i][1], device=meta[i][2])
+                if g is None and i < len(meta)
+                else g
+                for i, g in enumerate(grads)
+            )
         result = ctx.library_op.backward(ctx, *grads)
         return (None, *(result if isinstance(result, tuple) else (result,)))
 
@@ -62,12 +75,20 @@ class TritonLibraryOp:
         self.op = triton_op(name, mutates_args=())(fn)
         self.backward: Optional[Callable[..., Any]] = None
         self.setup_context: Optional[Callable[..., None]] = None
+        self.grad_outputs = 0
 
     def register_autograd(
-        self, backward: Callable[..., Any], *, setup_context: Callable[..., None]
+        self,
+        backward: Callable[..., Any],
+        *,
+        setup_context: Callable[..., None],
+        grad_outputs: int = 1 << 30,
     ) -> None:
+        """As ``CustomOpDef.register_autograd``; only the first ``grad_outputs`` outputs take
+        gradients (the rest are values saved for the backward, whose gradients it ignores)."""
         self.op.register_autograd(backward, setup_context=setup_context)
         self.backward, self.setup_context = backward, setup_context
+        self.grad_outputs = grad_outputs
 
     def register_fake(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return self.op.register_fake(fn)

@@ -133,6 +133,8 @@ def hstu_attention_fwd(
     scaling_seqlen: int,
     enable_tma: bool,
     delta_size: int = 0,
+    delta_k: Optional[torch.Tensor] = None,
+    delta_v: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Launch the forward kernel.
 
@@ -140,10 +142,18 @@ def hstu_attention_fwd(
         q: ``[L, H, A]``, or ``[B * delta_size, H, A]`` (each sequence's last ``delta_size``
             positions) when ``delta_size > 0``.
         k: ``[L, H, A]``; v: ``[L, H, V]``; seq_offsets: ``[B + 1]`` int32/int64.
+        delta_k, delta_v: ``[B * delta_size, H, A | V]`` (with ``delta_size > 0``): the split
+            cached form, k/v/seq_offsets then hold only each sequence's cached prefix.
     Returns:
         ``[rows of q, H, V]`` in v's dtype.
     """
     q, k, v = (switch_to_contiguous_if_needed(t) for t in (q, k, v))
+    split = delta_k is not None and delta_v is not None
+    if split:
+        delta_k, delta_v = (switch_to_contiguous_if_needed(t) for t in (delta_k, delta_v))
+    else:
+        # unused by the kernel; a placeholder pointer must be an input, never the output
+        delta_k, delta_v = k, v
     seq_offsets = seq_offsets.contiguous()
     rows, heads, dim_q = q.shape
     dim_v = v.shape[2]
@@ -160,16 +170,21 @@ def hstu_attention_fwd(
         return (triton.cdiv(grid_rows, meta["BLOCK_M"]), batch * heads)
 
     kernel = _fwd_kernel_wide if max(dim_q, dim_v) > 128 else _fwd_kernel
+    # The split form reads every cached key once per query block of D rows: it is
+    # memory-bound, so it always takes pointer loads (no per-sequence descriptors to build
+    # for two sources), also on triton_tma.
     wrap_triton(kernel)[grid](
-        q, k, v, out, seq_offsets, targets, sort_idx,
+        q, k, v, delta_k, delta_v, out, seq_offsets, targets, sort_idx,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        delta_k.stride(0), delta_k.stride(1), delta_v.stride(0), delta_v.stride(1),
         out.stride(0), out.stride(1),
         float(alpha), _inv_scale(max_seq_len, scaling_seqlen), max_attn_len, contextual_seq_len,
         heads, delta_size, prev_power_of_2(batch), autotune_max_seq_len(grid_rows),
         DIM_Q=dim_q, DIM_V=dim_v, CAUSAL=causal, HAS_TARGETS=num_targets is not None,
         HAS_CONTEXTUAL=contextual_seq_len > 0, HAS_MAX_ATTN_LEN=max_attn_len > 0,
         SORT_BY_LENGTH=sort_by_length and not is_delta, IS_DELTA=is_delta,
-        PRECISION=_precision(q.dtype), ENABLE_TMA=_use_tma(enable_tma, q, k, v),
+        SPLIT_KV=is_delta and split, PRECISION=_precision(q.dtype),
+        ENABLE_TMA=_use_tma(enable_tma and not split, q, k, v),
         UPCAST=_upcast(q.dtype), FAST_SILU=_fast_silu(q.dtype), BLOCK_D_Q=_block_d(dim_q),
         BLOCK_D_V=_block_d(dim_v),
     )
@@ -191,18 +206,21 @@ def hstu_attention_bwd(
     sort_by_length: bool,
     scaling_seqlen: int,
     enable_tma: bool,
+    grads: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the dK/dV pass, then the dQ pass; returns contiguous ``(dq, dk, dv)`` like q,
-    k, v. No atomics: the result is bitwise reproducible. (Adding dQ with fp32 atomics inside
-    the dK/dV pass was measured slower on an H200: 342 vs 359 TFLOP/s at N=4096.)"""
+    """Launch the dK/dV pass, then the dQ pass; returns ``(dq, dk, dv)`` shaped like q, k, v:
+    new contiguous tensors, or ``grads`` (views with unit last stride, e.g. column slices of
+    one fused gradient buffer) written in place. No atomics: the result is bitwise
+    reproducible. (Adding dQ with fp32 atomics inside the dK/dV pass was measured slower on an
+    H200: 342 vs 359 TFLOP/s at N=4096.)"""
     dout, q, k, v = (switch_to_contiguous_if_needed(t) for t in (dout, q, k, v))
     seq_offsets = seq_offsets.contiguous()
     total, heads, dim_q = q.shape
     dim_v = v.shape[2]
     batch = seq_offsets.shape[0] - 1
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if grads is None:
+        grads = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dq, dk, dv = grads
     if batch == 0 or total == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     targets = num_targets.contiguous() if num_targets is not None else seq_offsets
@@ -302,12 +320,15 @@ def _define(tma: bool):
         max_attn_len: int,
         contextual_seq_len: int,
         scaling_seqlen: int,
+        delta_k: Optional[torch.Tensor] = None,
+        delta_v: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         batch = seq_offsets.shape[0] - 1
         delta_size = delta_q.shape[0] // batch if batch > 0 else 0
         return hstu_attention_fwd(
             max_seq_len, alpha, delta_q, k, v, seq_offsets, True, num_targets, max_attn_len,
             contextual_seq_len, False, scaling_seqlen, tma, delta_size=delta_size,
+            delta_k=delta_k, delta_v=delta_v,
         )
 
     @forward.register_fake
@@ -436,11 +457,15 @@ def delta_hstu_mha(
     max_attn_len: int = 0,
     contextual_seq_len: int = 0,
     scaling_seqlen: int = -1,
+    *,
+    delta_k: Optional[torch.Tensor] = None,
+    delta_v: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Cached attention ``[B * D, H, V]`` of each sequence's last D queries (forward only)."""
+    """Cached attention ``[B * D, H, V]`` of each sequence's last D queries (forward only);
+    with ``delta_k``/``delta_v`` the split form (cache read in place)."""
     return _delta_hstu_mha_op(int(max_seq_len), float(alpha), delta_q, k, v, seq_offsets,
                               num_targets, int(max_attn_len), int(contextual_seq_len),
-                              int(scaling_seqlen))
+                              int(scaling_seqlen), delta_k, delta_v)
 
 
 def delta_hstu_mha_tma(
@@ -454,9 +479,13 @@ def delta_hstu_mha_tma(
     max_attn_len: int = 0,
     contextual_seq_len: int = 0,
     scaling_seqlen: int = -1,
+    *,
+    delta_k: Optional[torch.Tensor] = None,
+    delta_v: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """:func:`delta_hstu_mha` through tensor descriptors."""
+    """:func:`delta_hstu_mha` through tensor descriptors (the split form, ``delta_k``/
+    ``delta_v`` given, uses pointer loads: see :func:`hstu_attention_fwd`)."""
     return _delta_hstu_mha_tma_op(int(max_seq_len), float(alpha), delta_q, k, v, seq_offsets,
                                   num_targets, int(max_attn_len), int(contextual_seq_len),
-                                  int(scaling_seqlen))
+                                  int(scaling_seqlen), delta_k, delta_v)
 

@@ -262,7 +262,7 @@ def preprocess_and_attention_bwd_op(
     u, v, q, k = _split_uvqk(uvqk, num_heads, attn_dim, hidden_dim)
     duvqk = torch.empty_like(uvqk)
     du_view, dv_view, dq_view, dk_view = _split_uvqk(duvqk, num_heads, attn_dim, hidden_dim)
-    dq, dk, dv = attention.hstu_attention_bwd(
+    attention.hstu_attention_bwd(
         max_seq_len,
         attn_alpha,
         dattn.view(L, num_heads, hidden_dim),
@@ -277,10 +277,8 @@ def preprocess_and_attention_bwd_op(
         sort_by_length,
         scaling_seqlen,
         False,
+        grads=(dq_view, dk_view, dv_view),
     )
-    dq_view.copy_(dq)
-    dk_view.copy_(dk)
-    dv_view.copy_(dv)
     torch.ops.aten.silu_backward.grad_input(du, u, grad_input=du_view)
     d_normed = torch.empty_like(normed)
     d_uvqk_weight = torch.empty_like(uvqk_weight)
@@ -391,7 +389,9 @@ def _preprocess_backward(ctx, du, dattn, *unused):  # type: ignore[no-untyped-de
     return (dx, dnw, dnb, None, None, None, None, duw, dub) + (None,) * 11
 
 
-preprocess_and_attention_op.register_autograd(_preprocess_backward, setup_context=_setup_preprocess)
+preprocess_and_attention_op.register_autograd(
+    _preprocess_backward, setup_context=_setup_preprocess, grad_outputs=2
+)
 
 
 def hstu_preprocess_and_attention(
@@ -565,7 +565,7 @@ def _output_backward(ctx, dout, *unused):  # type: ignore[no-untyped-def]
     return (d_attn, d_u, d_x, dnw, dnb, None, dw) + (None,) * 6
 
 
-compute_output_op.register_autograd(_output_backward, setup_context=_setup_output)
+compute_output_op.register_autograd(_output_backward, setup_context=_setup_output, grad_outputs=1)
 
 
 def hstu_compute_output(

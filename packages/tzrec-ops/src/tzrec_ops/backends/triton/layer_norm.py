@@ -647,7 +647,9 @@ def _layer_norm_backward(ctx, dy, dmean, drstd):  # type: ignore[no-untyped-def]
     return dx, dweight, dbias, None
 
 
-layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_setup_layer_norm)
+layer_norm_op.register_autograd(
+    _layer_norm_backward, setup_context=_setup_layer_norm, grad_outputs=1
+)
 
 
 @triton_library_op("tzrec_ops::rms_norm_triton")
@@ -682,7 +684,7 @@ def _rms_norm_backward(ctx, dy, dmean, drstd):  # type: ignore[no-untyped-def]
     return dx, dweight, None
 
 
-rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_setup_rms_norm)
+rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_setup_rms_norm, grad_outputs=1)
 
 
 @triton_library_op("tzrec_ops::swish_layer_norm_triton")
@@ -712,7 +714,9 @@ def _setup_swish(ctx, inputs, output):  # type: ignore[no-untyped-def]
     )
 
 
-swish_layer_norm_op.register_autograd(_layer_norm_backward, setup_context=_setup_swish)
+swish_layer_norm_op.register_autograd(
+    _layer_norm_backward, setup_context=_setup_swish, grad_outputs=1
+)
 
 
 @triton_library_op("tzrec_ops::norm_mul_dropout_triton")
@@ -763,7 +767,7 @@ def _norm_mul_dropout_backward(ctx, dy, dmean, drstd):  # type: ignore[no-untype
 
 
 norm_mul_dropout_op.register_autograd(
-    _norm_mul_dropout_backward, setup_context=_setup_norm_mul_dropout
+    _norm_mul_dropout_backward, setup_context=_setup_norm_mul_dropout, grad_outputs=1
 )
 
 

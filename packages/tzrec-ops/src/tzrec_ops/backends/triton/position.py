@@ -547,7 +547,7 @@ def _timestamp_backward(ctx, grad, d_pos_index, d_ts_index):  # type: ignore[no-
 
 
 add_timestamp_positional_embeddings_op.register_autograd(
-    _timestamp_backward, setup_context=_setup_timestamp
+    _timestamp_backward, setup_context=_setup_timestamp, grad_outputs=1
 )
 
 
