@@ -10,8 +10,11 @@ KV cache design: the cache is a **value**, not module state. :class:`KVCache` ho
 layer's cached keys/values; :meth:`STULayer.forward` returns a new cache when asked to
 (``kv_caching_lengths``), and :meth:`STULayer.cached_forward` takes a cache and returns
 ``(output, full_cache)`` where ``full_cache`` is the input cache with the new tokens
-appended. Keeping the old cache, rolling forward to the new one, or trimming it is the
+appended (or ``None`` with ``update_cache=False``, for scoring candidates against a fixed
+history). Keeping the old cache, rolling forward to the new one, or trimming it is the
 caller's choice, so a layer can serve many requests at once and is safe to re-enter.
+Attention reads the cache in place (the split form of ``delta_hstu_mha``); only
+``update_cache=True`` copies it, to build the returned cache.
 """
 
 from __future__ import annotations
@@ -113,8 +116,10 @@ class STU(nn.Module, abc.ABC):
         kv_caching_lengths: Optional[torch.Tensor] = None,
         max_kv_caching_len: int = 0,
         total_kv_caching_len: Optional[int] = None,
-    ) -> Tuple[torch.Tensor, KVCache]:
-        """Transduce Δ new tokens per sample against ``kv_cache``; return (out, new cache)."""
+        update_cache: bool = True,
+    ) -> Tuple[torch.Tensor, Optional[KVCache]]:
+        """Transduce Δ new tokens per sample against ``kv_cache``; return (out, new cache),
+        the new cache being None when ``update_cache`` is False."""
 
     @property
     @abc.abstractmethod
@@ -556,12 +561,19 @@ class STULayer(STU):
         kv_caching_lengths: Optional[torch.Tensor] = None,
         max_kv_caching_len: int = 0,
         total_kv_caching_len: Optional[int] = None,
-    ) -> Tuple[torch.Tensor, KVCache]:
+        update_cache: bool = True,
+    ) -> Tuple[torch.Tensor, Optional[KVCache]]:
         """Run Δ new tokens per sample against ``kv_cache`` (forward only, inference).
 
         The new tokens are the last Δ tokens of each sample; they attend to the cache and,
         causally, to each other (or, when ``target_aware`` and they are targets, to the
         cache and themselves). SLA masks and truncation are not available here.
+
+        Attention reads the cache where it lies and the Δ new keys/values from the UVQK
+        projection (the split form of ``delta_hstu_mha``), so scoring costs one read of the
+        cache per layer. ``update_cache=True`` also builds the returned cache
+        ``[cache ; delta]``: a copy of the whole cache per layer (one more read and one
+        write of it), which only decoding that rolls the cache forward needs.
 
         Args:
             delta_x (torch.Tensor): [B * Δ, E], Δ new tokens for each of the B samples.
@@ -571,10 +583,14 @@ class STULayer(STU):
                 keeps only the first ``kv_caching_lengths[b]`` tokens of ``[cache ; delta]``.
             max_kv_caching_len (int): upper bound on ``kv_caching_lengths``; 0: full length.
             total_kv_caching_len (int | None): their sum; None costs one host sync.
+            update_cache (bool): build and return the extended cache. False (scoring
+                candidates against a fixed history, the usual ranking case) returns None
+                instead and never builds the extended cache. Default: True.
 
         Returns:
-            (out [B * Δ, E], cache): ``cache`` is ``[cache ; delta]`` (or its trimmed prefix).
-            Keep passing the old cache to score further tokens against the same history.
+            (out [B * Δ, E], cache): ``cache`` is ``[cache ; delta]`` (or its trimmed prefix),
+            or None when ``update_cache`` is False. Keep passing the old cache to score
+            further tokens against the same history.
         """
         batch = kv_cache.offsets.numel() - 1
         if delta_x.dim() != 2 or delta_x.shape[-1] != self.embedding_dim:
@@ -593,6 +609,11 @@ class STULayer(STU):
             raise ValueError(
                 f"num_targets must have shape [B] = [{batch}], got {tuple(num_targets.shape)}"
             )
+        if kv_caching_lengths is not None and not update_cache:
+            raise ValueError(
+                "kv_caching_lengths trims the returned cache, but update_cache=False returns "
+                "none; pass update_cache=True or leave kv_caching_lengths None"
+            )
         params = self._params(delta_x.dtype)
         u, q, k, v = hstu_compute_uqvk(
             x=delta_x,
@@ -609,25 +630,28 @@ class STULayer(STU):
             backend=self._backend,
         )
         rows = delta_x.shape[0]
-        full = self.construct_full_kv(
-            kv_cache,
-            k.reshape(rows, -1).to(kv_cache.k.dtype),
-            v.reshape(rows, -1).to(kv_cache.v.dtype),
-        )
+        # the new keys/values as the cache stores them (no copy when the dtypes agree)
+        new_k = k.to(kv_cache.k.dtype)
+        new_v = v.to(kv_cache.v.dtype)
         attn = delta_hstu_mha(
-            max_seq_len=full.max_len,
+            max_seq_len=kv_cache.max_len + rows // batch,
             alpha=self.attn_alpha,
             delta_q=q,
-            k=full.k.view(-1, self.num_heads, self.attention_dim).to(q.dtype),
-            v=full.v.view(-1, self.num_heads, self.hidden_dim).to(q.dtype),
-            seq_offsets=full.offsets,
+            k=kv_cache.k.view(-1, self.num_heads, self.attention_dim).to(q.dtype),
+            v=kv_cache.v.view(-1, self.num_heads, self.hidden_dim).to(q.dtype),
+            seq_offsets=kv_cache.offsets,
             num_targets=num_targets if self.target_aware else None,
             max_attn_len=self.max_attn_len,
             contextual_seq_len=self._contextual_seq_len,
             scaling_seqlen=self.scaling_seqlen,
+            delta_k=new_k.to(q.dtype),
+            delta_v=new_v.to(q.dtype),
             backend=self._backend,
         )
         out = self._output(attn.reshape(rows, -1), u, delta_x, params)
+        if not update_cache:
+            return out, None
+        full = self.construct_full_kv(kv_cache, new_k.reshape(rows, -1), new_v.reshape(rows, -1))
         if kv_caching_lengths is not None:
             full = self._prefix_cache(
                 full.k,
@@ -871,18 +895,24 @@ class STUStack(nn.Module):
         kv_caching_lengths: Optional[torch.Tensor] = None,
         max_kv_caching_len: int = 0,
         total_kv_caching_len: Optional[int] = None,
-    ) -> Tuple[torch.Tensor, List[KVCache]]:
+        update_cache: bool = True,
+    ) -> Tuple[torch.Tensor, Optional[List[KVCache]]]:
         """Each layer's :meth:`STULayer.cached_forward` in turn (inference only).
+
+        Every layer reads its cache in place; ``update_cache=True`` also copies each cache
+        into the extended one it returns (decoding); ``False`` builds no new caches (scoring
+        candidates against a fixed history).
 
         Args:
             delta_x (torch.Tensor): [B * Δ, E].
             kv_caches (Sequence[KVCache]): one per layer, e.g. from ``forward`` with
                 ``kv_caching_lengths``.
-            num_targets, kv_caching_lengths, max_kv_caching_len, total_kv_caching_len: as in
-                :meth:`STULayer.cached_forward`.
+            num_targets, kv_caching_lengths, max_kv_caching_len, total_kv_caching_len,
+                update_cache: as in :meth:`STULayer.cached_forward`.
 
         Returns:
-            (out [B * Δ, E], new caches, one per layer).
+            (out [B * Δ, E], new caches, one per layer, or None when ``update_cache`` is
+            False).
 
         Raises:
             NotImplementedError: truncation is on (the cache would not match training).
@@ -906,6 +936,8 @@ class STUStack(nn.Module):
                 kv_caching_lengths=kv_caching_lengths,
                 max_kv_caching_len=max_kv_caching_len,
                 total_kv_caching_len=total_kv_caching_len,
+                update_cache=update_cache,
             )
-            new_caches.append(new)
-        return x, new_caches
+            if new is not None:
+                new_caches.append(new)
+        return x, new_caches if update_cache else None

@@ -93,18 +93,29 @@ def _value_checks(
     max_seq_len: int,
     num_targets: Optional[torch.Tensor],
     delta: int = 0,
+    appended: int = 0,
 ) -> None:
     """Offsets, lengths <= max_seq_len, 0 <= num_targets <= length and, for cached attention,
-    length >= ``delta``. Queues nothing (and adds nothing to a traced graph) when disabled."""
+    length >= ``delta``. ``appended`` tokens follow each sequence described by the offsets
+    (the split cached form: offsets of the cache, lengths ``n_b + appended``). Queues nothing
+    (and adds nothing to a traced graph) when disabled."""
     if not checks.enabled:
         return
     checks.offsets("seq_offsets", seq_offsets, total=total)
     lengths = seq_offsets[1:] - seq_offsets[:-1]
-    checks.require(
-        lengths <= max_seq_len,
-        f"every sequence length (seq_offsets[b + 1] - seq_offsets[b]) must be <= "
-        f"max_seq_len ({max_seq_len})",
-    )
+    if appended > 0:
+        lengths = lengths + appended
+        checks.require(
+            lengths <= max_seq_len,
+            f"every full sequence length (cached seq_offsets[b + 1] - seq_offsets[b], plus the "
+            f"D = {appended} new tokens of delta_k) must be <= max_seq_len ({max_seq_len})",
+        )
+    else:
+        checks.require(
+            lengths <= max_seq_len,
+            f"every sequence length (seq_offsets[b + 1] - seq_offsets[b]) must be <= "
+            f"max_seq_len ({max_seq_len})",
+        )
     if num_targets is not None:
         checks.require(num_targets >= 0, "num_targets must be >= 0")
         checks.require(
@@ -246,6 +257,31 @@ def hstu_mha(
     )
 
 
+def _check_split_kv(
+    delta_q: torch.Tensor,
+    v: torch.Tensor,
+    delta_k: Optional[torch.Tensor],
+    delta_v: Optional[torch.Tensor],
+) -> bool:
+    """Shapes of the split cached form's new keys/values; whether the form is used."""
+    if delta_k is None and delta_v is None:
+        return False
+    if delta_k is None or delta_v is None:
+        given, missing = ("delta_k", "delta_v") if delta_v is None else ("delta_v", "delta_k")
+        raise ValueError(
+            f"delta_k and delta_v must be given together (or both left None): {given} was "
+            f"given but {missing} is None"
+        )
+    check_tensor("delta_k", delta_k, ndim=3)
+    check_tensor("delta_v", delta_v, ndim=3)
+    for dim in range(3):
+        check_dim("delta_k", delta_k, dim, delta_q.shape[dim], f"delta_q.shape[{dim}]")
+    check_dim("delta_v", delta_v, 0, delta_q.shape[0], "delta_q.shape[0]")
+    check_dim("delta_v", delta_v, 1, delta_q.shape[1], "delta_q.shape[1]")
+    check_dim("delta_v", delta_v, 2, v.shape[2], "v.shape[2]")
+    return True
+
+
 def delta_hstu_mha(
     max_seq_len: int,
     alpha: float,
@@ -258,6 +294,8 @@ def delta_hstu_mha(
     contextual_seq_len: int = 0,
     scaling_seqlen: int = -1,
     *,
+    delta_k: Optional[torch.Tensor] = None,
+    delta_v: Optional[torch.Tensor] = None,
     backend: Union[str, Backend, None] = None,
 ) -> torch.Tensor:
     """Cached (KV-cache) HSTU attention for the last D positions of every sequence.
@@ -267,17 +305,32 @@ def delta_hstu_mha(
     ``min_full_attn_seq_len``, no ``attn_func``, no dropout). **Forward only**: the output
     never requires grad.
 
+    Two forms describe the keys and values:
+
+    * concatenated (``delta_k``/``delta_v`` left ``None``): ``k``, ``v`` and ``seq_offsets``
+      hold the full sequences, cache and new tokens together;
+    * split (``delta_k`` and ``delta_v`` given): ``k``, ``v`` and ``seq_offsets`` hold only
+      the cached prefix of each sequence (c_b tokens) and ``delta_k``/``delta_v`` the D new
+      ones, so sequence b is ``[k_b ; delta_k_b]`` of length ``n_b = c_b + D``. The result
+      equals the concatenated call's (targets still count from the end of the full
+      sequence), but the cache is read in place: nothing of size ``[L, H, *]`` is copied.
+      A backend runs this form only if its ``supports`` check accepts the call option
+      ``split_kv=True``.
+
     Args:
-        max_seq_len: N, an upper bound on every full sequence length (> 0).
+        max_seq_len: N, an upper bound on every FULL sequence length n_b (> 0).
         alpha: scale applied to ``<q, k>`` before SiLU.
         delta_q: [B * D, H, A] the new queries, D per sequence, sequence-major.
-        k: [L, H, A] keys of the full sequences (cache + new tokens).
-        v: [L, H, V] values of the full sequences.
-        seq_offsets: [B + 1], int32 or int64 offsets of the full sequences (ends at L).
+        k: [L, H, A] keys of the full sequences (cache + new tokens), or of the cached
+            prefixes only in the split form.
+        v: [L, H, V] values, like ``k``.
+        seq_offsets: [B + 1], int32 or int64 offsets into ``k``/``v`` (ends at L).
         num_targets: [B] targets at the end of each full sequence, or ``None``.
         max_attn_len: window w; 0 means no window.
         contextual_seq_len: C, contextual prefix length; 0 = none.
         scaling_seqlen: the divisor S; -1 means ``max_seq_len``.
+        delta_k: [B * D, H, A] the new keys, sequence-major like ``delta_q`` (split form).
+        delta_v: [B * D, H, V] the new values (split form; given with ``delta_k``).
         backend: backend name or record; ``None`` selects one.
 
     Returns:
@@ -285,7 +338,8 @@ def delta_hstu_mha(
 
     Raises:
         TypeError / ValueError: as :func:`hstu_mha`, plus ``delta_q.shape[0]`` not a
-            multiple of B and (eager mode) a sequence shorter than D.
+            multiple of B, (eager mode) a sequence shorter than D, only one of
+            ``delta_k``/``delta_v`` given, or their shapes, dtypes or devices not matching.
         tzrec_ops.BackendError: the requested backend cannot run this call.
     """
     _check_options(max_seq_len, max_attn_len, contextual_seq_len, scaling_seqlen)
@@ -297,7 +351,13 @@ def delta_hstu_mha(
     check_dim("k", k, 2, delta_q.shape[2], "delta_q.shape[2]")
     check_dim("v", v, 0, k.shape[0], "k.shape[0]")
     check_dim("v", v, 1, heads, "delta_q.shape[1]")
-    check_same_dtype(("delta_q", delta_q), ("k", k), ("v", v))
+    split = _check_split_kv(delta_q, v, delta_k, delta_v)
+    check_same_dtype(
+        ("delta_q", delta_q),
+        ("k", k),
+        ("v", v),
+        *((("delta_k", delta_k), ("delta_v", delta_v)) if split else ()),
+    )
     check_offsets("seq_offsets", seq_offsets)
     batch = seq_offsets.shape[0] - 1
     if (batch == 0 and delta_q.shape[0] != 0) or (batch > 0 and delta_q.shape[0] % batch != 0):
@@ -312,12 +372,20 @@ def delta_hstu_mha(
         ("v", v),
         ("seq_offsets", seq_offsets),
         ("num_targets", num_targets),
+        ("delta_k", delta_k),
+        ("delta_v", delta_v),
     )
     checks = ValueChecks()
     delta = delta_q.shape[0] // batch if batch > 0 else 0
-    _value_checks(checks, seq_offsets, k.shape[0], max_seq_len, num_targets, delta)
+    if split:
+        _value_checks(checks, seq_offsets, k.shape[0], max_seq_len, num_targets, appended=delta)
+    else:
+        _value_checks(checks, seq_offsets, k.shape[0], max_seq_len, num_targets, delta)
     checks.run()
 
+    # the split form is a call option, so a backend whose ``supports`` does not accept
+    # ``split_kv`` is never picked for it (and the old call form's options are unchanged)
+    options = {"split_kv": True} if split else {}
     impl = select_backend(
         "delta_hstu_mha",
         backend,
@@ -326,7 +394,9 @@ def delta_hstu_mha(
         num_targets=num_targets is not None,
         max_attn_len=max_attn_len,
         contextual_seq_len=contextual_seq_len,
+        **options,
     )
+    new_kv = {"delta_k": delta_k, "delta_v": delta_v} if split else {}
     return impl(
         max_seq_len,
         alpha,
@@ -338,4 +408,5 @@ def delta_hstu_mha(
         max_attn_len,
         contextual_seq_len,
         scaling_seqlen,
+        **new_kv,
     )

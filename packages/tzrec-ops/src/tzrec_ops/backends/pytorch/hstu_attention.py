@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from tzrec_ops.backends.pytorch.jagged import concat_2D_jagged
+
 CHUNK_ENV = "TZREC_OPS_PYTORCH_ATTN_CHUNK"
 DEFAULT_CHUNK_ELEMENTS = 1 << 28
 
@@ -373,6 +375,22 @@ def hstu_mha(
     return _to_jagged(out, seq_offsets, total)
 
 
+def _append_new_tokens(
+    cached: torch.Tensor, new: torch.Tensor, seq_offsets: torch.Tensor, delta: int
+) -> torch.Tensor:
+    """``[L, H, *]`` cached rows and ``[B * D, H, *]`` new rows -> ``[L + B * D, H, *]``, each
+    sequence's cached rows followed by its D new rows."""
+    rest = cached.shape[1:]
+    full = concat_2D_jagged(
+        cached.reshape(cached.shape[0], -1),
+        new.reshape(new.shape[0], -1),
+        0,
+        delta,
+        offsets_left=seq_offsets,
+    )
+    return full.reshape(full.shape[0], *rest)
+
+
 def delta_hstu_mha(
     max_seq_len: int,
     alpha: float,
@@ -384,18 +402,30 @@ def delta_hstu_mha(
     max_attn_len: int = 0,
     contextual_seq_len: int = 0,
     scaling_seqlen: int = -1,
+    *,
+    delta_k: Optional[torch.Tensor] = None,
+    delta_v: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Cached attention ``[B * D, H, V]`` for the last D positions of each sequence.
+
+    With ``delta_k``/``delta_v`` (the split form) the full keys and values are built here
+    by appending each sequence's D new rows to its cached rows: this backend is the oracle,
+    so it computes the split form exactly as the concatenated one.
 
     Forward-only: it runs under ``torch.no_grad()``, so its output never requires grad.
     """
     with torch.no_grad():
-        lengths = (seq_offsets[1:] - seq_offsets[:-1]).to(torch.int64)
-        batch = lengths.shape[0]
+        batch = seq_offsets.shape[0] - 1
         heads = delta_q.shape[1]
         if batch == 0:
             return v.new_zeros(0, heads, v.shape[2])
         delta = delta_q.shape[0] // batch
+        if delta_k is not None and delta_v is not None:
+            k = _append_new_tokens(k, delta_k, seq_offsets, delta)
+            v = _append_new_tokens(v, delta_v, seq_offsets, delta)
+            steps = torch.arange(batch + 1, device=seq_offsets.device, dtype=seq_offsets.dtype)
+            seq_offsets = seq_offsets + steps * delta
+        lengths = (seq_offsets[1:] - seq_offsets[:-1]).to(torch.int64)
         qd = delta_q.reshape(batch, delta, heads, delta_q.shape[2])
         kp, vp = (_to_padded(t, seq_offsets, max_seq_len) for t in (k, v))
         rows = lengths[:, None] - delta + torch.arange(delta, device=k.device)[None, :]

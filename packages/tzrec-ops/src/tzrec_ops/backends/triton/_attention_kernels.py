@@ -36,6 +36,12 @@ mask. Nothing N x N is stored; every accumulator is fp32 in registers. dQ has it
 Loads use pointers, or per-sequence tensor descriptors (TMA) when ``ENABLE_TMA``: a
 descriptor of shape ``[H, n, D]`` with the tensor's real strides, so views into a fused
 buffer are read correctly and rows past the sequence end come back as zeros.
+
+Split cached form (``SPLIT_KV``, delta forward only): sequence b is ``[cache_b ; new_b]``
+with the c_b cached keys/values read in place from K/V (offsets ``seq_offsets``) and the D new
+ones from DK/DV (rows ``b * D + j``), so nothing concatenates them in memory. Key positions
+below c_b come from the cache, the others from the new rows; the masks are those of the full
+sequence of length ``c_b + D``.
 """
 
 from __future__ import annotations
@@ -230,6 +236,8 @@ def _fwd_block(
     v_desc,
     off_h,
     start_n,
+    row_shift,
+    load_rows,
     rows,
     n,
     shift,
@@ -239,6 +247,7 @@ def _fwd_block(
     stride_vm,
     alpha,
     MASKED: tl.constexpr,
+    CHECK_ROWS: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_CONTEXTUAL: tl.constexpr,
     HAS_TARGETS: tl.constexpr,
@@ -253,10 +262,12 @@ def _fwd_block(
     UPCAST: tl.constexpr,
     FAST_SILU: tl.constexpr,
 ):
-    k = _load_tile(K_base, k_desc, off_h, start_n, n, stride_km, DIM_Q, BLOCK_N, BLOCK_D_Q, MASKED,
-                   ENABLE_TMA, UPCAST)
-    v = _load_tile(V_base, v_desc, off_h, start_n, n, stride_vm, DIM_V, BLOCK_N, BLOCK_D_V, MASKED,
-                   ENABLE_TMA, UPCAST)
+    """Keys at positions ``[start_n, start_n + BLOCK_N)``, read from rows ``position -
+    row_shift`` of K_base/V_base; with ``CHECK_ROWS`` rows ``>= load_rows`` read as zeros."""
+    k = _load_tile(K_base, k_desc, off_h, start_n - row_shift, load_rows, stride_km, DIM_Q,
+                   BLOCK_N, BLOCK_D_Q, CHECK_ROWS, ENABLE_TMA, UPCAST)
+    v = _load_tile(V_base, v_desc, off_h, start_n - row_shift, load_rows, stride_vm, DIM_V,
+                   BLOCK_N, BLOCK_D_V, CHECK_ROWS, ENABLE_TMA, UPCAST)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * alpha
     p = s * _sigmoid(s, FAST_SILU)
     if MASKED:
@@ -272,6 +283,8 @@ def _hstu_attn_fwd_kernel(
     Q,
     K,
     V,
+    DK,
+    DV,
     Out,
     seq_offsets,
     num_targets,
@@ -282,6 +295,10 @@ def _hstu_attn_fwd_kernel(
     stride_kh,
     stride_vm,
     stride_vh,
+    stride_dkm,
+    stride_dkh,
+    stride_dvm,
+    stride_dvh,
     stride_om,
     stride_oh,
     alpha,
@@ -300,6 +317,7 @@ def _hstu_attn_fwd_kernel(
     HAS_MAX_ATTN_LEN: tl.constexpr,
     SORT_BY_LENGTH: tl.constexpr,
     IS_DELTA: tl.constexpr,
+    SPLIT_KV: tl.constexpr,
     PRECISION: tl.constexpr,
     ENABLE_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -310,7 +328,11 @@ def _hstu_attn_fwd_kernel(
     BLOCK_N: tl.constexpr,
 ):
     """Forward: one program per (query block, sequence * head); out ``[L, H, V]``
-    (``[B * delta_size, H, V]`` when ``IS_DELTA``, queries being each sequence's last rows)."""
+    (``[B * delta_size, H, V]`` when ``IS_DELTA``, queries being each sequence's last rows).
+
+    ``SPLIT_KV`` (with ``IS_DELTA``): seq_offsets describe the cached prefixes in K/V and the
+    ``delta_size`` new keys/values of sequence z are rows ``z * delta_size + j`` of DK/DV
+    (unused, any input tensor, otherwise)."""
     # Inductor passes Python floats as fp64; the maths here is fp32.
     alpha = tl.cast(alpha, tl.float32)
     inv_scale = tl.cast(inv_scale, tl.float32)
@@ -322,6 +344,10 @@ def _hstu_attn_fwd_kernel(
         off_z = tl.load(sort_idx + off_z).to(tl.int32)
     start = tl.load(seq_offsets + off_z).to(tl.int64)
     n = (tl.load(seq_offsets + off_z + 1) - start).to(tl.int32)
+    # cached keys of the split form; n becomes the full length, which every mask uses
+    n_cache = n
+    if SPLIT_KV:
+        n = n + delta_size
     r0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
     if IS_DELTA:
         q_start = off_z.to(tl.int64) * delta_size
@@ -349,23 +375,62 @@ def _hstu_attn_fwd_kernel(
         lo, full_end, main_end, diag_start, diag_end = _query_block_key_ranges(m0, n, shift, hist,
             max_attn_len, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, BLOCK_M, BLOCK_N)
         acc = tl.zeros([BLOCK_M, BLOCK_D_V], dtype=tl.float32)
-        for start_n in range(lo, full_end, BLOCK_N):
-            acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, rows, n, shift,
-                             hist, max_attn_len, stride_km, stride_vm, alpha, False, CAUSAL,
-                             HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q,
-                             BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
-        for start_n in range(full_end, main_end, BLOCK_N):
-            acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, rows, n, shift,
-                             hist, max_attn_len, stride_km, stride_vm, alpha, True, CAUSAL,
-                             HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q,
-                             BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
-        if HAS_TARGETS:
-            for start_n in range(diag_start, diag_end, BLOCK_N):
-                acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, rows, n,
-                                 shift, hist, max_attn_len, stride_km, stride_vm, alpha, True,
-                                 CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q,
-                                 DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA,
-                                 UPCAST, FAST_SILU)
+        if SPLIT_KV:
+            # The same key ranges, cut at n_cache: cached keys are read in place (rows past
+            # n_cache load as zeros, so s = 0 and silu(0) = 0 adds nothing), then the new keys
+            # [n_cache, n) come from DK/DV, always masked (they hold the diagonal).
+            cache_end = tl.minimum(full_end, n_cache)
+            for start_n in range(lo, cache_end, BLOCK_N):
+                acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, 0,
+                                 n_cache, rows, n, shift, hist, max_attn_len, stride_km,
+                                 stride_vm, alpha, False, True, CAUSAL, HAS_CONTEXTUAL,
+                                 HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q,
+                                 BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
+            for start_n in range(full_end, tl.minimum(main_end, n_cache), BLOCK_N):
+                acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, 0,
+                                 n_cache, rows, n, shift, hist, max_attn_len, stride_km,
+                                 stride_vm, alpha, True, True, CAUSAL, HAS_CONTEXTUAL,
+                                 HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q,
+                                 BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
+            key_end = main_end
+            if HAS_TARGETS:
+                for start_n in range(diag_start, tl.minimum(diag_end, n_cache), BLOCK_N):
+                    acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, 0,
+                                     n_cache, rows, n, shift, hist, max_attn_len, stride_km,
+                                     stride_vm, alpha, True, True, CAUSAL, HAS_CONTEXTUAL,
+                                     HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q,
+                                     BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST,
+                                     FAST_SILU)
+                key_end = tl.maximum(main_end, diag_end)
+            DK_base = DK + q_start * stride_dkm + off_h * stride_dkh
+            DV_base = DV + q_start * stride_dvm + off_h * stride_dvh
+            for start_n in range(tl.maximum(lo, n_cache), key_end, BLOCK_N):
+                acc = _fwd_block(acc, q, DK_base, DV_base, k_desc, v_desc, off_h, start_n,
+                                 n_cache, delta_size, rows, n, shift, hist, max_attn_len,
+                                 stride_dkm, stride_dvm, alpha, True, True, CAUSAL,
+                                 HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V,
+                                 BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST,
+                                 FAST_SILU)
+        else:
+            for start_n in range(lo, full_end, BLOCK_N):
+                acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, 0, n,
+                                 rows, n, shift, hist, max_attn_len, stride_km, stride_vm, alpha,
+                                 False, False, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
+                                 HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N,
+                                 PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
+            for start_n in range(full_end, main_end, BLOCK_N):
+                acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, 0, n,
+                                 rows, n, shift, hist, max_attn_len, stride_km, stride_vm, alpha,
+                                 True, True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
+                                 HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N,
+                                 PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
+            if HAS_TARGETS:
+                for start_n in range(diag_start, diag_end, BLOCK_N):
+                    acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, 0,
+                                     n, rows, n, shift, hist, max_attn_len, stride_km, stride_vm,
+                                     alpha, True, True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
+                                     HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V,
+                                     BLOCK_N, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
         O_base = Out + q_start * stride_om + off_h * stride_oh
         # stores stay in the kernel body (not a helper) so torch.compile's mutation
         # analysis of user kernels sees them on every torch version

@@ -36,7 +36,7 @@ KEY = [
     "HAS_MAX_ATTN_LEN",
     "ENABLE_TMA",
 ]
-FWD_KEY = KEY + ["delta_size", "IS_DELTA"]
+FWD_KEY = KEY + ["delta_size", "IS_DELTA", "SPLIT_KV"]
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) for head dims <= 128
 _CUDA: Dict[str, Sequence[Tuple[int, int, int, int]]] = {
