@@ -27,10 +27,10 @@ from typing import Optional, Tuple
 
 import torch
 import triton
-from torch.library import triton_op, wrap_triton
 
 from tzrec_ops.backends.triton import _attention_kernels as kernels
 from tzrec_ops.backends.triton import autotune
+from tzrec_ops.backends.triton._eager import launchable, triton_library_op
 from tzrec_ops.ops.utils import (
     autotune_max_seq_len,
     next_power_of_2,
@@ -173,7 +173,7 @@ def hstu_attention_fwd(
     # The split form reads every cached key once per query block of D rows: it is
     # memory-bound, so it always takes pointer loads (no per-sequence descriptors to build
     # for two sources), also on triton_tma.
-    wrap_triton(kernel)[grid](
+    launchable(kernel)[grid](
         q, k, v, delta_k, delta_v, out, seq_offsets, targets, sort_idx,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         delta_k.stride(0), delta_k.stride(1), delta_v.stride(0), delta_v.stride(1),
@@ -243,13 +243,13 @@ def hstu_attention_bwd(
         return (triton.cdiv(max_seq_len, meta["BLOCK_M"]), batch * heads)
 
     wide = max(dim_q, dim_v) > 128
-    wrap_triton(_bwd_dkdv_kernel_wide if wide else _bwd_dkdv_kernel)[grid_n](
+    launchable(_bwd_dkdv_kernel_wide if wide else _bwd_dkdv_kernel)[grid_n](
         q, k, v, dout, dk, dv, seq_offsets, targets, sort_idx,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         *scalars, **flags,
     )
-    wrap_triton(_bwd_dq_kernel_wide if wide else _bwd_dq_kernel)[grid_m](
+    launchable(_bwd_dq_kernel_wide if wide else _bwd_dq_kernel)[grid_m](
         q, k, v, dout, dq, seq_offsets, targets, sort_idx,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
@@ -267,7 +267,7 @@ def _define(tma: bool):
     """Register the forward, backward and delta ops of one variant (TMA or pointer loads)."""
     suffix = "_tma" if tma else ""
 
-    @triton_op(f"tzrec_ops::hstu_mha_triton{suffix}", mutates_args=())
+    @triton_library_op(f"tzrec_ops::hstu_mha_triton{suffix}")
     def forward(
         max_seq_len: int,
         alpha: float,
@@ -287,7 +287,7 @@ def _define(tma: bool):
             contextual_seq_len, sort_by_length, scaling_seqlen, tma,
         )
 
-    @triton_op(f"tzrec_ops::hstu_mha_triton{suffix}_bwd", mutates_args=())
+    @triton_library_op(f"tzrec_ops::hstu_mha_triton{suffix}_bwd")
     def backward_op(
         max_seq_len: int,
         alpha: float,
@@ -308,7 +308,7 @@ def _define(tma: bool):
             contextual_seq_len, sort_by_length, scaling_seqlen, tma,
         )
 
-    @triton_op(f"tzrec_ops::delta_hstu_mha_triton{suffix}", mutates_args=())
+    @triton_library_op(f"tzrec_ops::delta_hstu_mha_triton{suffix}")
     def delta(
         max_seq_len: int,
         alpha: float,
