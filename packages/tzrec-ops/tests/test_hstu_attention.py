@@ -9,13 +9,14 @@ from typing import Dict, List, Optional, Sequence
 
 import pytest
 import torch
+from _delta_split import split_cached
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tzrec_ops.backends.pytorch import hstu_attention as reference
 from tzrec_ops.ops.hstu_attention import delta_hstu_mha, hstu_mha
 from tzrec_ops.ops.hstu_attention_utils import build_sla_func_tensor
-from tzrec_ops.registry import BackendError, reset_registry
+from tzrec_ops.registry import Backend, BackendError, reset_registry
 from tzrec_ops.testing import tolerances
 from tzrec_ops.testing.attention_oracle import (
     delta_hstu_mha_oracle,
@@ -521,6 +522,117 @@ def test_delta_empty_batch():
     assert out.shape == (0, 2, 3)
 
 
+@FEW
+@given(
+    case=jagged_cases(max_batch=3, max_len=10, layouts=("contiguous", "fused")),
+    dtype=st.sampled_from(DTYPES),
+    opts=options,
+    delta=st.integers(0, 3),
+    seed=st.integers(0, 999),
+)
+def test_delta_split_form_equals_concatenated_form(case, dtype, opts, delta, seed):
+    """Cache in place + new keys from a second tensor == the concatenated call, bit for bit
+    (the reference builds the concatenation), and == the independent oracle."""
+    lengths = tuple(max(n, delta) for n in case.lengths)
+    targets = (
+        None
+        if case.num_targets is None
+        else tuple(min(t, n) for t, n in zip(case.num_targets, lengths))
+    )
+    case = JaggedCase(lengths, targets, case.offsets_dtype, case.layout)
+    inp = _inputs(case, dtype, 2, 4, 4, 0, seed)
+    kw = {k: opts[k] for k in ("max_attn_len", "contextual_seq_len", "scaling_seqlen")}
+    delta_q, cache_k, cache_v, cache_offsets, delta_k, delta_v, _ = split_cached(inp, delta)
+    assert delta_k.stride(0) == 2 * (2 * 4 + 4)  # H * (2A + V): a view into the fused buffer
+    split = delta_hstu_mha(
+        inp.max_seq_len,
+        0.5,
+        delta_q,
+        cache_k,
+        cache_v,
+        cache_offsets,
+        inp.num_targets,
+        delta_k=delta_k,
+        delta_v=delta_v,
+        backend="pytorch",
+        **kw,
+    )
+    concatenated = delta_hstu_mha(
+        inp.max_seq_len,
+        0.5,
+        delta_q,
+        inp.k,
+        inp.v,
+        inp.seq_offsets,
+        inp.num_targets,
+        backend="pytorch",
+        **kw,
+    )
+    assert split.dtype == dtype and not split.requires_grad
+    assert torch.equal(split, concatenated)
+    want = delta_hstu_mha_oracle(
+        inp.max_seq_len, 0.5, delta_q, inp.k, inp.v, inp.seq_offsets, inp.num_targets, **kw
+    )
+    tolerances.assert_close(split, want, name="split delta out")
+
+
+SPLIT_CASES = {
+    # (full lengths, D, targets, contextual prefix, window, offsets dtype)
+    "empty_cache": ((2, 2, 2), 2, None, 0, 0, torch.int64),
+    "delta_one": ((5, 1, 9), 1, (1, 1, 0), 0, 0, torch.int64),
+    "targets_within_delta": ((7, 4), 3, (2, 3), 2, 0, torch.int32),
+    "targets_reach_the_cache": ((9, 6), 2, (5, 4), 0, 0, torch.int64),
+    "window_prefix_targets": ((11, 3, 8), 3, (1, 3, 2), 2, 2, torch.int32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPLIT_CASES))
+def test_delta_split_form_edge_cases_float64(name):
+    lengths, delta, targets, ctx, window, offsets_dtype = SPLIT_CASES[name]
+    inp = make_attention_inputs(
+        lengths,
+        2,
+        3,
+        5,
+        torch.float64,
+        seed=31,
+        num_targets=targets,
+        offsets_dtype=offsets_dtype,
+        max_seq_len=max(lengths) + 2,
+    )
+    kw = dict(num_targets=inp.num_targets, max_attn_len=window, contextual_seq_len=ctx)
+    delta_q, cache_k, cache_v, cache_offsets, delta_k, delta_v, rows = split_cached(inp, delta)
+    got = delta_hstu_mha(
+        inp.max_seq_len,
+        0.7,
+        delta_q,
+        cache_k,
+        cache_v,
+        cache_offsets,
+        delta_k=delta_k,
+        delta_v=delta_v,
+        backend="pytorch",
+        **kw,
+    )
+    full = _call(inp, 0.7, max_attn_len=window, contextual_seq_len=ctx)[rows]
+    tolerances.assert_close(got, full, name=f"{name}: split delta vs full forward rows")
+
+
+def test_delta_split_form_empty_batch():
+    out = delta_hstu_mha(
+        4,
+        0.5,
+        torch.zeros(0, 2, 4),
+        torch.zeros(0, 2, 4),
+        torch.zeros(0, 2, 3),
+        torch.zeros(1, dtype=torch.int64),
+        delta_k=torch.zeros(0, 2, 4),
+        delta_v=torch.zeros(0, 2, 3),
+        backend="pytorch",
+    )
+    assert out.shape == (0, 2, 3)
+
+
 # ---------------------------------------------------------------------------- compile / export
 
 
@@ -770,6 +882,112 @@ def test_delta_empty_batch_needs_empty_queries():
         )
 
 
+def _good_split(**over):
+    """Cached prefixes of lengths 3 and 5 (k, v), D = 2 new tokens each: full lengths 5, 7."""
+    args = _good_delta(delta_k=torch.zeros(4, 2, 4), delta_v=torch.zeros(4, 2, 6))
+    args.update(over)
+    return args
+
+
+SPLIT_ERRORS = [
+    (
+        dict(delta_v=None),
+        ValueError,
+        r"delta_k and delta_v must be given together .*delta_k was given but delta_v is None",
+    ),
+    (
+        dict(delta_k=None),
+        ValueError,
+        r"delta_k and delta_v must be given together .*delta_v was given but delta_k is None",
+    ),
+    (dict(delta_k=torch.zeros(4, 8)), ValueError, r"delta_k must be 3-D, got 2-D"),
+    (dict(delta_v=torch.zeros(4, 2, 6, 1)), ValueError, r"delta_v must be 3-D, got 4-D"),
+    (
+        dict(delta_k="keys"),
+        TypeError,
+        r"delta_k must be a torch.Tensor, got str",
+    ),
+    (
+        dict(delta_k=torch.zeros(6, 2, 4)),
+        ValueError,
+        r"delta_k.shape\[0\] \(6\) must equal delta_q.shape\[0\] \(4\)",
+    ),
+    (
+        dict(delta_k=torch.zeros(4, 1, 4)),
+        ValueError,
+        r"delta_k.shape\[1\] \(1\) must equal delta_q.shape\[1\] \(2\)",
+    ),
+    (
+        dict(delta_k=torch.zeros(4, 2, 5)),
+        ValueError,
+        r"delta_k.shape\[2\] \(5\) must equal delta_q.shape\[2\] \(4\)",
+    ),
+    (
+        dict(delta_v=torch.zeros(2, 2, 6)),
+        ValueError,
+        r"delta_v.shape\[0\] \(2\) must equal delta_q.shape\[0\] \(4\)",
+    ),
+    (
+        dict(delta_v=torch.zeros(4, 3, 6)),
+        ValueError,
+        r"delta_v.shape\[1\] \(3\) must equal delta_q.shape\[1\] \(2\)",
+    ),
+    (
+        dict(delta_v=torch.zeros(4, 2, 4)),
+        ValueError,
+        r"delta_v.shape\[2\] \(4\) must equal v.shape\[2\] \(6\)",
+    ),
+    (
+        dict(delta_k=torch.zeros(4, 2, 4, dtype=torch.float16)),
+        TypeError,
+        r"delta_k has dtype torch.float16 but delta_q has torch.float32",
+    ),
+    (
+        dict(delta_v=torch.zeros(4, 2, 6, dtype=torch.float64)),
+        TypeError,
+        r"delta_v has dtype torch.float64 but delta_q has torch.float32",
+    ),
+    (
+        dict(delta_k=torch.zeros(4, 2, 4, device="meta")),
+        ValueError,
+        r"delta_k is on meta but delta_q is on cpu",
+    ),
+    (
+        dict(delta_v=torch.zeros(4, 2, 6, device="meta")),
+        ValueError,
+        r"delta_v is on meta but delta_q is on cpu",
+    ),
+    (
+        dict(max_seq_len=6),
+        ValueError,
+        r"every full sequence length \(cached seq_offsets\[b \+ 1\] - seq_offsets\[b\], "
+        r"plus the D = 2 new tokens of delta_k\) must be <= max_seq_len \(6\)",
+    ),
+    (
+        dict(num_targets=torch.tensor([6, 1])),
+        ValueError,
+        r"num_targets\[b\] must be <= the length of sequence b",
+    ),
+    (
+        dict(seq_offsets=torch.tensor([0, 3, 9])),
+        ValueError,
+        r"seq_offsets\[-1\] must equal the number of tokens \(8\)",
+    ),
+]
+
+
+@pytest.mark.parametrize("over,exc,match", SPLIT_ERRORS, ids=[m[:40] for _, _, m in SPLIT_ERRORS])
+def test_delta_split_form_errors(over, exc, match):
+    with pytest.raises(exc, match=match):
+        delta_hstu_mha(**_good_split(**over), backend="pytorch")
+
+
+def test_delta_split_form_counts_targets_in_the_full_length():
+    """num_targets may exceed the cached length: it is bounded by cache + D."""
+    out = delta_hstu_mha(**_good_split(num_targets=torch.tensor([5, 7])), backend="pytorch")
+    assert out.shape == (4, 2, 6)
+
+
 # ---------------------------------------------------------------------------- backend routing
 
 
@@ -821,6 +1039,62 @@ def test_triton_rejects_unsupported_options(monkeypatch, fresh_registry, over, r
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(BackendError, match=reason):
         hstu_mha(**_good(**over), backend="triton")
+
+
+def _no_split_backend() -> Backend:
+    """A backend whose ``supports`` rejects the split cached form (as one that predates it
+    should); its implementation is the reference one."""
+
+    def supports(op, call):
+        return "split_kv (delta_k/delta_v) is not supported" if call.get("split_kv") else None
+
+    return Backend(
+        "no_split",
+        0,
+        {"delta_hstu_mha": "tzrec_ops.backends.pytorch.hstu_attention:delta_hstu_mha"},
+        supports=supports,
+    )
+
+
+def test_split_form_is_a_call_option_backends_can_reject():
+    record = _no_split_backend()
+    # the concatenated form runs on it
+    assert delta_hstu_mha(**_good_delta(), backend=record).shape == (4, 2, 6)
+    with pytest.raises(
+        BackendError,
+        match=(
+            r"(?s)backend 'no_split' \(requested by backend=\) cannot run delta_hstu_mha: "
+            r"split_kv \(delta_k/delta_v\) is not supported.*call: .*split_kv=True"
+        ),
+    ):
+        delta_hstu_mha(**_good_split(), backend=record)
+
+
+def test_split_kv_option_only_with_the_split_form(monkeypatch, fresh_registry):
+    """The old call form's options are unchanged (no split_kv key), so a third-party
+    backend sees exactly what it saw before, and its implementation gets no new keywords."""
+    from tzrec_ops import registry
+
+    seen = []
+    real = registry._choose
+
+    def spy(op, backend, call):
+        seen.append(dict(call))
+        return real(op, backend, call)
+
+    monkeypatch.setattr(registry, "_choose", spy)
+    delta_hstu_mha(**_good_delta(), backend="pytorch")
+    delta_hstu_mha(**_good_split(), backend="pytorch")
+    assert "split_kv" not in seen[0] and seen[1]["split_kv"] is True
+
+
+def test_triton_accepts_the_split_form():
+    pytest.importorskip("triton")
+    from tzrec_ops.backends.triton.plugin import call_rejection, tma_call_rejection
+
+    call = {"dtype": torch.bfloat16, "split_kv": True}
+    assert call_rejection("delta_hstu_mha", call) is None
+    assert tma_call_rejection("delta_hstu_mha", call) is None
 
 
 def test_dropout_in_eval_mode_is_not_a_triton_rejection(monkeypatch, fresh_registry):

@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from _delta_split import split_cached  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -174,6 +175,67 @@ def test_interpreter_delta_matches_oracle_and_full_forward(delta, dtype):
     assert_close(got, full[rows].double(), dtype, name="delta vs full forward rows")
 
 
+# split cached form: (full lengths, D, targets, contextual prefix, window)
+SPLIT_CASES = {
+    "empty_cache": ((3, 3, 3), 3, None, 0, 0),
+    "delta_one": ((8, 41, 1), 1, (1, 0, 1), 0, 0),
+    "targets_within_delta": ((15, 39), 6, (2, 6), 2, 0),
+    "targets_reach_the_cache": ((26, 9), 4, (9, 4), 0, 0),
+    "window_prefix_targets": ((45, 22, 5), 5, (3, 1, 5), 3, 4),
+    "delta_spans_key_blocks": ((40, 37), 37, (10, 0), 1, 0),
+}
+
+
+@CPU
+@pytest.mark.parametrize("name", sorted(SPLIT_CASES))
+@pytest.mark.parametrize(
+    "dtype,offsets_dtype", [(torch.float32, torch.int64), (torch.bfloat16, torch.int32)]
+)
+def test_interpreter_delta_split_form_matches_oracle(name, dtype, offsets_dtype):
+    """Cache read in place + the new keys from strided views of a fused buffer, vs the
+    float64 oracle of the concatenated call."""
+    lengths, delta, targets, ctx, window = SPLIT_CASES[name]
+    inputs = make_attention_inputs(lengths, 2, 32, 16, seed=11, num_targets=targets,
+                                   layout="fused", dtype=dtype, offsets_dtype=offsets_dtype)
+    delta_q, cache_k, cache_v, cache_offsets, delta_k, delta_v, rows = split_cached(inputs, delta)
+    assert delta_k.stride(0) == 2 * (2 * 32 + 16) and cache_offsets.dtype == offsets_dtype
+    kwargs = dict(num_targets=inputs.num_targets, max_attn_len=window, contextual_seq_len=ctx)
+    got = delta_hstu_mha(inputs.max_seq_len, 0.3, delta_q, cache_k, cache_v, cache_offsets,
+                         delta_k=delta_k, delta_v=delta_v, backend="triton", **kwargs)
+    f64 = inputs.to(torch.float64)
+    expected = delta_hstu_mha(inputs.max_seq_len, 0.3, f64.q[rows], f64.k, f64.v,
+                              inputs.seq_offsets, backend="pytorch", **kwargs)
+    assert got.dtype == dtype
+    assert_close(got, expected, dtype, name=f"{name}: split delta out")
+
+
+@CPU
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(
+    case=jagged_cases(max_batch=3, max_len=40, layouts=("contiguous", "fused")),
+    delta=st.integers(1, 20),
+    max_attn_len=st.sampled_from([0, 0, 3, 50]),
+    contextual_seq_len=st.sampled_from([0, 0, 2, 45]),
+    dtype=st.sampled_from(DTYPES),
+)
+def test_interpreter_delta_split_form_sweep(case, delta, max_attn_len, contextual_seq_len,
+                                            dtype):
+    lengths = [n + delta for n in case.lengths]  # the drawn lengths are the cached ones
+    targets = None if case.num_targets is None else list(case.num_targets)
+    inputs = make_attention_inputs(lengths, 2, 16, 24, seed=12, num_targets=targets,
+                                   layout=case.layout, dtype=dtype,
+                                   offsets_dtype=case.offsets_dtype)
+    delta_q, cache_k, cache_v, cache_offsets, delta_k, delta_v, rows = split_cached(inputs, delta)
+    kwargs = dict(num_targets=inputs.num_targets, max_attn_len=max_attn_len,
+                  contextual_seq_len=contextual_seq_len)
+    got = delta_hstu_mha(inputs.max_seq_len, 0.3, delta_q, cache_k, cache_v, cache_offsets,
+                         delta_k=delta_k, delta_v=delta_v, backend="triton", **kwargs)
+    f64 = inputs.to(torch.float64)
+    expected = delta_hstu_mha(inputs.max_seq_len, 0.3, f64.q[rows], f64.k, f64.v,
+                              inputs.seq_offsets, backend="pytorch", **kwargs)
+    assert_close(got, expected, dtype, name="split delta out")
+
+
 @CPU
 def test_interpreter_backward_is_deterministic():
     inputs = make_attention_inputs((40, 25), 2, 16, 16, seed=8, num_targets=(3, 1))
@@ -314,10 +376,36 @@ def test_opcheck_in_interpreter():
     _opcheck("cpu", ("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
+def _opcheck_delta(device, test_utils):
+    import tzrec_ops.backends.triton.hstu_attention  # noqa: F401  (registers the ops)
+
+    inputs = make_attention_inputs((5, 19), 2, 16, 16, seed=13, num_targets=(1, 3),
+                                   device=device, layout="fused")
+    delta_q, cache_k, cache_v, cache_offsets, delta_k, delta_v, rows = split_cached(inputs, 3)
+    head = (inputs.max_seq_len, 0.5, delta_q)
+    tail = (inputs.num_targets, 0, 2, -1)
+    calls = [
+        head + (cache_k, cache_v, cache_offsets) + tail + (delta_k, delta_v),
+        head + (inputs.k, inputs.v, inputs.seq_offsets) + tail,
+    ]
+    ops = ["delta_hstu_mha_triton"] + (["delta_hstu_mha_triton_tma"] if device == "cuda" else [])
+    for name in ops:
+        for args in calls:
+            torch.library.opcheck(getattr(torch.ops.tzrec_ops, name).default, args,
+                                  test_utils=test_utils)
+
+
+@CPU
+def test_delta_opcheck_in_interpreter():
+    """The delta op's schema takes the optional split-form tensors; fakes match."""
+    _opcheck_delta("cpu", ("test_schema", "test_faketensor"))
+
+
 @pytest.mark.gpu
 def test_gpu_opcheck():
     _opcheck("cuda", ("test_schema", "test_autograd_registration", "test_faketensor",
                       "test_aot_dispatch_dynamic"))
+    _opcheck_delta("cuda", ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
 # ------------------------------------------------------------------------------------- GPU
@@ -434,6 +522,75 @@ def test_gpu_delta_matches_full_forward(backend, dtype):
     expected = hstu_mha(inputs.max_seq_len, 0.1, f64.q, f64.k, f64.v, offsets,
                         backend="pytorch", **kwargs)[rows]
     assert_close(got, expected, dtype, name="delta vs oracle full-forward rows")
+
+
+def _serving_batch(dtype, seed=21):
+    """The serving benchmark's shape: B = 64 sequences of a ~2000-token cache plus D = 8 new
+    tokens, H = 4, d = 128, targets in [1, 12] (some reach into the cache)."""
+    delta = 8
+    g = torch.Generator().manual_seed(seed)
+    cache = torch.randint(1800, 2001, (64,), generator=g)
+    cache[0] = 2000
+    lengths = (cache + delta).tolist()
+    targets = torch.randint(1, 13, (64,), generator=g).tolist()
+    inputs = make_attention_inputs(lengths, 4, 128, 128, dtype=dtype, seed=seed, device="cuda",
+                                   layout="fused", num_targets=targets, scale=0.5)
+    return inputs, delta
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "backend,dtype",
+    [("triton", torch.bfloat16), ("triton", torch.float16), ("triton_tma", torch.bfloat16)],
+)
+@pytest.mark.parametrize("option", ["targets_ctx", "window_targets"])
+def test_gpu_delta_split_form_serving_size(backend, dtype, option):
+    """B=64, cache ~2000, D=8: the split form (cache read in place, new keys from views of
+    a fused buffer) vs the float64 oracle, and vs the concatenated call on the same backend."""
+    inputs, delta = _serving_batch(dtype)
+    delta_q, cache_k, cache_v, cache_offsets, delta_k, delta_v, rows = split_cached(inputs, delta)
+    kwargs = dict(num_targets=inputs.num_targets, contextual_seq_len=4)
+    if option == "window_targets":
+        kwargs["max_attn_len"] = 300
+    got = delta_hstu_mha(inputs.max_seq_len, 1 / 128, delta_q, cache_k, cache_v, cache_offsets,
+                         delta_k=delta_k, delta_v=delta_v, backend=backend, **kwargs)
+    concatenated = delta_hstu_mha(inputs.max_seq_len, 1 / 128, delta_q, inputs.k, inputs.v,
+                                  inputs.seq_offsets, backend=backend, **kwargs)
+    f64 = inputs.to(torch.float64)
+    expected = delta_hstu_mha(inputs.max_seq_len, 1 / 128, f64.q[rows], f64.k, f64.v,
+                              inputs.seq_offsets, backend="pytorch", **kwargs)
+    assert_close(got, expected, dtype, name="split delta vs oracle")
+    assert_close(got, concatenated.double(), dtype, name="split vs concatenated delta")
+
+
+class _SplitDelta(torch.nn.Module):
+    def __init__(self, backend, max_seq_len):
+        super().__init__()
+        self.backend = backend
+        self.max_seq_len = max_seq_len
+
+    def forward(self, delta_q, k, v, seq_offsets, num_targets, delta_k, delta_v):
+        return delta_hstu_mha(self.max_seq_len, 1 / 128, delta_q, k, v, seq_offsets,
+                              num_targets, contextual_seq_len=4, delta_k=delta_k,
+                              delta_v=delta_v, backend=self.backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_gpu_delta_split_form_compile_and_export(backend):
+    """The split form's optional tensors go through torch.compile(fullgraph) and export."""
+    inputs, delta = _serving_batch(torch.bfloat16, seed=22)
+    delta_q, cache_k, cache_v, cache_offsets, delta_k, delta_v, rows = split_cached(inputs, delta)
+    args = (delta_q, cache_k, cache_v, cache_offsets, inputs.num_targets, delta_k, delta_v)
+    f64 = inputs.to(torch.float64)
+    expected = delta_hstu_mha(inputs.max_seq_len, 1 / 128, f64.q[rows], f64.k, f64.v,
+                              inputs.seq_offsets, inputs.num_targets, contextual_seq_len=4,
+                              backend="pytorch")
+    module = _SplitDelta(backend, inputs.max_seq_len)
+    compiled = torch.compile(module, fullgraph=True, backend="inductor")
+    assert_close(compiled(*args), expected, torch.bfloat16, name="compiled split delta")
+    exported = torch.export.export(module, args)
+    assert_close(exported.module()(*args), expected, torch.bfloat16, name="exported split delta")
 
 
 @pytest.mark.gpu

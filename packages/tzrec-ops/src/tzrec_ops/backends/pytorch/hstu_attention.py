@@ -382,8 +382,8 @@ def _append_new_tokens(
     sequence's cached rows followed by its D new rows."""
     rest = cached.shape[1:]
     full = concat_2D_jagged(
-        cached.reshape(cached.shape[0], -1),
-        new.reshape(new.shape[0], -1),
+        cached.flatten(1),
+        new.flatten(1),
         0,
         delta,
         offsets_left=seq_offsets,
