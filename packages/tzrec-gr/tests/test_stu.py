@@ -142,6 +142,59 @@ def test_cached_forward_keeps_old_cache_for_new_candidates():
             )
 
 
+def _primed(stack: STUStack, lengths: torch.Tensor, delta: int, targets, max_len: int = 16):
+    """Full forward, the caches of all but the last ``delta`` tokens, and those tokens."""
+    offsets = lengths_to_offsets(lengths)
+    x = torch.randn(int(lengths.sum()), E, dtype=torch.float64)
+    full = stack(x, offsets, max_len, targets).x
+    caches = stack(
+        x,
+        offsets,
+        max_len,
+        targets,
+        kv_caching_lengths=lengths - delta,
+        max_kv_caching_len=max_len - delta,
+        total_kv_caching_len=int((lengths - delta).sum()),
+    ).kv_caches
+    rows = torch.cat([torch.arange(int(e) - delta, int(e)) for e in offsets[1:]])
+    return full, caches, x[rows], rows
+
+
+@pytest.mark.parametrize(
+    "kw, targets",
+    [({"contextual_seq_len": 2}, [3, 1, 3]), ({"max_attn_len": 2}, [1, 2, 0]), ({}, None)],
+)
+def test_cached_forward_without_cache_update_equals_with_and_full_forward(kw, targets):
+    """update_cache=False (scoring) gives the same outputs as update_cache=True and as the
+    full forward's last Δ rows, for one layer and for the stack, and returns no cache."""
+    stack = _stack(3, **kw)
+    lengths = torch.tensor([7, 3, 10])  # the second sample's cache holds no history token
+    nt = torch.tensor(targets) if targets is not None else None
+    with torch.inference_mode():
+        full, caches, delta_x, rows = _primed(stack, lengths, 3, nt)
+        scored, none = stack.cached_forward(delta_x, caches, nt, update_cache=False)
+        appended, new_caches = stack.cached_forward(delta_x, caches, nt)
+        layer = stack.stu_layers[0]
+        layer_scored, layer_none = layer.cached_forward(delta_x, caches[0], nt, update_cache=False)
+        layer_appended, _ = layer.cached_forward(delta_x, caches[0], nt, update_cache=True)
+    assert none is None and layer_none is None
+    assert len(new_caches) == 3
+    assert torch.equal(scored, appended)
+    assert torch.equal(layer_scored, layer_appended)
+    torch.testing.assert_close(scored, full[rows], rtol=1e-9, atol=1e-9)
+
+
+def test_cached_forward_rejects_trimming_without_cache_update():
+    layer = _layer(scaling_seqlen=8)
+    cache = KVCache(torch.randn(5, H * A), torch.randn(5, H * V), torch.tensor([0, 2, 5]), 3)
+    with pytest.raises(
+        ValueError, match=r"kv_caching_lengths trims the returned cache, but update_cache=False"
+    ):
+        layer.cached_forward(
+            torch.randn(4, E), cache, kv_caching_lengths=torch.tensor([3, 4]), update_cache=False
+        )
+
+
 def test_cached_forward_trims_cache_with_kv_caching_lengths():
     layer = _layer(scaling_seqlen=8)
     cache = KVCache(torch.randn(5, H * A), torch.randn(5, H * V), torch.tensor([0, 2, 5]), 3)
