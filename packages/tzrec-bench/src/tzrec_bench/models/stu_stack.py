@@ -8,8 +8,11 @@ Measures, in bf16 with E=512, H=4, d=128 and 64 sequences of U[0.9 N, N) tokens 
 
 * train: forward + backward of the stack, tokens/s per provider (backend name);
 * serve: 8 new tokens per sequence against a 2000-token KV cache (``cached_forward``) vs a
-  full forward over 2008 tokens, ms and speed-up; on a GPU also both replayed from CUDA
-  graphs, as a server with fixed request shapes would run them (no Python or launch cost).
+  full forward over 2008 tokens, ms and speed-up, in two modes: "score"
+  (``update_cache=False``: candidates scored against a fixed history, no new cache built)
+  and "append" (``update_cache=True``: the extended cache is built too, as decoding
+  needs); on a GPU also replayed from CUDA graphs, as a server with fixed request shapes
+  would run them (no Python or launch cost).
 
 Timings use ``triton.testing.do_bench`` (warm-up 25, rep 200) when triton is installed,
 else CUDA events (or wall clock on CPU). The ops' value checks (one host sync per op call)
@@ -100,8 +103,12 @@ def bench_train(provider: str, args, device, dtype) -> Dict[str, float]:
     return {"ms": ms, "tokens_per_s": tokens / ms * 1e3}
 
 
+SERVE_MODES = (("score", False), ("append", True))  # (label, update_cache)
+
+
 def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
-    """Cached forward of Δ new tokens vs a full forward; returns both in ms."""
+    """Cached forward of Δ new tokens (each serve mode) vs a full forward, in ms: keys
+    ``{mode}_ms`` and ``full_ms``, and ``graph_{mode}_ms``/``graph_full_ms`` on a GPU."""
     torch.manual_seed(1001)
     stack = _setup_stack(provider, args, device).eval()
     cache_len, delta = args.cache_len, args.delta
@@ -121,16 +128,19 @@ def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
         ).kv_caches
         delta_x = x[rows]
 
-        def cached_step() -> object:
-            return stack.cached_forward(delta_x, caches)
+        def cached_step(update_cache: bool) -> Callable[[], object]:
+            return lambda: stack.cached_forward(delta_x, caches, update_cache=update_cache)
 
         def full_step() -> object:
             return stack(x, offsets, cache_len + delta)
 
-        result = {"cached_ms": _bench_ms(cached_step), "full_ms": _bench_ms(full_step)}
+        result = {"full_ms": _bench_ms(full_step)}
+        for mode, update_cache in SERVE_MODES:
+            result[f"{mode}_ms"] = _bench_ms(cached_step(update_cache))
         if device.type == "cuda":
-            result["graph_cached_ms"] = _bench_ms(_graphed(cached_step))
             result["graph_full_ms"] = _bench_ms(_graphed(full_step))
+            for mode, update_cache in SERVE_MODES:
+                result[f"graph_{mode}_ms"] = _bench_ms(_graphed(cached_step(update_cache)))
     return result
 
 
@@ -171,15 +181,17 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"train {provider:>8}: {r['ms']:9.2f} ms/step  {tokens_m:8.3f} M tokens/s")
         if "serve" in modes:
             r = bench_serve(provider, args, device, dtype)
-            runs = [("eager", "cached_ms", "full_ms")]
-            if "graph_cached_ms" in r:
-                runs.append(("cuda graph", "graph_cached_ms", "graph_full_ms"))
-            for label, cached, full in runs:
-                print(
-                    f"serve {provider:>8} ({label}): {args.delta} new tokens vs a "
-                    f"{args.cache_len}-token cache {r[cached]:8.3f} ms, full recompute "
-                    f"{r[full]:8.3f} ms, speed-up {r[full] / r[cached]:6.1f}x"
-                )
+            runs = [("eager", "")] + ([("cuda graph", "graph_")] if "graph_full_ms" in r else [])
+            for label, prefix in runs:
+                full = r[f"{prefix}full_ms"]
+                for mode, update_cache in SERVE_MODES:
+                    cached = r[f"{prefix}{mode}_ms"]
+                    print(
+                        f"serve {provider:>8} {mode:>6} (update_cache={update_cache!s:>5}, "
+                        f"{label:>10}): {args.delta} new tokens vs a {args.cache_len}-token "
+                        f"cache {cached:8.3f} ms, full recompute {full:8.3f} ms, speed-up "
+                        f"{full / cached:6.1f}x"
+                    )
     if "pytorch" in train and "triton" in train:
         ratio = train["triton"]["tokens_per_s"] / train["pytorch"]["tokens_per_s"]
         print(f"train triton / pytorch tokens/s: {ratio:.2f}x")
