@@ -1088,6 +1088,30 @@ def test_split_kv_option_only_with_the_split_form(monkeypatch, fresh_registry):
     assert "split_kv" not in seen[0] and seen[1]["split_kv"] is True
 
 
+def test_backend_without_the_new_keywords_is_skipped_not_broken(monkeypatch):
+    """A plugin whose delta_hstu_mha predates delta_k/delta_v (and whose ``supports`` accepts
+    any call) keeps serving the old form, is passed over for the split form in automatic
+    selection, and gets a clear error when requested for it."""
+    from tzrec_ops import registry
+
+    old = Backend(
+        "old_plugin", 100, {"delta_hstu_mha": "_delta_split:delta_without_split_form"}
+    )
+    monkeypatch.setattr(registry, "backends", lambda: [old, registry.get_backend("pytorch")])
+    monkeypatch.setattr(registry, "_env_request", lambda op: None)
+    expected = delta_hstu_mha(**_good_split(), backend="pytorch")
+    torch.testing.assert_close(delta_hstu_mha(**_good_split()), expected, rtol=0, atol=0)
+    assert delta_hstu_mha(**_good_delta(), backend=old).shape == (4, 2, 6)
+    with pytest.raises(
+        BackendError,
+        match=(
+            r"backend 'old_plugin' \(requested by backend=\) cannot run delta_hstu_mha: its "
+            r"delta_hstu_mha implementation does not accept delta_k, delta_v"
+        ),
+    ):
+        delta_hstu_mha(**_good_split(), backend=old)
+
+
 def test_triton_accepts_the_split_form():
     pytest.importorskip("triton")
     from tzrec_ops.backends.triton.plugin import call_rejection, tma_call_rejection

@@ -20,10 +20,22 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import inspect
 import os
 import threading
 import warnings
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import pluggy
 import torch
@@ -65,7 +77,10 @@ class Backend:
         availability: returns ``None`` if the backend can run on this machine, else a human
             reason ("triton is not installed (pip install 'tzrec-ops[triton]')"). Called once.
         supports: ``supports(op, call)`` returns ``None`` if the backend can run this call,
-            else a reason. ``call`` holds ``device``, ``dtype`` and the op's options.
+            else a reason. ``call`` holds ``device``, ``dtype`` and the op's options. When a
+            call passes keyword arguments added to an op after its first version, ``call``
+            names them in ``keyword_args`` and a backend whose implementation does not accept
+            them is rejected automatically (older plugins are skipped, not broken).
         description: one line for ``python -m tzrec_ops info``.
         automatic: returns ``None`` if automatic selection may pick this backend, else a
             reason (e.g. the Triton CPU interpreter serves explicit requests only).
@@ -78,9 +93,7 @@ class Backend:
     supports: Supports = _supports_every_call
     description: str = ""
     automatic: Availability = _always_available
-    _cache: Dict[str, Any] = dataclasses.field(
-        default_factory=dict, compare=False, repr=False
-    )
+    _cache: Dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def unavailable_reason(self) -> Optional[str]:
         """Why this backend cannot run on this machine, or ``None`` if it can (cached)."""
@@ -100,9 +113,25 @@ class Backend:
         if reason is not None:
             return f"unavailable: {reason}"
         try:
-            return self.supports(op, call)
+            reason = self.supports(op, call)
         except Exception as exc:
             return f"supports check raised {exc!r}"
+        if reason is None and call.get("keyword_args"):
+            reason = self._keyword_rejection(op, call["keyword_args"])
+        return reason
+
+    def _keyword_rejection(self, op: str, names: Sequence[str]) -> Optional[str]:
+        try:
+            params = inspect.signature(self.implementation(op)).parameters.values()
+        except Exception as exc:  # a broken plugin must not take the host down
+            return f"its {op} implementation could not be inspected: {exc!r}"
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return None
+        accepted = {p.name for p in params if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+        missing = [name for name in names if name not in accepted]
+        if missing:
+            return f"its {op} implementation does not accept {', '.join(missing)}"
+        return None
 
     def implementation(self, op: str) -> Callable[..., Any]:
         """Import (once) and return the function implementing ``op``."""

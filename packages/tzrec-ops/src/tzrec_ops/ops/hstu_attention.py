@@ -384,8 +384,9 @@ def delta_hstu_mha(
     checks.run()
 
     # the split form is a call option, so a backend whose ``supports`` does not accept
-    # ``split_kv`` is never picked for it (and the old call form's options are unchanged)
-    options = {"split_kv": True} if split else {}
+    # ``split_kv``, or whose implementation lacks the new keywords, is never picked for it
+    # (and the old call form's options are unchanged)
+    options = {"split_kv": True, "keyword_args": ("delta_k", "delta_v")} if split else {}
     impl = select_backend(
         "delta_hstu_mha",
         backend,
