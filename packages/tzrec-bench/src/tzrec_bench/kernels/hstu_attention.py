@@ -90,6 +90,20 @@ def run_point(
     return ms, (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
+def chosen_configs() -> str:
+    """The autotuner's last choice for each Triton attention kernel (head dims <= 128)."""
+    from tzrec_ops.backends.triton import hstu_attention as impl
+
+    chosen = []
+    for label, kernel in (("fwd", impl._fwd_kernel), ("dkdv", impl._bwd_dkdv_kernel),
+                          ("dq", impl._bwd_dq_kernel)):
+        config = getattr(kernel, "best_config", None)
+        if config is not None:
+            blocks = "x".join(str(v) for v in config.kwargs.values())
+            chosen.append(f"{label} {blocks} w{config.num_warps} s{config.num_stages}")
+    return "; ".join(chosen)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=512)
@@ -104,6 +118,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     parser.add_argument("--modes", default="fwd,bwd")
     parser.add_argument("--rep", type=int, default=200, help="do_bench rep in ms (>= 200)")
     parser.add_argument("--seed", type=int, default=1001)
+    parser.add_argument("--show-configs", action="store_true",
+                        help="print the tile configs the autotuner chose (BLOCK_MxBLOCK_N)")
     args = parser.parse_args(argv)
     if args.rep < 200:
         parser.error(f"--rep must be >= 200 ms, got {args.rep}")
@@ -148,6 +164,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
                 cells.append(f"{ms:9.3f} {tflops:12.1f} {peak:13.0f}")
             rows.append(row)
             print(f"{n:5d} {p:>11} " + " ".join(cells), flush=True)
+            if args.show_configs and p.startswith("triton"):
+                print(f"{'':17} configs: {chosen_configs()}", flush=True)
         del inputs
         torch.cuda.empty_cache()
     return rows

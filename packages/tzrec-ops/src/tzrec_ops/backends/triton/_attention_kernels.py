@@ -51,18 +51,35 @@ import triton.language as tl
 
 
 @triton.jit
+def _tanh_approx(x):
+    """The hardware tanh (``tanh.approx.f32``: one special-function op, relative error
+    ~2^-11; used for bf16 inputs only, whose tiles are rounded to 8 bits anyway)."""
+    return tl.inline_asm_elementwise(
+        "tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
 def _sigmoid(s, FAST_SILU: tl.constexpr):
     """sigmoid(s); with ``FAST_SILU`` as ``0.5 + 0.5 tanh(s / 2)`` on the hardware tanh
-    (one special-function op instead of exp + reciprocal; relative error ~2^-11, used for
-    bf16 inputs only, whose tiles are rounded to 8 bits anyway)."""
+    (one special-function op instead of exp + reciprocal)."""
     if FAST_SILU:
-        t = tl.inline_asm_elementwise(
-            "tanh.approx.f32 $0, $1;", "=f,f", [s * 0.5], dtype=tl.float32, is_pure=True,
-            pack=1,
-        )
-        return 0.5 + 0.5 * t
+        return 0.5 + 0.5 * _tanh_approx(s * 0.5)
     else:
         return tl.sigmoid(s)
+
+
+@triton.jit
+def _silu_of_scaled(qk, alpha, FAST_SILU: tl.constexpr):
+    """``silu(alpha * qk)``. With ``FAST_SILU``, ``h + h tanh(h)`` where ``h = alpha qk / 2``
+    (equal to ``s sigmoid(s)``): one multiply, one hardware tanh and one FMA per element,
+    against four ALU ops and the tanh for ``s * _sigmoid(s)``."""
+    if FAST_SILU:
+        h = qk * (alpha * 0.5)
+        return h + h * _tanh_approx(h)
+    else:
+        s = qk * alpha
+        return s * tl.sigmoid(s)
 
 
 @triton.jit
@@ -268,8 +285,7 @@ def _fwd_block(
                    BLOCK_N, BLOCK_D_Q, CHECK_ROWS, ENABLE_TMA, UPCAST)
     v = _load_tile(V_base, v_desc, off_h, start_n - row_shift, load_rows, stride_vm, DIM_V,
                    BLOCK_N, BLOCK_D_V, CHECK_ROWS, ENABLE_TMA, UPCAST)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * alpha
-    p = s * _sigmoid(s, FAST_SILU)
+    p = _silu_of_scaled(tl.dot(q, tl.trans(k), input_precision=PRECISION), alpha, FAST_SILU)
     if MASKED:
         cols = start_n + tl.arange(0, BLOCK_N)
         valid = _valid(rows[:, None], cols[None, :], n, shift, hist, max_attn_len, CAUSAL,
