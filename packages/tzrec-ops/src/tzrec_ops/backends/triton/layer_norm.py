@@ -318,8 +318,23 @@ def _norm_bwd_kernel(
 
 
 @triton.jit
-def _sum_partials_kernel(PARTIAL, OUT, P, D, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
-    """``OUT[d] = sum_p PARTIAL[p, d]`` in a fixed order (deterministic)."""
+def _sum_partials_kernel(
+    PARTIAL,
+    OUT0,
+    OUT1,
+    P,
+    D,
+    TWO: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """``OUT_i[d] = sum_p PARTIAL[i, p, d]`` in a fixed order (deterministic), rounded to the
+    outputs' dtype; ``i = program_id(1)`` (the weight's and the bias's partials)."""
+    PARTIAL += tl.program_id(1).to(tl.int64) * P * D
+    OUT = OUT0
+    if TWO:
+        if tl.program_id(1) == 1:
+            OUT = OUT1
     cols = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
     acc = tl.zeros((BLOCK_P, BLOCK_D), dtype=tl.float32)
     for p0 in range(0, P, BLOCK_P):
@@ -329,7 +344,7 @@ def _sum_partials_kernel(PARTIAL, OUT, P, D, BLOCK_P: tl.constexpr, BLOCK_D: tl.
             mask=(ps[:, None] < P) & (cols[None, :] < D),
             other=0.0,
         )
-    tl.store(OUT + cols, tl.sum(acc, axis=0), mask=cols < D)
+    tl.store(OUT + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cols < D)
 
 
 def _blocks(groups: int, group_size: int, itemsize: int) -> Tuple[int, int]:
@@ -347,16 +362,24 @@ def _rows_per_tile(block_g: int, block_v: int, elements: int) -> int:
     return max(1, min(64, elements // (block_g * block_v)))
 
 
-def sum_partials(partial: torch.Tensor) -> torch.Tensor:
-    """Column sums of an fp32 ``[P, D]`` partials buffer -> ``[D]`` fp32."""
-    P, D = partial.shape
-    out = torch.empty(D, dtype=torch.float32, device=partial.device)
+def sum_partials(partial: torch.Tensor, dtype: torch.dtype = torch.float32) -> List[torch.Tensor]:
+    """Column sums of fp32 partials ``[N, P, D]`` (N <= 2) -> N tensors ``[D]`` in ``dtype``,
+    in one launch."""
+    N, P, D = partial.shape
+    outs = [torch.empty(D, dtype=dtype, device=partial.device) for _ in range(N)]
     block_d = min(256, next_power_of_2(max(D, 1)))
     block_p = 1 if interpreting() else 32
-    launchable(_sum_partials_kernel)[(triton.cdiv(D, block_d),)](
-        partial, out, P, D, BLOCK_P=block_p, BLOCK_D=block_d
+    launchable(_sum_partials_kernel)[(triton.cdiv(D, block_d), N)](
+        partial,
+        outs[0],
+        outs[1] if N == 2 else partial,  # an input as placeholder, never an output twice
+        P,
+        D,
+        TWO=N == 2,
+        BLOCK_P=block_p,
+        BLOCK_D=block_d,
     )
-    return out
+    return outs
 
 
 def norm_forward(
@@ -469,8 +492,11 @@ def norm_backward(
     programs = max(1, min(tiles, num_sms(device) * 4))
     tiles_per_program = triton.cdiv(tiles, programs) if tiles > 0 else 0
     programs = triton.cdiv(tiles, tiles_per_program) if tiles > 0 else 1
-    partial_dw = torch.zeros((programs, D) if has_w else (0,), dtype=torch.float32, device=device)
-    partial_db = torch.zeros((programs, D) if has_b else (0,), dtype=torch.float32, device=device)
+    # every program writes its whole partial row, so only an empty batch needs zeros
+    alloc = torch.empty if L > 0 else torch.zeros
+    partials = alloc((has_w + has_b, programs, D), dtype=torch.float32, device=device)
+    partial_dw = partials[0] if has_w else rstd
+    partial_db = partials[int(has_w)] if has_b else rstd
     if L > 0:
         kernel = tuned("norm_bwd", _norm_bwd_kernel, _warp_configs, _KEY, _INTERPRET_CONFIG, device)
         dropout = dropout_p > 0.0
@@ -485,8 +511,8 @@ def norm_backward(
             dx,
             du if du.numel() > 0 else x,  # never alias an output (see mm.py)
             y if compute_y else x,
-            partial_dw if has_w else rstd,
-            partial_db if has_b else rstd,
+            partial_dw,
+            partial_db,
             L,
             groups,
             V,
@@ -513,20 +539,30 @@ def norm_backward(
             BLOCK_G=block_g,
             BLOCK_V=block_v,
         )
-    dweight = _reduce_affine_grad(partial_dw, weight, groups if group_affine else 1, D)
-    dbias = _reduce_affine_grad(partial_db, bias, groups if group_affine else 1, D)
+    dweight, dbias = _reduce_affine_grads(partials, weight, bias, groups if group_affine else 1)
     return dx, du, dweight, dbias, y
 
 
-def _reduce_affine_grad(
-    partial: torch.Tensor, param: Optional[torch.Tensor], affine_groups: int, D: int
-) -> torch.Tensor:
-    if param is None:
-        return torch.empty(0, dtype=partial.dtype, device=partial.device)
-    per_feature = sum_partials(partial)
-    if affine_groups > 1 or param.numel() != D:
-        per_feature = per_feature.view(affine_groups, D // affine_groups).sum(dim=1)
-    return per_feature.to(param.dtype)
+def _reduce_affine_grads(
+    partials: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    affine_groups: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(dweight, dbias) from the per-program partials ``[#params, P, D]``, one launch (empty
+    tensors for absent parameters)."""
+    params = [t for t in (weight, bias) if t is not None]
+    none = torch.empty(0, dtype=partials.dtype, device=partials.device)
+    if not params:
+        return none, none
+    D = partials.shape[2]
+    per_param = affine_groups > 1 or any(t.numel() != D for t in params)
+    direct = not per_param and all(t.dtype == params[0].dtype for t in params)
+    sums = sum_partials(partials, params[0].dtype if direct else torch.float32)
+    if per_param:  # per-group affine: one value per group of D / G features
+        sums = [t.view(affine_groups, D // affine_groups).sum(dim=1) for t in sums]
+    grads = iter(total.to(t.dtype) for total, t in zip(sums, params))
+    return (next(grads) if weight is not None else none, next(grads) if bias is not None else none)
 
 
 # --------------------------------------------------------------------------------------------
