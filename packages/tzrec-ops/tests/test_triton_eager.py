@@ -73,3 +73,55 @@ def test_eager_path_skips_the_dispatcher_and_tracing_uses_the_op():
     assert y.grad_fn is not None and "EagerAutograd" in type(y.grad_fn).__name__
     with torch.no_grad():
         assert layer_norm_op(x, w, b, 1e-5)[0].grad_fn is None
+
+
+def test_eager_path_materializes_the_gradient_of_an_unused_output():
+    """The fused op returns (u, attn, saved values...); with u unused its gradient arrives as
+    None and the eager path must treat it as zeros, exactly like the registered op."""
+    from tzrec_ops.backends.triton.hstu_compute import preprocess_and_attention_op
+
+    heads, dim, embed = 2, 8, 16
+    g = torch.Generator().manual_seed(3)
+
+    def inputs():
+        t = [
+            torch.randn(9, embed, generator=g),
+            torch.randn(embed, generator=g),
+            torch.randn(embed, generator=g),
+            torch.randn(embed, 4 * heads * dim, generator=g) / embed**0.5,
+            torch.randn(4 * heads * dim, generator=g),
+        ]
+        return [x.to(DEVICE).requires_grad_() for x in t]
+
+    fast = inputs()
+    slow = [t.detach().clone().requires_grad_() for t in fast]
+    offsets = torch.tensor([0, 4, 9], device=DEVICE)
+
+    def attn(op, x, nw, nb, w, b):
+        return op(
+            x,
+            nw,
+            nb,
+            1e-5,
+            heads,
+            dim,
+            dim,
+            w,
+            b,
+            8,
+            offsets,
+            0.5,
+            True,
+            None,
+            0,
+            0,
+            False,
+            False,
+            False,
+            -1,
+        )[1]
+
+    attn(preprocess_and_attention_op, *fast).sum().backward()
+    attn(preprocess_and_attention_op.op, *slow).sum().backward()
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)

@@ -121,6 +121,14 @@ class Backend:
         return reason
 
     def _keyword_rejection(self, op: str, names: Sequence[str]) -> Optional[str]:
+        """Why ``op``'s implementation cannot take the keywords ``names`` (cached: this runs
+        on every call of the op form that passes them)."""
+        key = f"keywords:{op}:{','.join(names)}"
+        if key not in self._cache:
+            self._cache[key] = self._inspect_keywords(op, names)
+        return self._cache[key]
+
+    def _inspect_keywords(self, op: str, names: Sequence[str]) -> Optional[str]:
         try:
             params = inspect.signature(self.implementation(op)).parameters.values()
         except Exception as exc:  # a broken plugin must not take the host down

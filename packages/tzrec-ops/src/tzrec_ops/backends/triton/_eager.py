@@ -46,7 +46,7 @@ class _EagerAutograd(torch.autograd.Function):
         out = op.fn(*args)
         ctx.library_op = op
         op.setup_context(ctx, args, out)
-        if isinstance(out, tuple) and op.grad_outputs < len(out):
+        if isinstance(out, tuple) and op.grad_outputs is not None and op.grad_outputs < len(out):
             # outputs past the differentiable ones are saved values: no zero-filled gradients
             ctx.mark_non_differentiable(*out[op.grad_outputs :])
             ctx.set_materialize_grads(False)
@@ -58,7 +58,7 @@ class _EagerAutograd(torch.autograd.Function):
         meta = getattr(ctx, "grad_meta", None)
         if meta is not None:
             grads = tuple(
-                torch.zeros(*meta[i][:1], dtype=meta[i][1], device=meta[i][2])
+                torch.zeros(meta[i][0], dtype=meta[i][1], device=meta[i][2])
                 if g is None and i < len(meta)
                 else g
                 for i, g in enumerate(grads)
@@ -75,17 +75,18 @@ class TritonLibraryOp:
         self.op = triton_op(name, mutates_args=())(fn)
         self.backward: Optional[Callable[..., Any]] = None
         self.setup_context: Optional[Callable[..., None]] = None
-        self.grad_outputs = 0
+        self.grad_outputs: Optional[int] = None
 
     def register_autograd(
         self,
         backward: Callable[..., Any],
         *,
         setup_context: Callable[..., None],
-        grad_outputs: int = 1 << 30,
+        grad_outputs: Optional[int] = None,
     ) -> None:
         """As ``CustomOpDef.register_autograd``; only the first ``grad_outputs`` outputs take
-        gradients (the rest are values saved for the backward, whose gradients it ignores)."""
+        gradients (the rest are values saved for the backward, whose gradients it ignores);
+        None: every output does."""
         self.op.register_autograd(backward, setup_context=setup_context)
         self.backward, self.setup_context = backward, setup_context
         self.grad_outputs = grad_outputs
