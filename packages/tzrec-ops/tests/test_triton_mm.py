@@ -69,6 +69,44 @@ def test_addmm_backward_split_along_k_matches_oracle(bias_2d, dtype, monkeypatch
     _check(200, 24, 20, bias_2d, dtype, seed=3)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mkn", [(37, 19, 40), (5, 0, 8)])
+def test_matmul_silu_epilogue_matches_oracle(mkn, dtype):
+    """``silu_out`` gets silu of the first columns of ``bias + a @ b`` (from the fp32
+    accumulator), next to the unchanged product; K = 0 takes the bias-only path."""
+    from tzrec_ops.backends.triton.mm import matmul
+
+    m, k, n = mkn
+    g = torch.Generator().manual_seed(3)
+    a, b, bias = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((m, k), (k, n), (n,)))
+    want = bias + a.to(dtype).double() @ b.to(dtype).double()
+    out = torch.empty(m, n, dtype=dtype, device=DEVICE)
+    act = torch.empty(m, 2 * n, dtype=dtype, device=DEVICE)[:, 3 : 3 + n // 2]  # strided view
+    matmul(a.to(DEVICE, dtype), b.to(DEVICE, dtype), out, bias=bias.to(DEVICE, dtype), silu_out=act)
+    assert_close(out, want, dtype, name="z")
+    assert_close(act, torch.nn.functional.silu(want[:, : n // 2]), dtype, name="silu(z)")
+    with pytest.raises(ValueError, match="silu_out needs a bias"):
+        matmul(a.to(DEVICE, dtype), b.to(DEVICE, dtype), out, silu_out=act)
+
+
+def test_silu_backward_into_strided_view_matches_oracle():
+    from tzrec_ops.backends.triton.silu import silu_backward
+
+    g = torch.Generator().manual_seed(4)
+    buf = torch.randn(33, 70, generator=g, dtype=torch.float64)
+    dy = torch.randn(33, 21, generator=g, dtype=torch.float64)
+    x = buf[:, 5:26]
+    x_ref = x.clone().requires_grad_()
+    torch.nn.functional.silu(x_ref).backward(dy)
+    for dtype in DTYPES:
+        grads = torch.zeros(33, 70, dtype=dtype, device=DEVICE)
+        silu_backward(dy.to(DEVICE, dtype), x.to(DEVICE, dtype), grads[:, 40:61])
+        assert_close(grads[:, 40:61], x_ref.grad, dtype, grad=True, name="dx")
+        assert torch.count_nonzero(grads[:, :40]) == 0 and torch.count_nonzero(grads[:, 61:]) == 0
+    with pytest.raises(ValueError, match="unit column"):
+        silu_backward(dy, x, grads[:, 0:42:2])
+
+
 def test_addmm_rejects_bad_shapes_before_launch():
     x = torch.randn(4, 3, device=DEVICE)
     with pytest.raises(ValueError, match=r"mat2.shape\[0\] \(5\) must equal mat1.shape\[1\] \(3\)"):

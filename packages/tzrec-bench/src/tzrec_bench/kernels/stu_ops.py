@@ -1,20 +1,29 @@
 """Benchmark of the non-attention STU ops and of the fused STU layer (forward + backward).
 
     python -m tzrec_bench.kernels.stu_ops [--batch 64] [--max-len 2048] [--providers ...]
+                                          [--no-graph]
 
 Shapes: B sequences with lengths uniform in [0.9 N, N), embedding E = 512, H = 4 heads,
 A = V = 128, bf16. Every op runs forward + backward (one fixed upstream gradient) for three
 providers: ``triton`` (the triton backend), ``eager`` (the pytorch backend) and ``compile``
-(``torch.compile`` of the pytorch backend). Times are medians of ``triton.testing.do_bench``
-in milliseconds. The STU layer (layer norm -> uvqk GEMM -> SiLU -> attention -> norm-mul ->
-output GEMM + residual) is timed fused (``hstu_preprocess_and_attention`` +
-``hstu_compute_output`` on triton) against the same layer from unfused triton ops and against
+(``torch.compile`` of the pytorch backend). The STU layer (layer norm -> uvqk GEMM -> SiLU ->
+attention -> norm-mul -> output GEMM + residual) is timed fused (``hstu_preprocess_and_attention``
++ ``hstu_compute_output`` on triton) against the same layer from unfused triton ops and against
 the eager pytorch backend. Value checks (one host sync per call) are turned off while timing.
+
+Each cell has two times, medians of ``triton.testing.do_bench`` in milliseconds. ``wall`` times
+eager calls, so it includes the Python and autograd launch overhead: it is what an eager user
+sees, and at these shapes the host, not the GPU, often sets it. ``gpu`` captures one forward +
+backward step in a CUDA graph and times its replays, so it is kernel time only. Each speed-up
+column is the time of the faster of ``eager`` and ``compile`` over the ``triton`` time, by wall
+and by gpu time. ``--no-graph`` skips the gpu times. A step that fails, or cannot be captured
+(one that syncs with the host, say), gets ``nan`` and one line naming the error.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
@@ -22,6 +31,7 @@ import torch
 PROVIDERS = ("triton", "eager", "compile", "triton_compile")
 DEFAULT_PROVIDERS = "triton,eager,compile"
 Case = Tuple[Callable[..., torch.Tensor], List[torch.Tensor]]
+Timer = Callable[[Callable[..., torch.Tensor], Sequence[torch.Tensor]], float]
 
 
 class Shapes:
@@ -272,18 +282,72 @@ def stu_layer_cases(s: Shapes) -> Dict[str, Case]:
     }
 
 
-def time_fwd_bwd(fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor]) -> float:
-    """Median ms of forward + backward with a fixed upstream gradient."""
-    import triton.testing
-
+def _step(fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor]) -> Callable[[], None]:
+    """One forward + backward of ``fn(*inputs)`` with a fixed upstream gradient."""
     grad = torch.randn_like(fn(*inputs).detach())
 
     def step() -> None:
         fn(*inputs).backward(grad)
 
+    return step
+
+
+def time_fwd_bwd(fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor]) -> float:
+    """Median ms of forward + backward called eagerly (host launch overhead included)."""
+    import triton.testing
+
     return triton.testing.do_bench(
-        step, warmup=25, rep=200, grad_to_none=list(inputs), return_mode="median"
+        _step(fn, inputs), warmup=25, rep=200, grad_to_none=list(inputs), return_mode="median"
     )
+
+
+def time_fwd_bwd_graph(fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor]) -> float:
+    """Median ms of forward + backward replayed from a CUDA graph (GPU time only)."""
+    import triton.testing
+
+    step = _step(fn, inputs)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the default stream, as capture requires
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    for x in inputs:
+        x.grad = None  # so AccumulateGrad assigns gradients allocated inside the graph
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):  # restores the caller's stream even if the capture fails
+        with torch.cuda.graph(graph, stream=side):
+            step()
+    return triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` with the message's whitespace collapsed, cut at 200 characters."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+
+def _describe(exc: BaseException) -> str:
+    """The exception, and the one it was raised while handling (a failed capture's cause)."""
+    if exc.__context__ is None:
+        return _one_line(exc)
+    return f"{_one_line(exc)} (while handling {_one_line(exc.__context__)})"
+
+
+def _time(
+    label: str, timer: Timer, fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor]
+) -> float:
+    """``timer(fn, inputs)``, or nan after printing one line naming ``label`` and the error."""
+    try:
+        return timer(fn, inputs)
+    except Exception as exc:  # report and keep going: one failure must not hide the rest
+        print(f"  {label} failed: {_describe(exc)}", flush=True)
+        return math.nan
+
+
+def _speedup(times: Dict[str, float]) -> float:
+    """The faster of the eager/compile times over the triton time (nan if either is missing)."""
+    refs = [times[p] for p in ("eager", "compile") if not math.isnan(times.get(p, math.nan))]
+    return min(refs, default=math.nan) / times.get("triton", math.nan)
 
 
 def main(argv: Sequence[str] = ()) -> None:
@@ -297,6 +361,9 @@ def main(argv: Sequence[str] = ()) -> None:
         "triton backend (separates host launch overhead from kernel time)",
     )
     parser.add_argument("--ops", default="", help="comma-separated subset of op names")
+    parser.add_argument(
+        "--no-graph", action="store_true", help="skip the gpu times (CUDA graph replays)"
+    )
     args = parser.parse_args(list(argv) or None)
     if not torch.cuda.is_available():
         raise SystemExit("this benchmark needs a CUDA GPU")
@@ -306,6 +373,9 @@ def main(argv: Sequence[str] = ()) -> None:
 
     set_value_checks(False)
     s = Shapes(args.batch, args.max_len)
+    timers: Dict[str, Timer] = {"wall": time_fwd_bwd}
+    if not args.no_graph:
+        timers["gpu"] = time_fwd_bwd_graph
     print(
         f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  triton "
         f"{triton.__version__}"
@@ -313,42 +383,40 @@ def main(argv: Sequence[str] = ()) -> None:
     print(
         f"tokens {s.tokens} = {s.batch} sequences x U[{int(0.9 * s.max_len)}, {s.max_len}), "
         f"E={s.embed}, H={s.heads}, A=V={s.head_dim}, bf16, forward+backward, median ms "
-        f"(triton.testing.do_bench); value checks disabled while timing"
+        f"(triton.testing.do_bench); wall = eager calls, gpu = CUDA graph replay; value "
+        f"checks disabled while timing"
     )
     providers = [p for p in args.providers.split(",") if p]
     for p in providers:
         _backend(p)
-    print(f"{'op':40s}" + "".join(f"{p:>10s}" for p in providers) + f"{'speedup':>10s}")
+    width = 9 * len(timers)
+    print(f"{'':40s}" + "".join(f"{p:>{width}s}" for p in [*providers, "speed-up"]))
+    print(f"{'op':40s}" + "".join(f"{m:>9s}" for m in timers) * (len(providers) + 1))
     wanted = set(filter(None, args.ops.split(",")))
     for name, setup in op_cases(s).items():
         if wanted and name not in wanted:
             continue
-        times = {}
+        times: Dict[Tuple[str, str], float] = {}
         for p in providers:
             fn, inputs = setup(p)
             if p.endswith("compile"):
                 fn = torch.compile(fn)
-            try:
-                times[p] = time_fwd_bwd(fn, inputs)
-            except Exception as exc:  # report and keep going: one failure must not hide the rest
-                print(f"  {name} [{p}] failed: {type(exc).__name__}: {str(exc)[:200]}")
-                times[p] = float("nan")
+            for m, timer in timers.items():
+                times[p, m] = _time(f"{name} [{p}] {m}", timer, fn, inputs)
             del inputs
-        refs = [times[p] for p in ("eager", "compile") if p in times]
-        best_ref = min(refs) if refs else float("nan")  # triton vs the faster reference
-        row = "".join(f"{times[p]:10.3f}" for p in providers)
-        speedup = best_ref / times.get("triton", float("nan"))
-        print(f"{name:40s}{row}{speedup:9.2f}x", flush=True)
+        row = "".join(f"{times[p, m]:9.3f}" for p in providers for m in timers)
+        speedups = "".join(f"{_speedup({p: times[p, m] for p in providers}):8.2f}x" for m in timers)
+        print(f"{name:40s}{row}{speedups}", flush=True)
     print("\nSTU layer (preprocess + attention + output), forward+backward, median ms")
-    layers = {}
+    print(f"{'layer':40s}" + "".join(f"{m:>9s}" for m in timers))
+    layers: Dict[str, Dict[str, float]] = {}
     for name, (fn, inputs) in stu_layer_cases(s).items():
-        layers[name] = time_fwd_bwd(fn, inputs)
-        print(f"{name:40s}{layers[name]:10.3f}", flush=True)
+        layers[name] = {m: _time(f"{name} {m}", t, fn, inputs) for m, t in timers.items()}
+        print(f"{name:40s}" + "".join(f"{layers[name][m]:9.3f}" for m in timers), flush=True)
     fused = layers["STU layer fused (triton)"]
-    print(
-        f"fused vs unfused triton ops: {layers['STU layer unfused triton ops'] / fused:.2f}x; "
-        f"fused vs eager pytorch: {layers['STU layer eager pytorch'] / fused:.2f}x"
-    )
+    for other in ("unfused triton ops", "eager pytorch"):
+        ratios = ", ".join(f"{layers[f'STU layer {other}'][m] / fused[m]:.2f}x {m}" for m in timers)
+        print(f"fused vs {other}: {ratios}")
 
 
 if __name__ == "__main__":

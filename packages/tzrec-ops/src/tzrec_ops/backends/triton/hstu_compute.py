@@ -6,16 +6,18 @@ Legend: L = tokens, E = embedding dim, H = heads, A = q/k dim per head, V = valu
 
 * :func:`hstu_compute_uqvk`: Triton layer norm -> Triton addmm -> split -> SiLU(u), with the
   reference's activation-checkpointing options.
-* :func:`hstu_preprocess_and_attention` (one op with one backward): layer norm -> uvqk GEMM ->
-  SiLU(u) -> jagged attention on q/k/v *views* of uvqk. The backward allocates one ``duvqk``
-  buffer and writes du, dv, dq, dk into its column views, so the GEMM backward reads a single
-  matrix without a concatenation. ``normed_x`` and/or ``uvqk`` are recomputed in the backward
-  instead of saved when the recompute flags ask for it.
+* :func:`hstu_preprocess_and_attention` (one op with one backward): layer norm -> uvqk GEMM,
+  whose epilogue also writes SiLU(u) -> jagged attention on q/k/v *views* of uvqk. The backward
+  allocates one ``duvqk`` buffer and writes du (SiLU's backward), dv, dq, dk into its column
+  views, so the GEMM backward reads a single matrix without a concatenation. ``normed_x``
+  and/or ``uvqk`` are recomputed in the backward instead of saved when the recompute flags ask
+  for it.
 * :func:`hstu_compute_output` (one op with one backward):
   ``y = dropout([u | attn | u * Norm(attn)])``
   from the fused norm-mul-dropout kernel, then ``out = x + y @ W`` as one GEMM whose epilogue
-  adds the residual. With ``recompute_y_in_backward`` y is not saved; the norm backward kernel
-  rebuilds it (same dropout seed) for ``dW = y^T @ d_out``.
+  adds the residual (whose gradient is ``d_out`` itself, returned without a copy). With
+  ``recompute_y_in_backward`` y is not saved; the norm backward kernel rebuilds it (same
+  dropout seed) for ``dW = y^T @ d_out``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from tzrec_ops.backends.triton.layer_norm import (
     norm_forward,
 )
 from tzrec_ops.backends.triton.mm import addmm_fwd, matmul
+from tzrec_ops.backends.triton.silu import silu_backward
 from tzrec_ops.ops.utils import switch_to_contiguous_if_needed
 
 Tensors4 = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -142,12 +145,17 @@ def hstu_compute_uqvk(
 
 
 def _uvqk_forward(
-    normed: torch.Tensor, uvqk_weight: torch.Tensor, uvqk_bias: torch.Tensor
+    normed: torch.Tensor,
+    uvqk_weight: torch.Tensor,
+    uvqk_bias: torch.Tensor,
+    silu_u: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
+    """``uvqk = normed @ W + b``; ``silu_u`` ([L, HV]), if given, gets ``silu(u)`` from the
+    GEMM epilogue."""
     uvqk = torch.empty(
         (normed.shape[0], uvqk_weight.shape[1]), dtype=normed.dtype, device=normed.device
     )
-    matmul(normed, uvqk_weight, uvqk, bias=uvqk_bias)
+    matmul(normed, uvqk_weight, uvqk, bias=uvqk_bias, silu_out=silu_u)
     return uvqk
 
 
@@ -181,8 +189,9 @@ def preprocess_and_attention_op(
     normed, mean, rstd = norm_forward(
         x, None, norm_weight, norm_bias, norm_eps, 1, False, False, PLAIN, False, 0.0, 0
     )
-    uvqk = _uvqk_forward(normed, uvqk_weight, uvqk_bias)
-    u, v, q, k = _split_uvqk(uvqk, num_heads, attn_dim, hidden_dim)
+    silu_u = torch.empty((x.shape[0], num_heads * hidden_dim), dtype=x.dtype, device=x.device)
+    uvqk = _uvqk_forward(normed, uvqk_weight, uvqk_bias, silu_u)
+    _, v, q, k = _split_uvqk(uvqk, num_heads, attn_dim, hidden_dim)
     attn = attention.hstu_attention_fwd(
         max_seq_len,
         attn_alpha,
@@ -199,7 +208,7 @@ def preprocess_and_attention_op(
         False,
     )
     return (
-        F.silu(u),
+        silu_u,
         attn.view(x.shape[0], num_heads * hidden_dim),
         x.new_empty(0) if recompute_normed_x_in_backward else normed,
         x.new_empty(0) if recompute_uvqk_in_backward else uvqk,
@@ -279,7 +288,7 @@ def preprocess_and_attention_bwd_op(
         False,
         grads=(dq_view, dk_view, dv_view),
     )
-    torch.ops.aten.silu_backward.grad_input(du, u, grad_input=du_view)
+    silu_backward(du, u, du_view)
     d_normed = torch.empty_like(normed)
     d_uvqk_weight = torch.empty_like(uvqk_weight)
     d_uvqk_bias = torch.empty(uvqk_weight.shape[1], dtype=torch.float32, device=x.device)
@@ -508,8 +517,9 @@ def compute_output_bwd_op(
     concat_ux: bool,
     dropout_p: float,
     seed: int,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(d_attn, d_u, d_x, d_norm_weight, d_norm_bias, d_output_weight)."""
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(d_attn, d_u, d_norm_weight, d_norm_bias, d_output_weight); the residual's d_x is
+    d_out itself, which the autograd formula returns without a copy."""
     dy = torch.empty((dout.shape[0], output_weight.shape[0]), dtype=dout.dtype, device=dout.device)
     matmul(dout, output_weight.t(), dy)
     recompute = saved_y.numel() == 0 and dout.shape[0] > 0
@@ -534,7 +544,7 @@ def compute_output_bwd_op(
         y = saved_y.view(dy.shape)
     d_output_weight = torch.empty_like(output_weight)
     matmul(y.t(), dout, d_output_weight)
-    return d_attn, d_u, dout.clone(), d_norm_weight, d_norm_bias, d_output_weight
+    return d_attn, d_u, d_norm_weight, d_norm_bias, d_output_weight
 
 
 def _setup_output(ctx, inputs, output):  # type: ignore[no-untyped-def]
@@ -559,10 +569,10 @@ def _setup_output(ctx, inputs, output):  # type: ignore[no-untyped-def]
 
 
 def _output_backward(ctx, dout, *unused):  # type: ignore[no-untyped-def]
-    d_attn, d_u, d_x, dnw, dnb, dw = compute_output_bwd_op(
+    d_attn, d_u, dnw, dnb, dw = compute_output_bwd_op(
         dout.contiguous(), *ctx.saved_tensors, *ctx.options
     )
-    return (d_attn, d_u, d_x, dnw, dnb, None, dw) + (None,) * 6
+    return (d_attn, d_u, dout, dnw, dnb, None, dw) + (None,) * 6
 
 
 compute_output_op.register_autograd(_output_backward, setup_context=_setup_output, grad_outputs=1)

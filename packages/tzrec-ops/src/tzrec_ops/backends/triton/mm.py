@@ -7,6 +7,9 @@ backward products, through strides:
 * ``dx = dz @ w^T`` (``w`` read transposed through its strides);
 * ``dw = x^T @ dz``, which also reduces ``db = sum_rows dz`` for a 1-D bias while it streams
   ``dz`` (only the programs of the first output row block write it, so no atomics).
+* optionally ``silu`` of the first columns of the forward product, applied to the fp32
+  accumulator in the epilogue (the STU input projection's ``u``), so no elementwise pass
+  re-reads the product.
 
 ``dw`` reduces over every token (K = L, ~10^5) into a small output (E x 4HD: 64 tiles of
 128 x 128 at E=512, H=4, D=128), too few programs for the GPU. Such products are split along
@@ -68,6 +71,7 @@ def _addmm_kernel(
     C,
     BIAS,
     COLSUM,
+    ACT,
     M,
     N,
     K,
@@ -80,11 +84,14 @@ def _addmm_kernel(
     stride_biasm,
     stride_biasn,
     stride_cs,
+    stride_actm,
+    act_cols,
     K_PER_SPLIT,
     AUTOTUNE_M,
     AUTOTUNE_K,
     HAS_BIAS: tl.constexpr,
     COLSUM_B: tl.constexpr,
+    SILU_OUT: tl.constexpr,
     UPCAST: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -92,7 +99,8 @@ def _addmm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    """``C = BIAS + A @ B``; with ``COLSUM_B`` also ``COLSUM = sum over K of B`` ([N], fp32).
+    """``C = BIAS + A @ B``; with ``COLSUM_B`` also ``COLSUM = sum over K of B`` ([N], fp32);
+    with ``SILU_OUT`` also ``ACT = silu(C[:, :act_cols])`` from the fp32 accumulator (no split).
 
     Split along K: program ``(pid, s)`` covers ``K`` rows ``[s * K_PER_SPLIT, ...)`` and writes
     ``C + s * stride_cs`` (and ``COLSUM + s * N``)."""
@@ -145,6 +153,13 @@ def _addmm_kernel(
         + offs_n[None, :] * stride_cn
     )
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    if SILU_OUT:
+        if pid_n * BLOCK_N < act_cols:
+            tl.store(
+                ACT + offs_m[:, None].to(tl.int64) * stride_actm + offs_n[None, :],
+                (acc * tl.sigmoid(acc)).to(ACT.dtype.element_ty),
+                mask=mask_m[:, None] & (offs_n[None, :] < act_cols),
+            )
     if COLSUM_B:
         if pid_m == 0:
             tl.store(COLSUM + split * N + offs_n, colsum, mask=mask_n)
@@ -167,13 +182,18 @@ def matmul(
     out: torch.Tensor,
     bias: Optional[torch.Tensor] = None,
     colsum: Optional[torch.Tensor] = None,
+    silu_out: Optional[torch.Tensor] = None,
 ) -> None:
-    """Write ``bias + a @ b`` into ``out`` ([M, N]); ``colsum`` ([N], fp32) gets ``b.sum(0)``.
+    """Write ``bias + a @ b`` into ``out`` ([M, N]); ``colsum`` ([N], fp32) gets ``b.sum(0)``;
+    ``silu_out`` ([M, C], C <= N, unit column stride) gets ``silu`` of the first C columns,
+    computed from the fp32 accumulator in the GEMM's epilogue (products with a bias only).
 
     ``a`` [M, K] and ``b`` [K, N] may be any strided views (transposes are free). ``bias`` is
     ``[N]`` (broadcast over rows) or ``[M, N]``. Bias-free products with a deep K and a small
     output are split along K (see the module docstring).
     """
+    if silu_out is not None and bias is None:
+        raise ValueError("matmul: silu_out needs a bias (bias-free products may split along K)")
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0:
@@ -184,6 +204,8 @@ def matmul(
         out.copy_(bias.expand(M, N) if bias is not None else torch.zeros_like(out))
         if colsum is not None:
             colsum.zero_()
+        if silu_out is not None:
+            silu_out.copy_(torch.nn.functional.silu(out[:, : silu_out.shape[1]].float()))
         return
     if bias is None:
         stride_biasm, stride_biasn = 0, 0
@@ -220,6 +242,7 @@ def matmul(
         # functionalizes written arguments one by one, so an output passed twice breaks
         bias if bias is not None else a,
         target_colsum if target_colsum is not None else a,
+        silu_out if silu_out is not None else a,
         M,
         N,
         K,
@@ -232,11 +255,14 @@ def matmul(
         stride_biasm,
         stride_biasn,
         target.stride(0) if splits > 1 else 0,
+        silu_out.stride(0) if silu_out is not None else 0,
+        silu_out.shape[1] if silu_out is not None else 0,
         depth,
         quantize_rows(M),
         quantize_rows(K),
         HAS_BIAS=bias is not None,
         COLSUM_B=colsum is not None,
+        SILU_OUT=silu_out is not None,
         UPCAST=interpreting(),
         INPUT_PRECISION=input_precision(a.dtype),
     )
