@@ -34,6 +34,11 @@ def test_power_of_2_rejects_non_positive(fn):
         fn(0)
 
 
+def test_cdiv_is_ceil_division():
+    assert [utils.cdiv(n, 4) for n in (0, 1, 3, 4, 5, 8, 9)] == [0, 1, 1, 1, 2, 2, 3]
+    assert utils.cdiv(124463, 64) == -(-124463 // 64)
+
+
 def test_switch_to_contiguous_if_needed():
     base = torch.randn(6, 8)
     rows = base[::2]  # row stride 16, last dimension contiguous: kept as is

@@ -26,6 +26,12 @@ def switch_to_contiguous_if_needed(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous()
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for non-negative ints (or SymInts while tracing); the plain Python
+    arithmetic costs a fraction of ``triton.cdiv``'s call on every kernel launch."""
+    return (a + b - 1) // b
+
+
 def prev_power_of_2(n: int) -> int:
     """The largest power of two <= ``n`` (``n >= 1``): 30 -> 16, 32 -> 32, 33 -> 32."""
     if n < 1:

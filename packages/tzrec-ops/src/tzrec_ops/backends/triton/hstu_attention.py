@@ -33,6 +33,7 @@ from tzrec_ops.backends.triton import autotune
 from tzrec_ops.backends.triton._eager import launchable, triton_library_op
 from tzrec_ops.ops.utils import (
     autotune_max_seq_len,
+    cdiv,
     next_power_of_2,
     prev_power_of_2,
     switch_to_contiguous_if_needed,
@@ -167,7 +168,7 @@ def hstu_attention_fwd(
     grid_rows = delta_size if is_delta else max_seq_len
 
     def grid(meta):
-        return (triton.cdiv(grid_rows, meta["BLOCK_M"]), batch * heads)
+        return (cdiv(grid_rows, meta["BLOCK_M"]), batch * heads)
 
     kernel = _fwd_kernel_wide if max(dim_q, dim_v) > 128 else _fwd_kernel
     # The split form reads every cached key once per query block of D rows: it is
@@ -237,10 +238,10 @@ def hstu_attention_bwd(
                autotune_max_seq_len(max_seq_len))
 
     def grid_n(meta):
-        return (triton.cdiv(max_seq_len, meta["BLOCK_N"]), batch * heads)
+        return (cdiv(max_seq_len, meta["BLOCK_N"]), batch * heads)
 
     def grid_m(meta):
-        return (triton.cdiv(max_seq_len, meta["BLOCK_M"]), batch * heads)
+        return (cdiv(max_seq_len, meta["BLOCK_M"]), batch * heads)
 
     wide = max(dim_q, dim_v) > 128
     launchable(_bwd_dkdv_kernel_wide if wide else _bwd_dkdv_kernel)[grid_n](

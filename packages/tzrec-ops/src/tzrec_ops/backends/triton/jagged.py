@@ -21,7 +21,7 @@ import triton.language as tl
 
 from tzrec_ops.backends.triton._eager import launchable, triton_library_op
 from tzrec_ops.backends.triton._kernel_utils import input_precision, interpreting, tuned
-from tzrec_ops.ops.utils import autotune_max_seq_len, next_power_of_2
+from tzrec_ops.ops.utils import autotune_max_seq_len, cdiv, next_power_of_2
 
 
 def _copy_configs() -> List[triton.Config]:
@@ -117,7 +117,7 @@ def _copy(
     )
 
     def grid(meta):
-        return (triton.cdiv(max_len, meta["BLOCK_N"]), batch)
+        return (cdiv(max_len, meta["BLOCK_N"]), batch)
 
     # a dense side's offsets pointer is never read; it must not alias an output (see mm.py)
     unused = offsets_left if offsets_left is not None else offsets_right
@@ -497,7 +497,7 @@ def _jagged_dense(
     )
 
     def grid(meta):
-        return (triton.cdiv(N, meta["BLOCK_N"]), triton.cdiv(max_seq_len, meta["BLOCK_M"]), batch)
+        return (cdiv(N, meta["BLOCK_N"]), cdiv(max_seq_len, meta["BLOCK_M"]), batch)
 
     launchable(kernel)[grid](
         jagged,
@@ -568,7 +568,7 @@ def jagged_dense_bmm_broadcast_add_bwd_op(
         k_blocks = max(K, 1)
 
         def grid(meta):
-            return (triton.cdiv(k_blocks, meta["BLOCK_M"]), triton.cdiv(N, meta["BLOCK_N"]), batch)
+            return (cdiv(k_blocks, meta["BLOCK_M"]), cdiv(N, meta["BLOCK_N"]), batch)
 
         launchable(kernel)[grid](
             jagged,

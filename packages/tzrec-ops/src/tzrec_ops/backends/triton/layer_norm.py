@@ -44,7 +44,7 @@ from tzrec_ops.backends.triton._kernel_utils import (
     quantize_rows,
     tuned,
 )
-from tzrec_ops.ops.utils import next_power_of_2, switch_to_contiguous_if_needed
+from tzrec_ops.ops.utils import cdiv, next_power_of_2, switch_to_contiguous_if_needed
 
 PLAIN, SWISH, MUL = 0, 1, 2
 _MAX_TILE_BYTES = 65536
@@ -378,7 +378,7 @@ def sum_partials(partial: torch.Tensor, dtype: torch.dtype = torch.float32) -> L
     outs = [torch.empty(D, dtype=dtype, device=partial.device) for _ in range(N)]
     block_d = min(_SUM_BLOCK_D, next_power_of_2(max(D, 1)))
     block_p = 1 if interpreting() else _SUM_BLOCK_P
-    launchable(_sum_partials_kernel)[(triton.cdiv(D, block_d), N)](
+    launchable(_sum_partials_kernel)[(cdiv(D, block_d), N)](
         partial,
         outs[0],
         outs[1] if N == 2 else partial,  # an input as placeholder, never an output twice
@@ -425,7 +425,7 @@ def norm_forward(
     block_m = 1 if interpreting() else _rows_per_tile(block_g, block_v, _FWD_TILE_ELEMENTS)
     kernel = tuned("norm_fwd", _norm_fwd_kernel, _warp_configs, _KEY, _INTERPRET_CONFIG, x.device)
     dropout = dropout_p > 0.0
-    launchable(kernel)[(triton.cdiv(L, block_m),)](
+    launchable(kernel)[(cdiv(L, block_m),)](
         x,
         u if u is not None else x,
         weight if weight is not None else x,
@@ -497,10 +497,10 @@ def norm_backward(
     )
     has_w, has_b = weight is not None, bias is not None
     block_m = 1 if interpreting() else _rows_per_tile(block_g, block_v, _BWD_TILE_ELEMENTS)
-    tiles = triton.cdiv(L, block_m)
+    tiles = cdiv(L, block_m)
     programs = max(1, min(tiles, num_sms(device) * _BWD_PROGRAMS_PER_SM))
-    tiles_per_program = triton.cdiv(tiles, programs) if tiles > 0 else 0
-    programs = triton.cdiv(tiles, tiles_per_program) if tiles > 0 else 1
+    tiles_per_program = cdiv(tiles, programs) if tiles > 0 else 0
+    programs = cdiv(tiles, tiles_per_program) if tiles > 0 else 1
     # every program writes its whole partial row, so only an empty batch needs zeros
     alloc = torch.empty if L > 0 else torch.zeros
     partials = alloc((has_w + has_b, programs, D), dtype=torch.float32, device=device)

@@ -36,6 +36,7 @@ from tzrec_ops.backends.triton._kernel_utils import (
     quantize_rows,
     tuned,
 )
+from tzrec_ops.ops.utils import cdiv
 
 
 def _cuda_configs() -> List[triton.Config]:
@@ -171,8 +172,8 @@ _MIN_SPLIT_DEPTH = 2048
 def split_k(m: int, n: int, k: int, device: torch.device) -> int:
     """How many K splits a bias-free ``[M, K] @ [K, N]`` gets: enough 128 x 128 output tiles
     times splits for two programs per SM, each split at least ``_MIN_SPLIT_DEPTH`` deep."""
-    tiles = triton.cdiv(m, 128) * triton.cdiv(n, 128)
-    wanted = triton.cdiv(2 * num_sms(device), tiles)
+    tiles = cdiv(m, 128) * cdiv(n, 128)
+    wanted = cdiv(2 * num_sms(device), tiles)
     return max(1, min(wanted, k // _MIN_SPLIT_DEPTH))
 
 
@@ -223,8 +224,8 @@ def matmul(
     )
 
     splits = 1 if bias is not None else split_k(M, N, K, a.device)
-    depth = triton.cdiv(triton.cdiv(K, splits), 64) * 64  # whole BLOCK_K steps per split
-    splits = triton.cdiv(K, depth)
+    depth = cdiv(cdiv(K, splits), 64) * 64  # whole BLOCK_K steps per split
+    splits = cdiv(K, depth)
     target, target_colsum = out, colsum
     if splits > 1:
         target = torch.empty((splits, M, N), dtype=torch.float32, device=out.device)
@@ -232,7 +233,7 @@ def matmul(
             target_colsum = torch.empty((splits, N), dtype=torch.float32, device=out.device)
 
     def grid(meta):
-        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), splits)
+        return (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]), splits)
 
     launchable(kernel)[grid](
         a,

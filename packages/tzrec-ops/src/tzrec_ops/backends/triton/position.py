@@ -28,7 +28,7 @@ import triton.language as tl
 
 from tzrec_ops.backends.triton._eager import launchable, triton_library_op
 from tzrec_ops.backends.triton._kernel_utils import tuned
-from tzrec_ops.ops.utils import autotune_max_seq_len, next_power_of_2
+from tzrec_ops.ops.utils import autotune_max_seq_len, cdiv, next_power_of_2
 
 
 def _configs() -> List[triton.Config]:
@@ -197,7 +197,7 @@ def add_positional_embeddings_op(
     )
 
     def grid(meta):
-        return (triton.cdiv(max_seq_len, meta["BLOCK_N"]), batch)
+        return (cdiv(max_seq_len, meta["BLOCK_N"]), batch)
 
     launchable(kernel)[grid](
         x,
@@ -240,7 +240,7 @@ def add_positional_embeddings_bwd_op(
     targets, factor, has_targets = _target_args(num_targets, interleave_targets, seq_lengths)
     block_k = 16 if grad.device.type == "cpu" else 32
     block_d = _block_d(D)
-    launchable(_add_position_bwd_kernel)[(triton.cdiv(K, block_k), triton.cdiv(D, block_d))](
+    launchable(_add_position_bwd_kernel)[(cdiv(K, block_k), cdiv(D, block_d))](
         grad,
         d_x,
         d_table,
@@ -443,7 +443,7 @@ def add_timestamp_positional_embeddings_op(
     )
 
     def grid(meta):
-        return (triton.cdiv(max_seq_len, meta["BLOCK_N"]), batch)
+        return (cdiv(max_seq_len, meta["BLOCK_N"]), batch)
 
     launchable(kernel)[grid](
         x,
@@ -492,7 +492,7 @@ def _scatter_sorted(
     keys, perm = torch.sort(index, stable=True)
     block_e = 16 if grad.device.type == "cpu" else 64
     block_d = _block_d(D)
-    launchable(_scatter_sorted_rows_kernel)[(triton.cdiv(L, block_e), triton.cdiv(D, block_d))](
+    launchable(_scatter_sorted_rows_kernel)[(cdiv(L, block_e), cdiv(D, block_d))](
         grad,
         keys,
         perm,

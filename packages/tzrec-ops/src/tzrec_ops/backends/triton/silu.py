@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from tzrec_ops.backends.triton._eager import launchable
-from tzrec_ops.ops.utils import next_power_of_2
+from tzrec_ops.ops.utils import cdiv, next_power_of_2
 
 _TILE_ELEMENTS = 4096
 
@@ -55,7 +55,7 @@ def silu_backward(dy: torch.Tensor, x: torch.Tensor, dx: torch.Tensor) -> None:
         return
     block_n = min(256, next_power_of_2(N))
     block_m = max(1, _TILE_ELEMENTS // block_n)
-    launchable(_silu_bwd_kernel)[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
+    launchable(_silu_bwd_kernel)[(cdiv(M, block_m), cdiv(N, block_n))](
         dy,
         x,
         dx,
