@@ -18,6 +18,8 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from tzrec_ops.backends.triton import _eager  # noqa: E402
@@ -41,6 +43,44 @@ def test_launchable_is_the_kernel_itself_unless_tracing():
     assert _eager.launchable(_norm_fwd_kernel) is _norm_fwd_kernel
     with _Recording():
         assert _eager.tracing()
+
+
+@triton.autotune([triton.Config({"BLOCK": 8}, num_warps=1)], key=["n"])
+@triton.jit
+def _fill_block_size(Y, n, BLOCK: tl.constexpr):
+    """Y[:n] = BLOCK (so the output shows which config ran)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + offs, tl.full([BLOCK], BLOCK, Y.dtype.element_ty), mask=offs < n)
+
+
+def test_autotuned_kernel_runs_its_autotuner_once_per_key(monkeypatch):
+    calls = []
+    tuner_run = _fill_block_size.run
+
+    def counting_run(*args, **kwargs):
+        calls.append(args[1])
+        return tuner_run(*args, **kwargs)
+
+    monkeypatch.setattr(_fill_block_size, "run", counting_run)
+    monkeypatch.setattr(_eager, "_LAUNCHERS", {})
+    launcher = _eager.launchable(_fill_block_size)
+    assert _eager.launchable(_fill_block_size) is launcher
+
+    def fill(n: int, dtype: torch.dtype) -> torch.Tensor:
+        y = torch.zeros(n + 3, dtype=dtype, device=DEVICE)
+        launcher[(triton.cdiv(n, 8),)](y, n)
+        expected = torch.zeros(n + 3, dtype=dtype)
+        expected[:n] = 8
+        torch.testing.assert_close(y.cpu(), expected, rtol=0, atol=0)
+        return y
+
+    fill(10, torch.float32)
+    fill(10, torch.float32)  # same key: straight to the chosen config
+    assert calls == [10]
+    fill(13, torch.float32)  # new key value
+    fill(10, torch.float64)  # new dtype
+    fill(13, torch.float32)
+    assert calls == [10, 13, 10]
 
 
 def _inputs(seed: int):

@@ -11,15 +11,20 @@ launches) spent 1.06 ms of host time per step for 0.41 ms of GPU work.
 for plain tensors outside any tracing, runs the op's Python body directly (through a plain
 ``autograd.Function`` when a gradient is needed) and launches kernels without the
 higher-order op (:func:`launchable`). Anything being traced goes through the registered op.
+
+Eager launches of autotuned kernels also skip ``Autotuner.run`` once a key is tuned
+(:class:`_TunedLauncher`): on the H100 machine (triton 3.6) a launch through it cost 86 us of
+host time, against 29 us for the plain ``JITFunction.run`` it ends in.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch.library import triton_op, wrap_triton
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+from triton.runtime.autotuner import Autotuner
 
 
 def tracing() -> bool:
@@ -28,8 +33,56 @@ def tracing() -> bool:
 
 
 def launchable(kernel: Any) -> Any:
-    """``kernel`` wrapped for graph capture while tracing, else ``kernel`` itself."""
-    return wrap_triton(kernel) if tracing() else kernel
+    """``kernel`` wrapped for graph capture while tracing; in eager mode ``kernel`` itself, or
+    for an autotuned kernel its :class:`_TunedLauncher`."""
+    if tracing():
+        return wrap_triton(kernel)
+    if isinstance(kernel, Autotuner):
+        launcher = _LAUNCHERS.get(kernel)
+        if launcher is None:
+            launcher = _LAUNCHERS.setdefault(kernel, _TunedLauncher(kernel))
+        return launcher
+    return kernel
+
+
+class _TunedLauncher:
+    """Eager launches of an autotuned kernel: the autotuner runs once per key (it benchmarks
+    and launches), later launches of that key go straight to ``JITFunction.run`` with the
+    config it chose.
+
+    The key is at least as fine as the autotuner's own: the values of its key arguments and
+    the dtype of every tensor argument. Configs with a ``pre_hook``, and calls that leave a key
+    argument to its default, always take the autotuner's path.
+    """
+
+    def __init__(self, autotuner: Autotuner) -> None:
+        self._tuner = autotuner
+        self._key = tuple((autotuner.arg_names.index(k), k) for k in autotuner.keys)
+        self._chosen: Dict[Tuple[Any, ...], Tuple[Any, Dict[str, Any]]] = {}
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        return lambda *args, **kwargs: self._launch(grid, args, kwargs)
+
+    def _launch(self, grid: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        try:
+            key = tuple(args[i] if i < len(args) else kwargs[name] for i, name in self._key)
+        except KeyError:
+            return self._tuner.run(*args, grid=grid, warmup=False, **kwargs)
+        key += tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
+        key += tuple(a.dtype for a in kwargs.values() if isinstance(a, torch.Tensor))
+        chosen = self._chosen.get(key)
+        if chosen is not None:
+            config, config_kwargs = chosen
+            self._tuner.best_config = config  # as Autotuner.run leaves it
+            return self._tuner.fn.run(*args, grid=grid, warmup=False, **kwargs, **config_kwargs)
+        result = self._tuner.run(*args, grid=grid, warmup=False, **kwargs)
+        config = self._tuner.best_config
+        if config.pre_hook is None:
+            self._chosen[key] = (config, config.all_kwargs())
+        return result
+
+
+_LAUNCHERS: Dict[Autotuner, _TunedLauncher] = {}
 
 
 def _plain_eager(args: tuple) -> bool:
