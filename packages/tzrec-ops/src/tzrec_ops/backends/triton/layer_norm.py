@@ -64,7 +64,7 @@ def _warp_configs() -> List[triton.Config]:
 
 
 _INTERPRET_CONFIG = triton.Config({}, num_warps=1)
-_KEY = ["AUTOTUNE_L", "G", "V", "MODE"]
+_KEY = ["AUTOTUNE_L", "G", "V", "MODE", "RMS"]
 
 
 @triton.jit
