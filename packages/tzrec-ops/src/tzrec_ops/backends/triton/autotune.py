@@ -48,6 +48,7 @@ _CUDA: Dict[str, Sequence[Tuple[int, int, int, int]]] = {
         (64, 128, 4, 2),
         (128, 32, 4, 3),
         (64, 32, 4, 2),
+        (128, 64, 4, 2),
     ),
     BWD_DQ: (
         (128, 64, 8, 2),
@@ -55,6 +56,8 @@ _CUDA: Dict[str, Sequence[Tuple[int, int, int, int]]] = {
         (64, 64, 4, 2),
         (64, 128, 8, 2),
         (64, 32, 4, 3),
+        (128, 64, 8, 3),
+        (128, 32, 4, 3),
     ),
     BWD_DKDV: (
         (64, 128, 8, 2),
@@ -62,6 +65,7 @@ _CUDA: Dict[str, Sequence[Tuple[int, int, int, int]]] = {
         (64, 64, 4, 2),
         (32, 64, 4, 2),
         (64, 64, 8, 3),
+        (32, 64, 4, 3),
     ),
 }
 # head dims in (128, 256]: the fp32 accumulators and operand tiles are twice as wide, so the

@@ -31,6 +31,7 @@ import triton
 from tzrec_ops.backends.triton import _attention_kernels as kernels
 from tzrec_ops.backends.triton import autotune
 from tzrec_ops.backends.triton._eager import launchable, triton_library_op
+from tzrec_ops.backends.triton.length_order import length_order
 from tzrec_ops.ops.utils import (
     autotune_max_seq_len,
     cdiv,
@@ -109,10 +110,7 @@ def _use_tma(enable_tma: bool, *tensors: torch.Tensor) -> bool:
 
 def _sort_indices(seq_offsets: torch.Tensor, sort_by_length: bool) -> torch.Tensor:
     """Sequences by descending length when ``sort_by_length`` (else a placeholder)."""
-    if not sort_by_length:
-        return seq_offsets
-    lengths = seq_offsets[1:] - seq_offsets[:-1]
-    return torch.argsort(lengths, descending=True).to(torch.int32)
+    return length_order(seq_offsets) if sort_by_length else seq_offsets
 
 
 def _inv_scale(max_seq_len: int, scaling_seqlen: int) -> float:

@@ -1,0 +1,64 @@
+"""Sequences ordered by descending length, in one kernel launch (``sort_by_length``).
+
+The attention kernels schedule the longest sequences first through this order. Each
+sequence's place is its rank, counted directly: the number of sequences that are longer, or
+as long with a smaller index (so ties keep index order and the result is deterministic).
+That is O(B^2) comparisons, so batches above :data:`MAX_RANKED_BATCH` use ``torch.argsort``.
+Measured on an H100 (torch 2.11, triton 3.6), GPU time per call: 13 us against 37 us for
+``argsort`` of the length differences at B=512 (at N=256 the attention forward takes
+~250 us), but 62 us against 43 us at B=4096.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tzrec_ops.backends.triton._eager import launchable
+from tzrec_ops.ops.utils import cdiv
+
+MAX_RANKED_BATCH = 1024
+# sequences ranked per program (one per thread) and compared per step: a [64, 32] int32
+# tile is 32 values per thread, so nothing spills
+_BLOCK_I = 64
+_BLOCK_J = 32
+
+
+@triton.jit
+def _lengths(seq_offsets, idx, B):
+    mask = idx < B
+    lo = tl.load(seq_offsets + idx, mask=mask, other=0)
+    hi = tl.load(seq_offsets + idx + 1, mask=mask, other=0)
+    return (hi - lo).to(tl.int32)
+
+
+@triton.jit
+def _length_order_kernel(seq_offsets, order, B, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
+    """``order[rank(i)] = i`` for the sequences ``i`` of this program's block."""
+    i = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
+    len_i = _lengths(seq_offsets, i, B)
+    rank = tl.zeros([BLOCK_I], dtype=tl.int32)
+    for j0 in range(0, B, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        # past the end: length -1, never ahead of a real sequence
+        len_j = tl.where(j < B, _lengths(seq_offsets, j, B), -1)
+        ahead = (len_j[None, :] > len_i[:, None]) | (
+            (len_j[None, :] == len_i[:, None]) & (j[None, :] < i[:, None])
+        )
+        rank += tl.sum(ahead.to(tl.int32), axis=1)
+    tl.store(order + rank, i, mask=i < B)
+
+
+def length_order(seq_offsets: torch.Tensor) -> torch.Tensor:
+    """int32 ``[B]``: sequence indices by descending length (``seq_offsets``: ``[B + 1]``)."""
+    batch = seq_offsets.shape[0] - 1
+    if batch > MAX_RANKED_BATCH:
+        lengths = seq_offsets[1:] - seq_offsets[:-1]
+        return torch.argsort(lengths, descending=True, stable=True).to(torch.int32)
+    order = torch.empty(batch, dtype=torch.int32, device=seq_offsets.device)
+    if batch > 0:
+        launchable(_length_order_kernel)[(cdiv(batch, _BLOCK_I),)](
+            seq_offsets, order, batch, BLOCK_I=_BLOCK_I, BLOCK_J=_BLOCK_J, num_warps=2
+        )
+    return order
