@@ -60,26 +60,14 @@ def _tanh_approx(x):
 
 
 @triton.jit
-def _silu_of_scaled(qk, alpha, FAST_SILU: tl.constexpr):
-    """``silu(alpha * qk)``. With ``FAST_SILU``, ``h + h tanh(h)`` where ``h = alpha qk / 2``
-    (equal to ``s sigmoid(s)``): one multiply, one hardware tanh and one FMA per element,
-    against four ALU ops and the tanh for ``s * _sigmoid(s)``."""
-    if FAST_SILU:
-        h = qk * (alpha * 0.5)
-        return h + h * _tanh_approx(h)
-    else:
-        s = qk * alpha
-        return s * tl.sigmoid(s)
-
-
-@triton.jit
 def _silu_and_twice_grad(qk, alpha, FAST_SILU: tl.constexpr):
-    """``(silu(s), 2 silu'(s))`` for ``s = alpha qk``, where ``silu'(s) = sig (1 + s (1 - sig))``.
+    """``(silu(s), 2 silu'(s))`` for ``s = alpha qk``, where ``silu'(s) = sig (1 + s (1 - sig))``;
+    the forward uses the first, dQ the second, dK/dV both (the compiler drops the unused one).
 
     With ``FAST_SILU``, in ``h = s / 2`` and ``t = tanh(h)`` on the hardware tanh:
-    ``silu = h (1 + t)`` and ``2 silu' = (1 + t)(1 + h - h t)``, six ALU ops and one tanh per
-    element for both. The backward passes carry ``2 silu'`` and halve dQ and dK once, in
-    their final scale. Against ``sig (1 + s - s sig)`` (H100, N=4096, bf16, one run), best
+    ``silu = h (1 + t)``, one multiply, one tanh and one FMA per element, and
+    ``2 silu' = (1 + t)(1 + h - h t)``, six ALU ops and the tanh for both. The backward
+    passes carry ``2 silu'`` and halve dQ and dK once, in their final scale. Against ``sig (1 + s - s sig)`` (H100, N=4096, bf16, one run), best
     config against best config: dK/dV 2-3% faster, dQ 0-4.5%; per config, from 2.5% slower
     to 21% faster."""
     if FAST_SILU:
@@ -296,7 +284,8 @@ def _fwd_block(
                    BLOCK_N, BLOCK_D_Q, CHECK_ROWS, ENABLE_TMA, UPCAST)
     v = _load_tile(V_base, v_desc, off_h, start_n - row_shift, load_rows, stride_vm, DIM_V,
                    BLOCK_N, BLOCK_D_V, CHECK_ROWS, ENABLE_TMA, UPCAST)
-    p = _silu_of_scaled(tl.dot(q, tl.trans(k), input_precision=PRECISION), alpha, FAST_SILU)
+    p, _ = _silu_and_twice_grad(tl.dot(q, tl.trans(k), input_precision=PRECISION), alpha,
+                                FAST_SILU)
     if MASKED:
         cols = start_n + tl.arange(0, BLOCK_N)
         valid = _valid(rows[:, None], cols[None, :], n, shift, hist, max_attn_len, CAUSAL,

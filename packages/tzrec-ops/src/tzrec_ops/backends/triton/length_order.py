@@ -27,10 +27,11 @@ _BLOCK_J = 32
 
 @triton.jit
 def _lengths(seq_offsets, idx, B):
+    """int32 lengths of sequences ``idx``; -1 past the end, never ahead of a real sequence."""
     mask = idx < B
     lo = tl.load(seq_offsets + idx, mask=mask, other=0)
     hi = tl.load(seq_offsets + idx + 1, mask=mask, other=0)
-    return (hi - lo).to(tl.int32)
+    return tl.where(mask, hi - lo, -1).to(tl.int32)
 
 
 @triton.jit
@@ -41,8 +42,7 @@ def _length_order_kernel(seq_offsets, order, B, BLOCK_I: tl.constexpr, BLOCK_J: 
     rank = tl.zeros([BLOCK_I], dtype=tl.int32)
     for j0 in range(0, B, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
-        # past the end: length -1, never ahead of a real sequence
-        len_j = tl.where(j < B, _lengths(seq_offsets, j, B), -1)
+        len_j = _lengths(seq_offsets, j, B)
         ahead = (len_j[None, :] > len_i[:, None]) | (
             (len_j[None, :] == len_i[:, None]) & (j[None, :] < i[:, None])
         )
