@@ -67,9 +67,9 @@ def _silu_and_twice_grad(qk, alpha, FAST_SILU: tl.constexpr):
     With ``FAST_SILU``, in ``h = s / 2`` and ``t = tanh(h)`` on the hardware tanh:
     ``silu = h (1 + t)``, one multiply, one tanh and one FMA per element, and
     ``2 silu' = (1 + t)(1 + h - h t)``, six ALU ops and the tanh for both. The backward
-    passes carry ``2 silu'`` and halve dQ and dK once, in their final scale. Against ``sig (1 + s - s sig)`` (H100, N=4096, bf16, one run), best
-    config against best config: dK/dV 2-3% faster, dQ 0-4.5%; per config, from 2.5% slower
-    to 21% faster."""
+    passes carry ``2 silu'`` and halve dQ and dK once, in their final scale. Against
+    ``sig (1 + s - s sig)`` (H100, N=4096, bf16, one run), best config against best config:
+    dK/dV 2-3% faster, dQ 0-4.5%; per config, from 2.5% slower to 21% faster."""
     if FAST_SILU:
         h = qk * (alpha * 0.5)
         t = _tanh_approx(h)
