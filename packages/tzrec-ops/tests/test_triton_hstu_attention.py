@@ -9,6 +9,7 @@ torch.export and AOTInductor.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -235,6 +236,71 @@ def test_interpreter_delta_split_form_sweep(case, delta, max_attn_len, contextua
     expected = delta_hstu_mha(inputs.max_seq_len, 0.3, f64.q[rows], f64.k, f64.v,
                               inputs.seq_offsets, backend="pytorch", **kwargs)
     assert_close(got, expected, dtype, name="split delta out")
+
+
+# a forward config that runs the query block as two row halves (Q_SPLITS=2)
+QUERY_HALVES = (32, 16, 4, 1, 2)
+
+
+@contextlib.contextmanager
+def _forward_tile(tile):
+    """Run the Triton forward with the one config ``tile`` (see ``autotune.tile_config``)."""
+    from tzrec_ops.backends.triton import autotune
+    from tzrec_ops.backends.triton import hstu_attention as impl
+
+    kernel = impl._fwd_kernel
+    saved = kernel.configs
+    kernel.configs = [autotune.tile_config(autotune.FWD, tile)]
+    kernel.cache.clear()
+    try:
+        yield
+    finally:
+        kernel.configs = saved
+        kernel.cache.clear()
+
+
+@CPU
+@SETTINGS
+@given(
+    case=jagged_cases(max_batch=3, max_len=40, layouts=("contiguous", "fused")),
+    causal=st.booleans(),
+    max_attn_len=st.sampled_from([0, 0, 1, 5, 50]),
+    contextual_seq_len=st.sampled_from([0, 0, 1, 3, 45]),
+    sort_by_length=st.booleans(),
+    dtype=st.sampled_from(DTYPES),
+)
+def test_interpreter_query_halves_match_oracle(case, causal, max_attn_len, contextual_seq_len,
+                                               sort_by_length, dtype):
+    inputs = _inputs(case, 2, 16, 24, dtype)
+    with _forward_tile(QUERY_HALVES):
+        check_against_oracle(
+            inputs, "triton", dtype, causal=causal, max_attn_len=max_attn_len,
+            contextual_seq_len=contextual_seq_len, sort_by_length=sort_by_length,
+            backward=False,
+        )
+
+
+@CPU
+@pytest.mark.parametrize("name", sorted(SPLIT_CASES))
+def test_interpreter_delta_forms_with_query_halves(name):
+    """Both delta forms under ``Q_SPLITS=2``: the split (cache + new rows) form stacks the
+    halves into one block, the concatenated form runs them as halves."""
+    lengths, delta, targets, ctx, window = SPLIT_CASES[name]
+    inputs = make_attention_inputs(lengths, 2, 32, 16, seed=11, num_targets=targets,
+                                   layout="fused")
+    delta_q, cache_k, cache_v, cache_offsets, delta_k, delta_v, rows = split_cached(inputs, delta)
+    kwargs = dict(num_targets=inputs.num_targets, max_attn_len=window, contextual_seq_len=ctx)
+    f64 = inputs.to(torch.float64)
+    expected = delta_hstu_mha(inputs.max_seq_len, 0.3, f64.q[rows], f64.k, f64.v,
+                              inputs.seq_offsets, backend="pytorch", **kwargs)
+    with _forward_tile(QUERY_HALVES):
+        split = delta_hstu_mha(inputs.max_seq_len, 0.3, delta_q, cache_k, cache_v,
+                               cache_offsets, delta_k=delta_k, delta_v=delta_v, backend="triton",
+                               **kwargs)
+        whole = delta_hstu_mha(inputs.max_seq_len, 0.3, delta_q, inputs.k, inputs.v,
+                               inputs.seq_offsets, backend="triton", **kwargs)
+    assert_close(split, expected, torch.float32, name=f"{name}: split form, query halves")
+    assert_close(whole, expected, torch.float32, name=f"{name}: concatenated, query halves")
 
 
 @CPU
@@ -600,8 +666,6 @@ def test_gpu_delta_split_form_compile_and_export(backend):
 def test_gpu_every_config_is_correct(backend, wide, monkeypatch):
     """Each autotune candidate (not only the winner) compiles and gives the right answer with
     the default ptxas: the public backward crashed on Hopper with triton 3.6's ptxas."""
-    import triton
-
     from tzrec_ops.backends.triton import autotune
     from tzrec_ops.backends.triton import hstu_attention as impl
 
@@ -612,10 +676,8 @@ def test_gpu_every_config_is_correct(backend, wide, monkeypatch):
     for name, attr in ((autotune.FWD, "_fwd_kernel"), (autotune.BWD_DQ, "_bwd_dq_kernel"),
                        (autotune.BWD_DKDV, "_bwd_dkdv_kernel")):
         kernel = getattr(impl, attr + suffix)
-        for bm, bn, warps, stages in table[name]:
-            config = triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps,
-                                   num_stages=stages)
-            monkeypatch.setattr(kernel, "configs", [config])
+        for tile in table[name]:
+            monkeypatch.setattr(kernel, "configs", [autotune.tile_config(name, tile)])
             kernel.cache.clear()
             check_against_oracle(inputs, backend, torch.bfloat16, contextual_seq_len=2,
                                  alpha=dim ** -0.5)

@@ -20,14 +20,15 @@ def for_kernel(kernel: str) -> List[Any]:
 # -- HSTU attention (backends/triton/_attention_kernels.py) -----------------------------------
 
 
-def _hstu_attention_configs(tiles: List[tuple]) -> List[Any]:
-    """MI200/MI300 candidates: 16/32-wide MFMA, one or two stages, kpack 2."""
+def _hstu_attention_configs(tiles: List[tuple], **kernel_args: int) -> List[Any]:
+    """MI200/MI300 candidates: 16/32-wide MFMA, one or two stages, kpack 2; ``kernel_args``
+    are added to every config."""
     import triton
 
     return [
         triton.Config(
             {"BLOCK_M": bm, "BLOCK_N": bn, "matrix_instr_nonkdim": nonk, "waves_per_eu": 0,
-             "kpack": 2},
+             "kpack": 2, **kernel_args},
             num_warps=warps,
             num_stages=stages,
         )
@@ -39,7 +40,7 @@ def _hstu_attention_configs(tiles: List[tuple]) -> List[Any]:
 
 
 _BUILDERS["hstu_attention_fwd"] = lambda: _hstu_attention_configs(
-    [(64, 64), (128, 64), (128, 32)]
+    [(64, 64), (128, 64), (128, 32)], Q_SPLITS=1
 )
 _BUILDERS["hstu_attention_bwd_dq"] = lambda: _hstu_attention_configs([(64, 64), (128, 32)])
 _BUILDERS["hstu_attention_bwd_dkdv"] = lambda: _hstu_attention_configs(

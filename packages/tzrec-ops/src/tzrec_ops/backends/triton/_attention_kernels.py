@@ -284,14 +284,101 @@ def _fwd_block(
                    BLOCK_N, BLOCK_D_Q, CHECK_ROWS, ENABLE_TMA, UPCAST)
     v = _load_tile(V_base, v_desc, off_h, start_n - row_shift, load_rows, stride_vm, DIM_V,
                    BLOCK_N, BLOCK_D_V, CHECK_ROWS, ENABLE_TMA, UPCAST)
-    p, _ = _silu_and_twice_grad(tl.dot(q, tl.trans(k), input_precision=PRECISION), alpha,
-                                FAST_SILU)
+    p = _fwd_weights(tl.dot(q, tl.trans(k), input_precision=PRECISION), rows, start_n, n,
+                     shift, hist, max_attn_len, alpha, MASKED, CAUSAL, HAS_CONTEXTUAL,
+                     HAS_TARGETS, HAS_MAX_ATTN_LEN, BLOCK_N, FAST_SILU)
+    return tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _fwd_weights(
+    qk,
+    rows,
+    start_n,
+    n,
+    shift,
+    hist,
+    max_attn_len,
+    alpha,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_CONTEXTUAL: tl.constexpr,
+    HAS_TARGETS: tl.constexpr,
+    HAS_MAX_ATTN_LEN: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FAST_SILU: tl.constexpr,
+):
+    """``silu(alpha qk)`` of query rows ``rows`` against keys ``[start_n, start_n + BLOCK_N)``,
+    zero where the mask is off (``MASKED`` blocks only)."""
+    p, _ = _silu_and_twice_grad(qk, alpha, FAST_SILU)
     if MASKED:
         cols = start_n + tl.arange(0, BLOCK_N)
         valid = _valid(rows[:, None], cols[None, :], n, shift, hist, max_attn_len, CAUSAL,
                        HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN)
         p = tl.where(valid, p, 0.0)
-    return tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+    return p
+
+
+@triton.jit
+def _fwd_block_halves(
+    acc_a,
+    acc_b,
+    q_a,
+    q_b,
+    K_base,
+    V_base,
+    k_desc,
+    v_desc,
+    off_h,
+    start_n,
+    rows_a,
+    rows_b,
+    n,
+    shift,
+    hist,
+    max_attn_len,
+    stride_km,
+    stride_vm,
+    alpha,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_CONTEXTUAL: tl.constexpr,
+    HAS_TARGETS: tl.constexpr,
+    HAS_MAX_ATTN_LEN: tl.constexpr,
+    DIM_Q: tl.constexpr,
+    DIM_V: tl.constexpr,
+    BLOCK_D_Q: tl.constexpr,
+    BLOCK_D_V: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+    ENABLE_TMA: tl.constexpr,
+    UPCAST: tl.constexpr,
+    FAST_SILU: tl.constexpr,
+):
+    """:func:`_fwd_block` for a query tile held as two row halves ``a`` and ``b``, in the
+    order both ``q k^T``, then ``a``'s SiLU and value product, then ``b``'s. Triton waits for
+    each ``q k^T`` product right after issuing it but leaves the value products in flight, so
+    ``b``'s SiLU runs while ``a``'s value product is on the tensor cores."""
+    k = _load_tile(K_base, k_desc, off_h, start_n, n, stride_km, DIM_Q, BLOCK_N, BLOCK_D_Q,
+                   MASKED, ENABLE_TMA, UPCAST)
+    v = _load_tile(V_base, v_desc, off_h, start_n, n, stride_vm, DIM_V, BLOCK_N, BLOCK_D_V,
+                   MASKED, ENABLE_TMA, UPCAST)
+    k_t = tl.trans(k)
+    qk_a = tl.dot(q_a, k_t, input_precision=PRECISION)
+    qk_b = tl.dot(q_b, k_t, input_precision=PRECISION)
+    p_a = _fwd_weights(qk_a, rows_a, start_n, n, shift, hist, max_attn_len, alpha, MASKED,
+                       CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, BLOCK_N, FAST_SILU)
+    acc_a = tl.dot(p_a.to(v.dtype), v, acc_a, input_precision=PRECISION)
+    p_b = _fwd_weights(qk_b, rows_b, start_n, n, shift, hist, max_attn_len, alpha, MASKED,
+                       CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, BLOCK_N, FAST_SILU)
+    acc_b = tl.dot(p_b.to(v.dtype), v, acc_b, input_precision=PRECISION)
+    return acc_a, acc_b
+
+
+@triton.jit
+def _stack_rows(a, b):
+    """``[a; b]``: two ``[R, C]`` tiles as one ``[2R, C]`` tile."""
+    return tl.join(a, b).permute(2, 0, 1).reshape(2 * a.shape[0], a.shape[1])
 
 
 @triton.jit
@@ -342,9 +429,13 @@ def _hstu_attn_fwd_kernel(
     BLOCK_D_V: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    Q_SPLITS: tl.constexpr = 1,
 ):
     """Forward: one program per (query block, sequence * head); out ``[L, H, V]``
     (``[B * delta_size, H, V]`` when ``IS_DELTA``, queries being each sequence's last rows).
+
+    ``Q_SPLITS = 2`` runs the query block as two row halves (:func:`_fwd_block_halves`);
+    the split form stacks them back into one block.
 
     ``SPLIT_KV`` (with ``IS_DELTA``): seq_offsets describe the cached prefixes in K/V and the
     ``delta_size`` new keys/values of sequence z are rows ``z * delta_size + j`` of DK/DV
@@ -379,19 +470,25 @@ def _hstu_attn_fwd_kernel(
         Q_base = Q + q_start * stride_qm + off_h * stride_qh
         K_base = K + start * stride_km + off_h * stride_kh
         V_base = V + start * stride_vm + off_h * stride_vh
+        QUERY_ROWS: tl.constexpr = BLOCK_M // Q_SPLITS
         q_desc = _descriptor(Q + q_start * stride_qm, q_rows, H, stride_qm, stride_qh, DIM_Q,
-                             BLOCK_M, BLOCK_D_Q, ENABLE_TMA)
+                             QUERY_ROWS, BLOCK_D_Q, ENABLE_TMA)
         k_desc = _descriptor(K + start * stride_km, n, H, stride_km, stride_kh, DIM_Q, BLOCK_N,
                              BLOCK_D_Q, ENABLE_TMA)
         v_desc = _descriptor(V + start * stride_vm, n, H, stride_vm, stride_vh, DIM_V, BLOCK_N,
                              BLOCK_D_V, ENABLE_TMA)
-        q = _load_tile(Q_base, q_desc, off_h, r0, q_rows, stride_qm, DIM_Q, BLOCK_M, BLOCK_D_Q,
-                       True, ENABLE_TMA, UPCAST)
+        q = _load_tile(Q_base, q_desc, off_h, r0, q_rows, stride_qm, DIM_Q, QUERY_ROWS,
+                       BLOCK_D_Q, True, ENABLE_TMA, UPCAST)
+        if Q_SPLITS == 2:
+            q_b = _load_tile(Q_base, q_desc, off_h, r0 + QUERY_ROWS, q_rows, stride_qm, DIM_Q,
+                             QUERY_ROWS, BLOCK_D_Q, True, ENABLE_TMA, UPCAST)
         rows = m0 + tl.arange(0, BLOCK_M)
         lo, full_end, main_end, diag_start, diag_end = _query_block_key_ranges(m0, n, shift, hist,
             max_attn_len, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, BLOCK_M, BLOCK_N)
         acc = tl.zeros([BLOCK_M, BLOCK_D_V], dtype=tl.float32)
         if SPLIT_KV:
+            if Q_SPLITS == 2:
+                q = _stack_rows(q, q_b)
             # The same key ranges, cut at n_cache: cached keys are read in place (rows past
             # n_cache load as zeros, so s = 0 and silu(0) = 0 adds nothing), then the new keys
             # [n_cache, n) come from DK/DV, always masked (they hold the diagonal).
@@ -427,6 +524,31 @@ def _hstu_attn_fwd_kernel(
                                  HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V,
                                  BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION, ENABLE_TMA, UPCAST,
                                  FAST_SILU)
+        elif Q_SPLITS == 2:
+            rows_a = m0 + tl.arange(0, QUERY_ROWS)
+            rows_b = rows_a + QUERY_ROWS
+            acc_a = tl.zeros([QUERY_ROWS, BLOCK_D_V], dtype=tl.float32)
+            acc_b = tl.zeros([QUERY_ROWS, BLOCK_D_V], dtype=tl.float32)
+            for start_n in range(lo, full_end, BLOCK_N):
+                acc_a, acc_b = _fwd_block_halves(acc_a, acc_b, q, q_b, K_base, V_base, k_desc,
+                    v_desc, off_h, start_n, rows_a, rows_b, n, shift, hist, max_attn_len,
+                    stride_km, stride_vm, alpha, False, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
+                    HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION,
+                    ENABLE_TMA, UPCAST, FAST_SILU)
+            for start_n in range(full_end, main_end, BLOCK_N):
+                acc_a, acc_b = _fwd_block_halves(acc_a, acc_b, q, q_b, K_base, V_base, k_desc,
+                    v_desc, off_h, start_n, rows_a, rows_b, n, shift, hist, max_attn_len,
+                    stride_km, stride_vm, alpha, True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
+                    HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_N, PRECISION,
+                    ENABLE_TMA, UPCAST, FAST_SILU)
+            if HAS_TARGETS:
+                for start_n in range(diag_start, diag_end, BLOCK_N):
+                    acc_a, acc_b = _fwd_block_halves(acc_a, acc_b, q, q_b, K_base, V_base,
+                        k_desc, v_desc, off_h, start_n, rows_a, rows_b, n, shift, hist,
+                        max_attn_len, stride_km, stride_vm, alpha, True, CAUSAL, HAS_CONTEXTUAL,
+                        HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V,
+                        BLOCK_N, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
+            acc = _stack_rows(acc_a, acc_b)
         else:
             for start_n in range(lo, full_end, BLOCK_N):
                 acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, 0, n,
