@@ -99,8 +99,10 @@ def chosen_configs() -> str:
                           ("dq", impl._bwd_dq_kernel)):
         config = getattr(kernel, "best_config", None)
         if config is not None:
-            blocks = "x".join(str(v) for v in config.kwargs.values())
-            chosen.append(f"{label} {blocks} w{config.num_warps} s{config.num_stages}")
+            kw = config.kwargs
+            halves = " halves" if kw.get("Q_SPLITS", 1) == 2 else ""
+            chosen.append(f"{label} {kw['BLOCK_M']}x{kw['BLOCK_N']}{halves} "
+                          f"w{config.num_warps} s{config.num_stages}")
     return "; ".join(chosen)
 
 
@@ -119,7 +121,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     parser.add_argument("--rep", type=int, default=200, help="do_bench rep in ms (>= 200)")
     parser.add_argument("--seed", type=int, default=1001)
     parser.add_argument("--show-configs", action="store_true",
-                        help="print the tile configs the autotuner chose (BLOCK_MxBLOCK_N)")
+                        help="print the tile configs the autotuner chose (BLOCK_MxBLOCK_N; "
+                             "'halves': the forward's query block runs as two row halves)")
     args = parser.parse_args(argv)
     if args.rep < 200:
         parser.error(f"--rep must be >= 200 ms, got {args.rep}")
