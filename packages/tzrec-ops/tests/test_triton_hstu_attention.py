@@ -423,6 +423,26 @@ def test_autotune_keys_and_configs():
     assert impl._fwd_kernel_wide.keys == impl._fwd_kernel.keys
 
 
+@CPU
+@pytest.mark.parametrize("kernel_ms, reps", [(2.0, [100.0]), (15.0, [100.0, 375.0])])
+def test_autotune_times_slow_candidates_over_enough_runs(monkeypatch, kernel_ms, reps):
+    """Triton's 100 ms benchmark holds six runs of a 15 ms kernel: the candidate is timed
+    again over 25 runs; a 2 ms kernel (50 runs) is not."""
+    from tzrec_ops.backends.triton import autotune
+
+    asked = []
+
+    def fake_do_bench(fn, rep, quantiles, **kwargs):
+        asked.append(rep)
+        # the median is the kernel's time; each call's quantiles differ (by the call count)
+        return [kernel_ms] + [kernel_ms + len(asked) * q for q in quantiles[1:]]
+
+    monkeypatch.setattr(autotune.triton.testing, "do_bench", fake_do_bench)
+    times = autotune.bench_candidate(lambda: None, (0.5, 0.2, 0.8))
+    assert asked == reps
+    assert times == [kernel_ms, kernel_ms + len(reps) * 0.2, kernel_ms + len(reps) * 0.8]
+
+
 def _opcheck(device, test_utils):
     import tzrec_ops.backends.triton.hstu_attention  # noqa: F401  (registers the ops)
 

@@ -41,6 +41,15 @@ def test_length_order_matches_stable_descending_argsort(lengths, offsets_dtype):
     assert torch.equal(order.cpu().long(), _expected(lengths))
 
 
+def test_length_order_over_several_compare_steps():
+    # more sequences than one compare step holds, with a partial last step and many ties
+    batch = L._BLOCK_J + 37
+    g = torch.Generator().manual_seed(batch)
+    lengths = torch.randint(0, 9, (batch,), generator=g).tolist()
+    order = L.length_order(offsets_from_lengths(lengths, torch.int64).to(DEVICE))
+    assert torch.equal(order.cpu().long(), _expected(lengths))
+
+
 def test_length_order_past_the_ranked_batch_limit_uses_argsort(monkeypatch):
     monkeypatch.setattr(L, "MAX_RANKED_BATCH", 3)
     lengths = [2, 5, 5, 0, 7, 5]

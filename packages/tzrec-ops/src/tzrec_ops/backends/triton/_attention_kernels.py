@@ -358,7 +358,8 @@ def _fwd_block_halves(
     """:func:`_fwd_block` for a query tile held as two row halves ``a`` and ``b``, in the
     order both ``q k^T``, then ``a``'s SiLU and value product, then ``b``'s. Triton waits for
     each ``q k^T`` product right after issuing it but leaves the value products in flight, so
-    ``b``'s SiLU runs while ``a``'s value product is on the tensor cores."""
+    ``b``'s SiLU runs while ``a``'s value product is on the tensor cores. Keys past ``n`` read
+    as zeros in ``MASKED`` blocks only (unmasked blocks lie inside the sequence)."""
     k = _load_tile(K_base, k_desc, off_h, start_n, n, stride_km, DIM_Q, BLOCK_N, BLOCK_D_Q,
                    MASKED, ENABLE_TMA, UPCAST)
     v = _load_tile(V_base, v_desc, off_h, start_n, n, stride_vm, DIM_V, BLOCK_N, BLOCK_D_V,
@@ -485,10 +486,10 @@ def _hstu_attn_fwd_kernel(
         rows = m0 + tl.arange(0, BLOCK_M)
         lo, full_end, main_end, diag_start, diag_end = _query_block_key_ranges(m0, n, shift, hist,
             max_attn_len, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, BLOCK_M, BLOCK_N)
-        acc = tl.zeros([BLOCK_M, BLOCK_D_V], dtype=tl.float32)
         if SPLIT_KV:
             if Q_SPLITS == 2:
                 q = _stack_rows(q, q_b)
+            acc = tl.zeros([BLOCK_M, BLOCK_D_V], dtype=tl.float32)
             # The same key ranges, cut at n_cache: cached keys are read in place (rows past
             # n_cache load as zeros, so s = 0 and silu(0) = 0 adds nothing), then the new keys
             # [n_cache, n) come from DK/DV, always masked (they hold the diagonal).
@@ -550,6 +551,7 @@ def _hstu_attn_fwd_kernel(
                         BLOCK_N, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
             acc = _stack_rows(acc_a, acc_b)
         else:
+            acc = tl.zeros([BLOCK_M, BLOCK_D_V], dtype=tl.float32)
             for start_n in range(lo, full_end, BLOCK_N):
                 acc = _fwd_block(acc, q, K_base, V_base, k_desc, v_desc, off_h, start_n, 0, n,
                                  rows, n, shift, hist, max_attn_len, stride_km, stride_vm, alpha,
