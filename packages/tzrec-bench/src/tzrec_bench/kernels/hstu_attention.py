@@ -13,15 +13,21 @@ rep >= 200 ms). The backward time is ``torch.autograd.grad`` of the output with 
 q, k, v (leaf views of the fused buffer, so no gradient copies are added). Argument value
 checks (one host sync per call) are turned off while timing. Each point also reports the
 peak GPU memory its timed calls allocated above the inputs (for the pytorch reference this
-is the chunked attention's working set: ``--pytorch-max-seq-len 4096`` shows it at B=512).
+is the chunked attention's working set: ``--pytorch-max-seq-len 4096`` shows it at B=512),
+and the GPU's median SM clock, highest temperature and median power while it was timed
+(:mod:`tzrec_bench.gpu_state`; a power-capped GPU slows down as it warms up, so figures from
+two runs compare only at similar clocks).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+from tzrec_bench.gpu_state import GpuStateSampler, device_id
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -62,9 +68,10 @@ def _bench(fn: Callable[[], object], rep: int) -> float:
 
 def run_point(
     inputs: Dict[str, object], provider: str, mode: str, rep: int
-) -> Tuple[float, float]:
-    """Median milliseconds of one provider (backend name) in one mode (fwd | bwd), and the
-    peak GPU memory (MiB) the timed calls allocated above the inputs."""
+) -> Tuple[float, float, Tuple[float, float]]:
+    """Median milliseconds of one provider (backend name) in one mode (fwd | bwd), the peak
+    GPU memory (MiB) the timed calls allocated above the inputs, and the epoch-time window of
+    the timing (autotuning happens in an untimed call before it)."""
     from tzrec_ops.ops.hstu_attention import hstu_mha
 
     torch.cuda.synchronize()
@@ -81,13 +88,24 @@ def run_point(
 
     if mode == "fwd":
         with torch.no_grad():
+            forward()
+            torch.cuda.synchronize()
+            start = time.time()
             ms = _bench(forward, rep)
     else:
         out = forward()
         dout = torch.randn_like(out)
-        ms = _bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), rep)
+
+        def backward():
+            return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+        backward()
+        torch.cuda.synchronize()
+        start = time.time()
+        ms = _bench(backward, rep)
         del out, dout
-    return ms, (torch.cuda.max_memory_allocated() - base) / 2**20
+    window = (start, time.time())
+    return ms, (torch.cuda.max_memory_allocated() - base) / 2**20, window
 
 
 def chosen_configs() -> str:
@@ -149,28 +167,33 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     modes = [m for m in args.modes.split(",") if m]
     rows: List[Dict[str, object]] = []
     header = f"{'N':>5} {'provider':>11} " + " ".join(
-        f"{m + ' ms':>9} {m + ' TFLOP/s':>12} {m + ' peak MiB':>13}" for m in modes)
+        f"{m + ' ms':>9} {m + ' TFLOP/s':>12} {m + ' peak MiB':>13} {m + ' GPU while timed':>24}"
+        for m in modes)
     print(header, flush=True)
-    for n in (int(x) for x in args.seq_lens.split(",")):
-        inputs = make_inputs(args.batch, args.heads, args.attn_dim, args.hidden_dim, n,
-                             _DTYPES[args.dtype], args.seed)
-        for p in providers:
-            if p == "pytorch" and n > args.pytorch_max_seq_len:
-                continue
-            row: Dict[str, object] = {"N": n, "provider": p}
-            cells = []
-            for m in modes:
-                ms, peak = run_point(inputs, p, m, args.rep)
-                tflops = flops(inputs["lengths"], args.heads, args.attn_dim, args.hidden_dim,
-                               m) / ms / 1e9
-                row[f"{m}_ms"], row[f"{m}_tflops"], row[f"{m}_peak_mib"] = ms, tflops, peak
-                cells.append(f"{ms:9.3f} {tflops:12.1f} {peak:13.0f}")
-            rows.append(row)
-            print(f"{n:5d} {p:>11} " + " ".join(cells), flush=True)
-            if args.show_configs and p.startswith("triton"):
-                print(f"{'':17} configs: {chosen_configs()}", flush=True)
-        del inputs
-        torch.cuda.empty_cache()
+    with GpuStateSampler(device_id(torch.cuda.current_device())) as sampler:
+        for n in (int(x) for x in args.seq_lens.split(",")):
+            inputs = make_inputs(args.batch, args.heads, args.attn_dim, args.hidden_dim, n,
+                                 _DTYPES[args.dtype], args.seed)
+            for p in providers:
+                if p == "pytorch" and n > args.pytorch_max_seq_len:
+                    continue
+                row: Dict[str, object] = {"N": n, "provider": p}
+                cells = []
+                for m in modes:
+                    ms, peak, window = run_point(inputs, p, m, args.rep)
+                    tflops = flops(inputs["lengths"], args.heads, args.attn_dim,
+                                   args.hidden_dim, m) / ms / 1e9
+                    state = sampler.window(*window)
+                    row[f"{m}_ms"], row[f"{m}_tflops"], row[f"{m}_peak_mib"] = ms, tflops, peak
+                    row[f"{m}_gpu_state"] = state
+                    cells.append(f"{ms:9.3f} {tflops:12.1f} {peak:13.0f} "
+                                 f"{state.cell() if state else 'n/a':>24}")
+                rows.append(row)
+                print(f"{n:5d} {p:>11} " + " ".join(cells), flush=True)
+                if args.show_configs and p.startswith("triton"):
+                    print(f"{'':17} configs: {chosen_configs()}", flush=True)
+            del inputs
+            torch.cuda.empty_cache()
     return rows
 
 
