@@ -8,6 +8,10 @@ with another only next to the clock it ran at, so the benchmarks print one.
 :class:`GpuStateSampler` runs ``nvidia-smi`` in the background for the whole benchmark; each
 timed call asks for the samples taken inside its own time window (:meth:`GpuStateSampler.window`).
 Without ``nvidia-smi`` every window reads ``None`` and the benchmark prints ``n/a``.
+
+Power is ``power.draw.instant`` where the driver has it. Plain ``power.draw`` is a one-second
+average on Ampere and newer GPUs (NVML's documented behaviour), longer than most timed windows:
+read that way, the same N=256 forward showed 515-545 W in one run and 176-211 W in another.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import List, Optional, Sequence, Tuple
 
-_QUERY = "timestamp,clocks.sm,temperature.gpu,power.draw"
+_QUERY = "timestamp,clocks.sm,temperature.gpu"
 _TIMESTAMP_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
 Sample = Tuple[float, float, float, float]  # (epoch seconds, MHz, C, W)
 
@@ -41,8 +45,20 @@ class GpuState:
                 f"{self.power_w:.0f} W")
 
 
+def power_field(smi: str, gpu: str) -> str:
+    """``power.draw.instant`` if this ``nvidia-smi`` reads it for ``gpu``, else ``power.draw``."""
+    try:
+        probe = subprocess.run(
+            [smi, "--query-gpu=power.draw.instant", "--format=csv,noheader,nounits",
+             f"--id={gpu}"], capture_output=True, text=True, timeout=10)
+        float(probe.stdout.strip())
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return "power.draw"
+    return "power.draw.instant" if probe.returncode == 0 else "power.draw"
+
+
 def parse_samples(text: str) -> List[Sample]:
-    """The samples in ``nvidia-smi --query-gpu=timestamp,clocks.sm,temperature.gpu,power.draw
+    """The samples in ``nvidia-smi --query-gpu=timestamp,clocks.sm,temperature.gpu,<power>
     --format=csv,noheader,nounits`` output; lines that do not parse (a partial last line,
     ``[N/A]`` values) are skipped."""
     samples = []
@@ -82,14 +98,16 @@ class GpuStateSampler:
         self._proc: Optional[subprocess.Popen] = None
         self._reader: Optional[threading.Thread] = None
         self._samples: List[Sample] = []
+        self.power_field: Optional[str] = None  # set once nvidia-smi is found
 
     def __enter__(self) -> "GpuStateSampler":
         smi = shutil.which("nvidia-smi")
         if smi is None:
             return self
+        self.power_field = power_field(smi, self.gpu)
         stdbuf = shutil.which("stdbuf")
         command = ([stdbuf, "-oL"] if stdbuf else []) + [
-            smi, f"--query-gpu={_QUERY}", "--format=csv,noheader,nounits",
+            smi, f"--query-gpu={_QUERY},{self.power_field}", "--format=csv,noheader,nounits",
             f"--loop-ms={self.interval_ms}", f"--id={self.gpu}",
         ]
         self._proc = subprocess.Popen(command, stdout=subprocess.PIPE,
