@@ -43,7 +43,9 @@ FWD_KEY = KEY + ["delta_size", "IS_DELTA", "SPLIT_KV"]
 # (BLOCK_M, BLOCK_N, num_warps, num_stages[, Q_SPLITS]) for head dims <= 128. Q_SPLITS=2 runs
 # the forward's query block as two row halves of 64 rows per warp group, so one half's SiLU
 # overlaps the other's value product (H100, N=4096, bf16, pointer loads, kernel only, one run:
-# 128x32 w4 s3 509 TFLOP/s against 465 unsplit; N=256: 130 against 120).
+# 128x32 w4 s3 509 TFLOP/s against 465 unsplit; N=256: 130 against 120). 64x16 w4 s4 is for
+# short sequences: 140 registers, so three programs share an SM and more loads are in flight
+# (N=256, kernel only, one run: 136.8 against 130.3 with pointers, 127.4 against 124.8 with TMA).
 _CUDA: Dict[str, Sequence[Tuple[int, ...]]] = {
     FWD: (
         (128, 64, 8, 2),
@@ -57,6 +59,7 @@ _CUDA: Dict[str, Sequence[Tuple[int, ...]]] = {
         (128, 32, 4, 3, 2),
         (128, 64, 4, 2, 2),
         (128, 32, 4, 4, 2),
+        (64, 16, 4, 4),
     ),
     BWD_DQ: (
         (128, 64, 8, 2),
