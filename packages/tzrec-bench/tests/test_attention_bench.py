@@ -8,9 +8,10 @@ import types
 from tzrec_bench.kernels.hstu_attention import chosen_configs
 
 
-def _config(num_warps, num_stages, **kwargs):
+def _config(num_warps, num_stages, maxnreg=None, **kwargs):
     """What ``chosen_configs`` reads of a ``triton.Config``."""
-    return types.SimpleNamespace(kwargs=kwargs, num_warps=num_warps, num_stages=num_stages)
+    return types.SimpleNamespace(kwargs=kwargs, num_warps=num_warps, num_stages=num_stages,
+                                 maxnreg=maxnreg)
 
 
 def test_chosen_configs_names_tiles_and_query_halves(monkeypatch):
@@ -27,3 +28,6 @@ def test_chosen_configs_names_tiles_and_query_halves(monkeypatch):
     assert chosen_configs().startswith("fwd 64x32 w4 s2; ")
     del kernels._bwd_dq_kernel.best_config  # not tuned yet: left out
     assert chosen_configs() == "fwd 64x32 w4 s2; dkdv 64x64 w4 s2"
+    kernels._fwd_kernel.best_config = _config(4, 4, maxnreg=128, BLOCK_M=64, BLOCK_N=16,
+                                              Q_SPLITS=1)
+    assert chosen_configs() == "fwd 64x16 w4 s4 r128; dkdv 64x64 w4 s2"

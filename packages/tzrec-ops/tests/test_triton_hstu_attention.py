@@ -424,6 +424,21 @@ def test_autotune_keys_and_configs():
 
 
 @CPU
+def test_tile_config_reads_query_halves_and_register_cap():
+    from tzrec_ops.backends.triton import autotune
+
+    plain = autotune.tile_config(autotune.FWD, (128, 32, 4, 3))
+    assert plain.kwargs == {"BLOCK_M": 128, "BLOCK_N": 32, "Q_SPLITS": 1}
+    assert (plain.num_warps, plain.num_stages, plain.maxnreg) == (4, 3, None)
+    capped = autotune.tile_config(autotune.FWD, (64, 16, 4, 4, 1, 128))
+    assert capped.kwargs["Q_SPLITS"] == 1 and capped.maxnreg == 128
+    assert autotune.tile_config(autotune.FWD, (128, 32, 4, 3, 2)).kwargs["Q_SPLITS"] == 2
+    # the backward kernels have no query halves
+    assert autotune.tile_config(autotune.BWD_DQ, (128, 64, 8, 2)).kwargs == {
+        "BLOCK_M": 128, "BLOCK_N": 64}
+
+
+@CPU
 @pytest.mark.parametrize("kernel_ms, reps", [(2.0, [100.0]), (15.0, [100.0, 375.0])])
 def test_autotune_times_slow_candidates_over_enough_runs(monkeypatch, kernel_ms, reps):
     """Triton's 100 ms benchmark holds six runs of a 15 ms kernel: the candidate is timed

@@ -115,8 +115,10 @@ def chosen_configs() -> str:
         if config is not None:
             kw = config.kwargs
             halves = " halves" if kw.get("Q_SPLITS", 1) == 2 else ""
+            maxnreg = getattr(config, "maxnreg", None)
+            cap = f" r{maxnreg}" if maxnreg else ""
             chosen.append(f"{label} {kw['BLOCK_M']}x{kw['BLOCK_N']}{halves} "
-                          f"w{config.num_warps} s{config.num_stages}")
+                          f"w{config.num_warps} s{config.num_stages}{cap}")
     return "; ".join(chosen)
 
 
@@ -136,7 +138,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     parser.add_argument("--seed", type=int, default=1001)
     parser.add_argument("--show-configs", action="store_true",
                         help="print the tile configs the autotuner chose (BLOCK_MxBLOCK_N; "
-                             "'halves': the forward's query block runs as two row halves)")
+                             "'halves': the forward's query block runs as two row halves; "
+                             "rN: capped at N registers per thread)")
     args = parser.parse_args(argv)
     if args.rep < 200:
         parser.error(f"--rep must be >= 200 ms, got {args.rep}")

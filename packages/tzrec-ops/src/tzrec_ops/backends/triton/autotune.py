@@ -40,12 +40,16 @@ KEY = [
 ]
 FWD_KEY = KEY + ["delta_size", "IS_DELTA", "SPLIT_KV"]
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages[, Q_SPLITS]) for head dims <= 128. Q_SPLITS=2 runs
-# the forward's query block as two row halves of 64 rows per warp group, so one half's SiLU
-# overlaps the other's value product (H100, N=4096, bf16, pointer loads, kernel only, one run:
-# 128x32 w4 s3 509 TFLOP/s against 465 unsplit; N=256: 130 against 120). 64x16 w4 s4 is for
-# short sequences: 140 registers, so three programs share an SM and more loads are in flight
-# (N=256, kernel only, one run: 136.8 against 130.3 with pointers, 127.4 against 124.8 with TMA).
+# (BLOCK_M, BLOCK_N, num_warps, num_stages[, Q_SPLITS[, maxnreg]]) for head dims <= 128.
+# Q_SPLITS=2 runs the forward's query block as two row halves of 64 rows per warp group, so one
+# half's SiLU overlaps the other's value product (H100, N=4096, bf16, pointer loads, kernel
+# only, one run: 128x32 w4 s3 509 TFLOP/s against 465 unsplit; N=256: 130 against 120).
+# 64x16 w4 s4 is for short sequences, where the forward waits on memory: capped at 128
+# registers (140 uncapped with pointer loads, no spills either way), four programs share an SM
+# and more loads are in flight (N=256, kernel only, one run: 146.7 against 137.2 uncapped and
+# 129.5 for 128x32 halves; TMA loads use 112 registers capped or not, 127.0 against 127.8).
+# 128x32 w8 s3 capped at 128 registers runs two 8-warp programs per SM (N=512, pointer loads,
+# kernel only: 239.9 against 236.1 for 64x16 and 229.5 for 128x32 halves).
 _CUDA: Dict[str, Sequence[Tuple[int, ...]]] = {
     FWD: (
         (128, 64, 8, 2),
@@ -59,7 +63,8 @@ _CUDA: Dict[str, Sequence[Tuple[int, ...]]] = {
         (128, 32, 4, 3, 2),
         (128, 64, 4, 2, 2),
         (128, 32, 4, 4, 2),
-        (64, 16, 4, 4),
+        (64, 16, 4, 4, 1, 128),
+        (128, 32, 8, 3, 1, 128),
     ),
     BWD_DQ: (
         (128, 64, 8, 2),
@@ -110,13 +115,15 @@ def configs(kernel: str, wide: bool = False) -> List[triton.Config]:
 
 
 def tile_config(kernel: str, tile: Tuple[int, ...]) -> triton.Config:
-    """``(BLOCK_M, BLOCK_N, num_warps, num_stages[, Q_SPLITS])`` as a config of ``kernel``; the
-    forward always gets an explicit ``Q_SPLITS`` (1 unless given)."""
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages[, Q_SPLITS[, maxnreg]])`` as a config of
+    ``kernel``; the forward always gets an explicit ``Q_SPLITS`` (1 unless given), and
+    ``maxnreg`` caps the registers per thread (none unless given)."""
     block_m, block_n, warps, stages = tile[:4]
     kwargs = {"BLOCK_M": block_m, "BLOCK_N": block_n}
     if kernel == FWD:
         kwargs["Q_SPLITS"] = tile[4] if len(tile) > 4 else 1
-    return triton.Config(kwargs, num_warps=warps, num_stages=stages)
+    maxnreg = tile[5] if len(tile) > 5 else None
+    return triton.Config(kwargs, num_warps=warps, num_stages=stages, maxnreg=maxnreg)
 
 
 def _tile_volume(config: triton.Config) -> int:
