@@ -115,8 +115,7 @@ def chosen_configs() -> str:
         if config is not None:
             kw = config.kwargs
             halves = " halves" if kw.get("Q_SPLITS", 1) == 2 else ""
-            maxnreg = getattr(config, "maxnreg", None)
-            cap = f" r{maxnreg}" if maxnreg else ""
+            cap = f" r{config.maxnreg}" if config.maxnreg else ""
             chosen.append(f"{label} {kw['BLOCK_M']}x{kw['BLOCK_N']}{halves} "
                           f"w{config.num_warps} s{config.num_stages}{cap}")
     return "; ".join(chosen)
