@@ -1,9 +1,13 @@
 """Argument checks shared by every public op.
 
-Every message names the argument, what was expected and what was given. Shape, dtype and
-device checks always run (they cost nothing on the device). Checks on tensor *values*
-(offsets monotonic and ending at the token count, lengths non-negative, ``num_targets`` not
-longer than its sequence) need one device-to-host copy per call; they run in eager mode unless
+Every message names the argument, what was expected and what was given, and every check runs
+in the public op, before a backend is chosen, so no backend can be reached with bad input.
+Shape, dtype and device checks always run. Checks on the *values* of index tensors (offsets
+start at 0, never decrease and end at the token count; lengths within ``max_seq_len``;
+``num_targets`` within its sequence) read host copies of those tensors
+(:mod:`tzrec_ops.ops.host_copies`): one device-to-host transfer per batch at most, none for
+tensors moved with :func:`~tzrec_ops.ops.host_copies.to_device`, and a check the same
+tensors passed before is not run again. They run in eager mode unless
 ``TZREC_OPS_VALUE_CHECKS=0`` is set or :func:`set_value_checks` turned them off, and never
 while ``torch.compile``/``torch.export``/FX traces the call.
 """
@@ -11,9 +15,11 @@ while ``torch.compile``/``torch.export``/FX traces the call.
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, Hashable, List, Optional, Sequence, Tuple
 
 import torch
+
+from tzrec_ops.ops.host_copies import host_copies
 
 VALUE_CHECKS_ENV = "TZREC_OPS_VALUE_CHECKS"
 _OFFSET_DTYPES = (torch.int32, torch.int64)
@@ -104,6 +110,111 @@ def check_offsets(name: str, offsets: torch.Tensor, batch: Optional[int] = None)
         raise ValueError(
             f"{name} must have B + 1 = {batch + 1} entries, got {offsets.numel()}"
         )
+
+
+def check_once(key: Hashable, tensors: Sequence[Optional[torch.Tensor]], check: Callable[..., None]) -> None:
+    """Run ``check`` on the host copies of ``tensors`` (``None`` stays ``None``), unless
+    these very copies already passed the check ``key``; a no-op when value checks are off.
+
+    ``key`` must hold every other input of ``check`` (names, bounds, totals). Unknown
+    copies of device tensors are read in one device-to-host transfer.
+    """
+    if not value_checks_enabled():
+        return
+    copies = host_copies(tensors)
+    first = next(c for c in copies if c is not None)
+    full_key = (key, *(c for c in copies if c is not first))
+    if full_key in first.passed:
+        return
+    check(*(None if c is None else c.values for c in copies))
+    first.passed.add(full_key)
+
+
+def _first_bad(mask: torch.Tensor) -> int:
+    return int(mask.nonzero()[0, 0])
+
+
+def check_jagged(
+    offsets_name: str,
+    offsets: torch.Tensor,
+    *,
+    total: int,
+    total_what: str = "the number of tokens",
+    max_seq_len: Optional[int] = None,
+    appended: int = 0,
+    min_length: int = 0,
+    min_length_why: str = "",
+    num_targets: Optional[torch.Tensor] = None,
+    targets_factor: int = 1,
+    targets_reserve: int = 0,
+    targets_reserve_why: str = "",
+) -> None:
+    """The values of a jagged batch's offsets (and ``num_targets``), checked once per batch.
+
+    Offsets start at 0, never decrease and end at ``total``; every length plus
+    ``appended`` is at most ``max_seq_len`` and at least ``min_length``; ``num_targets[b]``
+    is >= 0 and ``targets_factor * num_targets[b] + targets_reserve <= length[b]``. Shapes,
+    dtypes and devices must have been checked already. Raises ``ValueError`` naming the
+    argument, the expected value and the first offending entry.
+    """
+    key = (
+        "jagged",
+        offsets_name,
+        total,
+        total_what,
+        max_seq_len,
+        appended,
+        min_length,
+        min_length_why,
+        targets_factor,
+        targets_reserve,
+        targets_reserve_why,
+    )
+
+    def check(o: torch.Tensor, targets: Optional[torch.Tensor]) -> None:
+        name = offsets_name
+        if o[0] != 0:
+            raise ValueError(f"{name}[0] must be 0, got {int(o[0])}")
+        lengths = o[1:] - o[:-1]
+        if bool((lengths < 0).any()):
+            b = _first_bad(lengths < 0)
+            raise ValueError(
+                f"{name} must be non-decreasing, got {name}[{b + 1}] = {int(o[b + 1])} < "
+                f"{name}[{b}] = {int(o[b])}"
+            )
+        if o[-1] != total:
+            raise ValueError(f"{name}[-1] must equal {total_what} ({total}), got {int(o[-1])}")
+        full = lengths + appended
+        plus = f" + {appended} new tokens" if appended else ""
+        if max_seq_len is not None and bool((full > max_seq_len).any()):
+            b = _first_bad(full > max_seq_len)
+            raise ValueError(
+                f"every sequence length ({name}[b + 1] - {name}[b]{plus}) must be <= "
+                f"max_seq_len ({max_seq_len}), got {int(full[b])} for sequence {b}"
+            )
+        if min_length > 0 and bool((full < min_length).any()):
+            b = _first_bad(full < min_length)
+            raise ValueError(
+                f"every sequence length ({name}[b + 1] - {name}[b]{plus}) must be >= "
+                f"{min_length} ({min_length_why}), got {int(full[b])} for sequence {b}"
+            )
+        if targets is None:
+            return
+        if bool((targets < 0).any()):
+            b = _first_bad(targets < 0)
+            raise ValueError(f"num_targets must be >= 0, got num_targets[{b}] = {int(targets[b])}")
+        need = targets_factor * targets + targets_reserve
+        if bool((need > full).any()):
+            b = _first_bad(need > full)
+            times = f"{targets_factor} * " if targets_factor != 1 else ""
+            reserve = f" + {targets_reserve} ({targets_reserve_why})" if targets_reserve else ""
+            raise ValueError(
+                f"{times}num_targets[b]{reserve} must be <= the length of sequence b "
+                f"({name}[b + 1] - {name}[b]{plus}), got num_targets[{b}] = "
+                f"{int(targets[b])} for a length of {int(full[b])}"
+            )
+
+    check_once(key, (offsets, num_targets), check)
 
 
 class ValueChecks:
