@@ -1,0 +1,1 @@
+"""Training and evaluation harness: the shared loss and the evaluation metrics."""
