@@ -14,6 +14,7 @@ from tzrec_ops.registry import (
     PluginLoadError,
     autotune_configs,
     backends,
+    find_implementation,
     get_backend,
     get_registry,
     reset_registry,
@@ -358,3 +359,79 @@ def test_no_warning_when_every_plugin_loads(plugins):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         get_registry()
+
+
+# -- eager choice cache --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rejections(monkeypatch):
+    """Every (backend, op) whose rejection checks ran, in order."""
+    seen = []
+    real = Backend.rejection
+
+    def spy(self, op, call):
+        seen.append((self.name, op))
+        return real(self, op, call)
+
+    monkeypatch.setattr(Backend, "rejection", spy)
+    return seen
+
+
+def test_repeated_eager_call_reuses_the_choice(toy, rejections):
+    assert _run() == "mid"
+    checked = list(rejections)
+    assert checked  # the first call ran the checks
+    assert _run() == "mid"
+    assert rejections == checked  # the second did not
+
+
+def test_distinct_calls_are_chosen_separately(toy):
+    assert _run(dtype=torch.float32) == "mid"
+    assert _run(dtype=torch.float64) == "slow"
+    assert _run(dtype=torch.float32) == "mid"
+
+
+def test_env_change_is_seen_by_the_next_call(toy, monkeypatch):
+    assert _run() == "mid"
+    monkeypatch.setenv("TZREC_OPS_BACKEND", "slow")
+    assert _run() == "slow"
+    monkeypatch.setenv("TZREC_OPS_BACKEND", "toy_op=fast")
+    with pytest.raises(BackendError, match="unavailable: no gizmo"):
+        _run()
+    monkeypatch.setenv("TZREC_OPS_BACKEND", "toy_op=slow")  # the error was not remembered
+    assert _run() == "slow"
+    monkeypatch.delenv("TZREC_OPS_BACKEND")
+    assert _run() == "mid"
+
+
+def test_reset_registry_forgets_the_choices(toy, rejections):
+    _run()
+    reset_registry()
+    del rejections[:]
+    assert _run() == "mid"
+    assert rejections  # chosen again, against the rebuilt registry
+
+
+def test_each_backend_record_passed_is_honoured(plugins):
+    first = Backend(name="adhoc", priority=0, ops={"toy_op": "builtins:len"})
+    second = Backend(name="adhoc", priority=0, ops={"toy_op": "builtins:abs"})
+    for _ in range(2):
+        assert select_backend("toy_op", first, device=CPU, dtype=torch.float32) is len
+        assert select_backend("toy_op", second, device=CPU, dtype=torch.float32) is abs
+
+
+def test_missing_fast_path_is_remembered(toy, rejections):
+    assert find_implementation("missing_op", device=CPU, dtype=torch.float32) is None
+    checked = list(rejections)
+    assert find_implementation("missing_op", device=CPU, dtype=torch.float32) is None
+    assert rejections == checked
+    with pytest.raises(BackendError, match="no backend can run missing_op"):
+        _run("missing_op")  # select_backend still raises
+
+
+def test_unhashable_option_is_chosen_without_caching(toy, rejections):
+    assert _run(tiles=[64, 32]) == "mid"
+    checked = list(rejections)
+    assert _run(tiles=[64, 32]) == "mid"
+    assert rejections == checked * 2  # chosen again: a list cannot be a cache key

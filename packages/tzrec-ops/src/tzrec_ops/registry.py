@@ -13,6 +13,11 @@ every candidate and why it was rejected; it never falls back silently.
 Plugins are discovered lazily, once, through the ``tzrec_ops`` entry-point group. A plugin
 that fails to import is skipped with a warning naming its distribution and version
 (``TZREC_OPS_STRICT_PLUGINS=1`` makes that an error).
+
+Eager calls remember their choice per (op, request, call options, ``TZREC_OPS_BACKEND``
+value), so a repeated call costs a dict lookup; :func:`reset_registry` forgets the choices.
+A backend's ``supports`` and ``automatic`` checks must therefore depend only on the call and
+on process state fixed before the first op call (plus the registry, which a reset rebuilds).
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import importlib
 import importlib.metadata
 import inspect
 import os
+import sys
 import threading
 import warnings
 from typing import (
     Any,
     Callable,
     Dict,
+    Hashable,
     Iterable,
     List,
     Mapping,
@@ -268,10 +275,12 @@ def get_registry() -> Registry:
 
 
 def reset_registry() -> None:
-    """Forget the discovered plugins; the next lookup discovers them again."""
+    """Forget the discovered plugins and the cached choices; the next lookup discovers them
+    again."""
     global _REGISTRY
     with _LOCK:
         _REGISTRY = None
+        _EAGER_CHOICES.clear()
         for key in [k for k in vars(_Chosen) if ":" in k]:
             delattr(_Chosen, key)
 
@@ -333,11 +342,10 @@ def select_backend(
         BackendError: the requested backend is unknown or rejects the call, or no backend
             can run it. The message lists every candidate with its reason.
     """
-    if isinstance(backend, Backend):
-        if not torch.compiler.is_compiling():
-            return _choose(op, backend, call).implementation(op)
-        backend = backend.name
-    return getattr(_Chosen, _selection_key(op, backend, tuple(call.items()), False))
+    if torch.compiler.is_compiling():
+        key = _selection_key(op, _request_name(backend), tuple(call.items()), False)
+        return getattr(_Chosen, key)
+    return _eager_choice(op, backend, call, False)
 
 
 def find_implementation(
@@ -347,19 +355,61 @@ def find_implementation(
 
     For optional fast paths (e.g. a fused op) whose absence leads to a general path.
     """
-    if isinstance(backend, Backend):
-        if not torch.compiler.is_compiling():
-            try:
-                return _choose(op, backend, call).implementation(op)
-            except BackendError:
-                return None
-        backend = backend.name
-    key = _selection_key(op, backend, tuple(call.items()), True)
-    return getattr(_Chosen, key) if key else None
+    if torch.compiler.is_compiling():
+        key = _selection_key(op, _request_name(backend), tuple(call.items()), True)
+        return getattr(_Chosen, key) if key else None
+    return _eager_choice(op, backend, call, True)
+
+
+def _request_name(backend: Union[str, Backend, None]) -> Optional[str]:
+    # a traced graph refers to the registered backend of that name (the record is not a
+    # constant dynamo can key a guard on)
+    return backend.name if isinstance(backend, Backend) else backend
+
+
+# Eager choices: key -> (the request, its implementation or None). The request is kept so
+# that the id() of a Backend record in the key cannot be reused by another record.
+_EAGER_CHOICES: Dict[Hashable, Tuple[Union[str, Backend, None], Optional[Callable[..., Any]]]] = {}
+_MAX_EAGER_CHOICES = 4096  # a bound for callers that build a new Backend record per call
+
+
+def _eager_choice(
+    op: str, backend: Union[str, Backend, None], call: Mapping[str, Any], optional: bool
+) -> Optional[Callable[..., Any]]:
+    """The implementation for an eager call, chosen once per distinct call (cached).
+
+    A failed choice is not cached: the error path re-runs and reports the current state.
+    The ``TZREC_OPS_BACKEND`` value is part of the key, so changing it is seen at once.
+    """
+    request = ("record", backend.name, id(backend)) if isinstance(backend, Backend) else backend
+    key: Optional[Hashable] = (
+        op,
+        request,
+        optional,
+        tuple(call.items()),
+        os.environ.get(BACKEND_ENV),
+    )
+    try:
+        return _EAGER_CHOICES[key][1]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable option value: choose without caching
+        key = None
+    try:
+        impl: Optional[Callable[..., Any]] = _choose(op, backend, call).implementation(op)
+    except BackendError:
+        if not optional:
+            raise
+        impl = None  # cached: a missing fast path must not cost a full search per call
+    if key is not None:
+        if len(_EAGER_CHOICES) >= _MAX_EAGER_CHOICES:
+            _EAGER_CHOICES.clear()
+        _EAGER_CHOICES[key] = (backend, impl)
+    return impl
 
 
 class _Chosen:
-    """Implementations chosen so far, as attributes named "backend:op".
+    """Implementations chosen while tracing, as attributes named "backend:op".
 
     Tracing sees only an attribute lookup here: the choice itself runs eagerly
     (assume_constant_result), so plugin discovery and imports never happen inside a traced
@@ -368,7 +418,21 @@ class _Chosen:
     """
 
 
-@torch.compiler.assume_constant_result
+def assume_constant_result(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`torch.compiler.assume_constant_result`, without importing ``torch._dynamo``.
+
+    The public decorator imports dynamo (about 3 s) only to set a marker attribute, which
+    dynamo reads when it meets the function; that import is deferred here until torch.compile
+    or torch.export loads dynamo anyway. ``test_registry`` checks that the marker is still the
+    one the public decorator sets.
+    """
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
+@assume_constant_result
 def _selection_key(
     op: str, backend: Optional[str], call_items: Tuple[Tuple[str, Any], ...], optional: bool
 ) -> str:

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from tzrec_ops.backends.pytorch.jagged import concat_2D_jagged
+from tzrec_ops.registry import assume_constant_result
 
 CHUNK_ENV = "TZREC_OPS_PYTORCH_ATTN_CHUNK"
 DEFAULT_CHUNK_ELEMENTS = 1 << 28
@@ -59,7 +60,7 @@ def set_use_fbgemm(enabled: Optional[bool]) -> None:
     _use_fbgemm_override = enabled
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def chunk_elements() -> int:
     """The current cap on working-set elements (scores + upcast k, v) per chunk."""
     if _chunk_elements_override is not None:
@@ -76,7 +77,7 @@ def chunk_elements() -> int:
     return value
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def fbgemm_enabled() -> bool:
     """True when the fbgemm jagged/padded conversions will be used."""
     if _use_fbgemm_override is False:

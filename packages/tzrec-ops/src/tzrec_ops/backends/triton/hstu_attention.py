@@ -23,7 +23,7 @@ Decisions:
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import triton
@@ -49,17 +49,34 @@ __all__ = [
     "delta_hstu_mha_tma",
 ]
 
-# one autotuner per kernel for head dims <= 128 and one for wider heads (smaller tiles)
-_fwd_kernel = autotune.autotuned(autotune.FWD, kernels._hstu_attn_fwd_kernel)
-_bwd_dq_kernel = autotune.autotuned(autotune.BWD_DQ, kernels._hstu_attn_bwd_dq_kernel)
-_bwd_dkdv_kernel = autotune.autotuned(autotune.BWD_DKDV, kernels._hstu_attn_bwd_dkdv_kernel)
-_fwd_kernel_wide = autotune.autotuned(autotune.FWD, kernels._hstu_attn_fwd_kernel, wide=True)
-_bwd_dq_kernel_wide = autotune.autotuned(
-    autotune.BWD_DQ, kernels._hstu_attn_bwd_dq_kernel, wide=True
-)
-_bwd_dkdv_kernel_wide = autotune.autotuned(
-    autotune.BWD_DKDV, kernels._hstu_attn_bwd_dkdv_kernel, wide=True
-)
+# one autotuner per kernel for head dims <= 128 and one for wider heads (smaller tiles),
+# built on first use: building one asks the plugins for extra configs, which discovers them,
+# and importing this module (e.g. to load an exported program) must not
+_AUTOTUNERS = {
+    "_fwd_kernel": (autotune.FWD, kernels._hstu_attn_fwd_kernel, False),
+    "_bwd_dq_kernel": (autotune.BWD_DQ, kernels._hstu_attn_bwd_dq_kernel, False),
+    "_bwd_dkdv_kernel": (autotune.BWD_DKDV, kernels._hstu_attn_bwd_dkdv_kernel, False),
+    "_fwd_kernel_wide": (autotune.FWD, kernels._hstu_attn_fwd_kernel, True),
+    "_bwd_dq_kernel_wide": (autotune.BWD_DQ, kernels._hstu_attn_bwd_dq_kernel, True),
+    "_bwd_dkdv_kernel_wide": (autotune.BWD_DKDV, kernels._hstu_attn_bwd_dkdv_kernel, True),
+}
+_built: Dict[str, Any] = {}
+
+
+def _tuned(name: str) -> Any:
+    """The autotuner ``name`` of :data:`_AUTOTUNERS`, built once."""
+    found = _built.get(name)
+    if found is None:
+        kind, fn, wide = _AUTOTUNERS[name]
+        found = _built.setdefault(name, autotune.autotuned(kind, fn, wide))
+    return found
+
+
+def __getattr__(name: str) -> Any:
+    # tests and the benchmark read the autotuners as module attributes
+    if name in _AUTOTUNERS:
+        return _tuned(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _block_d(dim: int) -> int:
@@ -168,7 +185,7 @@ def hstu_attention_fwd(
     def grid(meta):
         return (cdiv(grid_rows, meta["BLOCK_M"]), batch * heads)
 
-    kernel = _fwd_kernel_wide if max(dim_q, dim_v) > 128 else _fwd_kernel
+    kernel = _tuned("_fwd_kernel_wide" if max(dim_q, dim_v) > 128 else "_fwd_kernel")
     # The split form reads every cached key once per query block of D rows: it is
     # memory-bound, so it always takes pointer loads (no per-sequence descriptors to build
     # for two sources), also on triton_tma.
@@ -242,13 +259,14 @@ def hstu_attention_bwd(
         return (cdiv(max_seq_len, meta["BLOCK_M"]), batch * heads)
 
     wide = max(dim_q, dim_v) > 128
-    launchable(_bwd_dkdv_kernel_wide if wide else _bwd_dkdv_kernel)[grid_n](
+    suffix = "_wide" if wide else ""
+    launchable(_tuned("_bwd_dkdv_kernel" + suffix))[grid_n](
         q, k, v, dout, dk, dv, seq_offsets, targets, sort_idx,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         *scalars, **flags,
     )
-    launchable(_bwd_dq_kernel_wide if wide else _bwd_dq_kernel)[grid_m](
+    launchable(_tuned("_bwd_dq_kernel" + suffix))[grid_m](
         q, k, v, dout, dq, seq_offsets, targets, sort_idx,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),
