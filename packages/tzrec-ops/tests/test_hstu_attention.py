@@ -744,12 +744,12 @@ ERRORS = [
     (
         dict(seq_offsets=torch.tensor([0, 5, 3, 8]), num_targets=None),
         ValueError,
-        r"seq_offsets must be non-decreasing \(a length is negative\)",
+        r"seq_offsets must be non-decreasing, got seq_offsets\[2\] = 3 < seq_offsets\[1\] = 5",
     ),
     (
         dict(seq_offsets=torch.tensor([0, 3, 7])),
         ValueError,
-        r"seq_offsets\[-1\] must equal the number of tokens \(8\)",
+        r"seq_offsets\[-1\] must equal the token count q.shape\[0\] \(8\), got 7",
     ),
     (dict(max_seq_len=4), ValueError, r"every sequence length .* must be <= max_seq_len \(4\)"),
     (
@@ -834,7 +834,8 @@ DELTA_ERRORS = [
     (
         dict(delta_q=torch.zeros(8, 2, 4)),
         ValueError,
-        r"every sequence must hold its D = 4 new queries",
+        r"every sequence length \(seq_offsets\[b \+ 1\] - seq_offsets\[b\]\) must be >= 4 "
+        r"\(its D = 4 new queries, delta_q.shape\[0\] / B\), got 3 for sequence 0",
     ),
     (
         dict(v=torch.zeros(8, 2, 6, dtype=torch.float64)),
@@ -849,7 +850,7 @@ DELTA_ERRORS = [
     (
         dict(seq_offsets=torch.tensor([0, 3, 9])),
         ValueError,
-        r"seq_offsets\[-1\] must equal the number of tokens \(8\)",
+        r"seq_offsets\[-1\] must equal the token count k.shape\[0\] \(8\), got 9",
     ),
     (
         dict(num_targets=torch.tensor([4, 0])),
@@ -960,8 +961,8 @@ SPLIT_ERRORS = [
     (
         dict(max_seq_len=6),
         ValueError,
-        r"every full sequence length \(cached seq_offsets\[b \+ 1\] - seq_offsets\[b\], "
-        r"plus the D = 2 new tokens of delta_k\) must be <= max_seq_len \(6\)",
+        r"every sequence length \(seq_offsets\[b \+ 1\] - seq_offsets\[b\] \+ 2 new tokens\) "
+        r"must be <= max_seq_len \(6\), got 7 for sequence 1",
     ),
     (
         dict(num_targets=torch.tensor([6, 1])),
@@ -971,7 +972,7 @@ SPLIT_ERRORS = [
     (
         dict(seq_offsets=torch.tensor([0, 3, 9])),
         ValueError,
-        r"seq_offsets\[-1\] must equal the number of tokens \(8\)",
+        r"seq_offsets\[-1\] must equal the token count k.shape\[0\] \(8\), got 9",
     ),
 ]
 

@@ -33,7 +33,7 @@ CASES = [
     ([5, 0, 1, 9], None, 3, 0, 0),
     ([5, 0, 1, 9], [2, 0, 1, 3], 4, 2, 0),
     ([8, 7], [1, 2], 2, 1, 3),  # C overrides the smaller k2
-    ([4, 3], [6, 3], 2, 2, 0),  # more targets than tokens: history end clamps at 0
+    ([4, 3], [4, 3], 2, 2, 0),  # every token a target: history end 0
     ([10], [0], 0, 0, 0),  # k1 = 0: no local window
     ([], None, 1, 1, 0),
 ]
@@ -88,6 +88,24 @@ ERRORS = [
         r"num_targets must have B = 1 entries, got 2",
     ),
     (dict(num_targets=torch.tensor([1.0])), TypeError, r"num_targets must be int32 or int64"),
+    (
+        dict(num_targets=torch.tensor([6])),
+        ValueError,
+        r"num_targets\[b\] must be <= the length of sequence b .*, got num_targets\[0\] = 6 "
+        r"for a length of 5",
+    ),
+    (dict(num_targets=torch.tensor([-1])), ValueError, r"num_targets must be >= 0"),
+    (
+        dict(num_targets=torch.tensor([1], device="meta")),
+        ValueError,
+        r"num_targets is on meta but seq_offsets is on cpu",
+    ),
+    (dict(total_q=6), ValueError, r"seq_offsets\[-1\] must equal total_q \(6\), got 5"),
+    (
+        dict(seq_offsets=torch.tensor([0, 6, 5]), total_q=5),
+        ValueError,
+        r"seq_offsets must be non-decreasing",
+    ),
 ]
 
 

@@ -253,7 +253,8 @@ def _concat_args():
         (
             lambda lv, r, ol, orr: concat_2D_jagged(lv, r, 3, 2, ol, None),
             ValueError,
-            r"values_right has 3 rows but a dense right side needs B \* max_len_right = 2 \* 2 = 4",
+            r"values_right.shape\[0\] \(3\) must equal B \* max_len_right = 2 \* 2 = 4 for a dense "
+            r"right side",
         ),
         (
             lambda lv, r, ol, orr: concat_2D_jagged(lv, r, 3, 2, torch.tensor([0, 3, 2]), orr),
@@ -263,7 +264,7 @@ def _concat_args():
         (
             lambda lv, r, ol, orr: concat_2D_jagged(lv, r, 3, 2, torch.tensor([0, 2, 4]), orr),
             ValueError,
-            r"offsets_left\[-1\] must equal the number of tokens \(5\)",
+            r"offsets_left\[-1\] must equal values_left.shape\[0\] \(5\), got 4",
         ),
         (
             lambda lv, r, ol, orr: concat_2D_jagged(lv, r, 3, 2, torch.tensor([1, 2, 5]), orr),
@@ -273,7 +274,8 @@ def _concat_args():
         (
             lambda lv, r, ol, orr: concat_2D_jagged(lv, r, 2, 2, ol, orr),
             ValueError,
-            r"lengths from offsets_left must be <= max_len_left \(2\)",
+            r"every sequence length \(offsets_left\[b \+ 1\] - offsets_left\[b\]\) must be <= "
+            r"max_len_left \(2\), got 3 for sequence 1",
         ),
         (
             lambda lv, r, ol, orr: split_2D_jagged(5, lv, max_len_left=2),
@@ -309,7 +311,7 @@ def _concat_args():
                 4, torch.randn(8, 3), offsets_left=ol, offsets_right=orr
             ),
             ValueError,
-            r"left \+ right lengths must be <= max_seq_len \(4\)",
+            r"left \+ right lengths must be <= max_seq_len \(4\), got 5 for sequence 1",
         ),
         (
             lambda lv, r, ol, orr: split_2D_jagged(-1, lv, offsets_left=ol),
@@ -356,7 +358,8 @@ def _concat_args():
                 2, ol, lv, torch.randn(2, 3, 2), torch.randn(2, 2)
             ),
             ValueError,
-            r"sequence lengths must be <= max_seq_len \(2\)",
+            r"every sequence length \(seq_offsets\[b \+ 1\] - seq_offsets\[b\]\) must be <= "
+            r"max_seq_len \(2\), got 3 for sequence 1",
         ),
         (
             lambda lv, r, ol, orr: jagged_dense_bmm_broadcast_add(

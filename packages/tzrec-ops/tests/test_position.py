@@ -435,17 +435,32 @@ def _ts_args():
         (
             dict(seq_offsets=torch.tensor([0, 2, 4])),
             ValueError,
-            r"seq_offsets\[-1\] must equal the number of tokens \(5\)",
+            r"seq_offsets\[-1\] must equal the token count seq_embeddings.shape\[0\] \(5\), got 4",
         ),
-        (dict(max_seq_len=2), ValueError, r"seq_lengths must be <= max_seq_len \(2\)"),
+        (
+            dict(max_seq_len=2),
+            ValueError,
+            r"every sequence length \(seq_offsets\[b \+ 1\] - seq_offsets\[b\]\) must be <= "
+            r"max_seq_len \(2\), got 3 for sequence 1",
+        ),
         (dict(max_seq_len=-1), ValueError, r"max_seq_len must be >= 0, got -1"),
-        (dict(num_targets=torch.tensor([3, 1])), ValueError, r"num_targets must be <= seq_lengths"),
+        (
+            dict(num_targets=torch.tensor([3, 1])),
+            ValueError,
+            r"num_targets\[b\] must be <= the length of sequence b .*, got num_targets\[0\] = 3 "
+            r"for a length of 2",
+        ),
         (
             dict(num_targets=torch.tensor([2, 1]), interleave_targets=True),
             ValueError,
-            r"2 \* num_targets must be <= seq_lengths",
+            r"2 \* num_targets\[b\] must be <= the length of sequence b .*, "
+            r"got num_targets\[0\] = 2 for a length of 2",
         ),
-        (dict(num_targets=torch.tensor([-1, 1])), ValueError, r"num_targets must be >= 0"),
+        (
+            dict(num_targets=torch.tensor([-1, 1])),
+            ValueError,
+            r"num_targets must be >= 0, got num_targets\[0\] = -1",
+        ),
         (
             dict(num_targets=torch.tensor([1])),
             ValueError,

@@ -128,12 +128,20 @@ def test_replay_compiles_and_exports():
         (
             dict(truncate_tail_len=2, contextual_seq_len=4),
             ValueError,
-            r"every sequence must hold contextual_seq_len \(4\) \+ num_targets tokens",
+            r"every sequence length \(x_offsets\[b \+ 1\] - x_offsets\[b\]\) must be >= 4 "
+            r"\(contextual_seq_len, the prefix every sequence holds\), got 3 for sequence 0",
         ),
         (
             dict(truncate_tail_len=2, num_targets=torch.tensor([4, 0])),
             ValueError,
-            r"every sequence must hold",
+            r"num_targets\[b\] must be <= the length of sequence b \(x_offsets\[b \+ 1\] - "
+            r"x_offsets\[b\]\), got num_targets\[0\] = 4 for a length of 3",
+        ),
+        (
+            dict(truncate_tail_len=2, contextual_seq_len=1, num_targets=torch.tensor([3, 0])),
+            ValueError,
+            r"num_targets\[b\] \+ 1 \(contextual_seq_len\) must be <= the length of sequence b "
+            r".*, got num_targets\[0\] = 3 for a length of 3",
         ),
         (
             dict(truncate_tail_len=2, num_targets=torch.tensor([-1, 0])),
@@ -173,7 +181,8 @@ def test_replay_compiles_and_exports():
         (
             dict(truncate_tail_len=2, max_seq_len=3),
             ValueError,
-            r"sequence lengths must be <= max_seq_len \(3\)",
+            r"every sequence length \(x_offsets\[b \+ 1\] - x_offsets\[b\]\) must be <= "
+            r"max_seq_len \(3\), got 4 for sequence 1",
         ),
     ],
 )

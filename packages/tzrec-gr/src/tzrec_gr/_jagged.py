@@ -2,6 +2,10 @@
 
 Legend: B = batch, L = total tokens of a jagged batch, offsets ``[B + 1]`` start at 0.
 Every total is taken from a tensor shape or from the caller, never from ``.item()``.
+
+Index tensors derived from others (offsets from lengths, lengths from offsets, ...) go
+through :func:`~tzrec_ops.ops.host_copies.mirror`, so that they have a host copy whenever
+their inputs have one and the ops can check them without reading the device.
 """
 
 from __future__ import annotations
@@ -10,11 +14,36 @@ from typing import Tuple
 
 import torch
 
+from tzrec_ops.ops.host_copies import mirror
+
+
+def offsets_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
+    """``[B]`` lengths -> ``[B + 1]`` int64 offsets (plain torch, for ``mirror``)."""
+    zero = torch.zeros(1, dtype=torch.int64, device=lengths.device)
+    return torch.cat([zero, torch.cumsum(lengths.to(torch.int64), dim=0)])
+
 
 def lengths_to_offsets(lengths: torch.Tensor) -> torch.Tensor:
     """``[B]`` lengths -> ``[B + 1]`` int64 offsets with a leading 0 (no host sync)."""
-    zero = torch.zeros(1, dtype=torch.int64, device=lengths.device)
-    return torch.cat([zero, torch.cumsum(lengths.to(torch.int64), dim=0)])
+    return mirror(offsets_from_lengths, lengths)
+
+
+def _lengths_from_offsets(offsets: torch.Tensor) -> torch.Tensor:
+    return offsets[1:] - offsets[:-1]
+
+
+def offsets_to_lengths(offsets: torch.Tensor) -> torch.Tensor:
+    """``[B + 1]`` offsets -> ``[B]`` lengths (no host sync)."""
+    return mirror(_lengths_from_offsets, offsets)
+
+
+def _int64(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.int64)
+
+
+def as_int64(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as int64; an int64 ``t`` itself (so its host copy and checks are kept)."""
+    return t if t.dtype == torch.int64 else mirror(_int64, t)
 
 
 def row_positions(offsets: torch.Tensor, total: int) -> Tuple[torch.Tensor, torch.Tensor]:

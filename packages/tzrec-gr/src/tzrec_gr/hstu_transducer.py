@@ -11,11 +11,17 @@ import torch
 from torch import nn
 
 from tzrec_gr._backend import BackendArg, resolve_module_backend
-from tzrec_gr._jagged import lengths_to_offsets, row_positions, select_jagged_rows
+from tzrec_gr._jagged import (
+    lengths_to_offsets,
+    offsets_to_lengths,
+    row_positions,
+    select_jagged_rows,
+)
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
 from tzrec_gr.postprocessors import OutputPostprocessor
 from tzrec_gr.preprocessors import InputPreprocessor, PreprocessorOutput
 from tzrec_gr.stu import STUStack
+from tzrec_ops.ops.host_copies import mirror
 from tzrec_ops.ops.jagged import split_2D_jagged
 
 __all__ = ["HSTUTransducer", "TransducerOutput"]
@@ -148,7 +154,7 @@ class HSTUTransducer(nn.Module):
         )
         lengths, timestamps, total_uih = pre.seq_lengths, pre.seq_timestamps, pre.total_uih_len
         if out.plan is not None:
-            lengths = out.x_offsets[1:] - out.x_offsets[:-1]
+            lengths = offsets_to_lengths(out.x_offsets)
             timestamps = self._replay_on_timestamps(pre, out.x_offsets, out.x.shape[0])
             total_uih = out.x.shape[0] - pre.total_targets
         return self._compose(
@@ -189,7 +195,8 @@ class HSTUTransducer(nn.Module):
         if self.return_full_embeddings:
             encoded = self._postprocess(encoded, timestamps)
             full = encoded
-        uih_offsets = lengths_to_offsets(lengths - num_targets)
+        uih_lengths = mirror(torch.sub, lengths, num_targets)
+        uih_offsets = lengths_to_offsets(uih_lengths)
         cand_offsets = lengths_to_offsets(num_targets)
         _, cand = split_2D_jagged(
             max_seq_len=max_seq_len,
@@ -200,9 +207,7 @@ class HSTUTransducer(nn.Module):
             offsets_right=cand_offsets,
             backend=self._split_backend,
         )
-        cand_ts = select_jagged_rows(
-            timestamps, offsets, cand_offsets, lengths - num_targets, total_targets
-        )
+        cand_ts = select_jagged_rows(timestamps, offsets, cand_offsets, uih_lengths, total_targets)
         if self.input_preprocessor.interleave_targets():
             cand = cand.view(-1, 2, cand.shape[-1])[:, 0]
             cand_ts = cand_ts.view(-1, 2)[:, 0]

@@ -39,11 +39,17 @@ import torch
 from torch import nn
 
 from tzrec_gr._backend import BackendArg, resolve_module_backend
-from tzrec_gr._jagged import concat_jagged_rows, lengths_to_offsets, row_positions
+from tzrec_gr._jagged import (
+    as_int64,
+    concat_jagged_rows,
+    lengths_to_offsets,
+    row_positions,
+)
 from tzrec_gr.action_encoder import SimpleActionEncoder
 from tzrec_gr.content_encoder import ContentEncoder
 from tzrec_gr.contextualize_mlps import ContextualizedMLP
 from tzrec_gr.layers import Linear
+from tzrec_ops.ops.host_copies import mirror
 from tzrec_ops.ops.jagged import concat_2D_jagged
 
 __all__ = [
@@ -99,6 +105,11 @@ def _flat1(name: str, x: torch.Tensor, rows: int, what: str) -> torch.Tensor:
             f"{name} has {x.shape[0]} rows but there are {rows} {what} tokens; they must match"
         )
     return x
+
+
+def _interleaved_lengths(lengths: torch.Tensor, num_targets: torch.Tensor) -> torch.Tensor:
+    """Lengths once every history token became a (content, action) pair."""
+    return 2 * (lengths - num_targets) + num_targets
 
 
 def _check_lengths(name: str, lengths: torch.Tensor, batch: Optional[int]) -> None:
@@ -258,7 +269,7 @@ class _ContextualBase(InputPreprocessor):
             prefix_offsets,
             out.seq_offsets,
         )
-        lengths = out.seq_lengths + c
+        lengths = mirror(torch.add, out.seq_lengths, c)
         return PreprocessorOutput(
             max_seq_len=out.max_seq_len + c,
             total_uih_len=out.total_uih_len + batch * c,
@@ -381,7 +392,8 @@ class ContextualInterleavePreprocessor(_ContextualBase):
 
         uih_offsets = lengths_to_offsets(uih_lengths)
         cand_offsets = lengths_to_offsets(cand_lengths)
-        lengths = uih_lengths.to(torch.int64) + cand_lengths.to(torch.int64)
+        num_targets = as_int64(cand_lengths)
+        lengths = mirror(torch.add, as_int64(uih_lengths), num_targets)
         offsets = lengths_to_offsets(lengths)
         max_len = max_uih_len + max_targets
         content = self.content_encoder(
@@ -391,7 +403,6 @@ class ContextualInterleavePreprocessor(_ContextualBase):
         timestamps = concat_jagged_rows(
             uih_ts.to(torch.int64), cand_ts.to(torch.int64), uih_offsets, cand_offsets
         )
-        num_targets = cand_lengths.to(torch.int64)
 
         if self.action_encoder is None or self.action_mlp is None:
             out = PreprocessorOutput(
@@ -432,11 +443,11 @@ class ContextualInterleavePreprocessor(_ContextualBase):
                 2 * max_len,
                 2 * total_uih,
                 2 * total_t,
-                2 * lengths,
-                2 * offsets,
+                mirror(torch.mul, lengths, 2),
+                mirror(torch.mul, offsets, 2),
                 timestamps.unsqueeze(1).expand(-1, 2).reshape(-1),
                 pairs,
-                2 * num_targets,
+                mirror(torch.mul, num_targets, 2),
             )
         else:
             out = self._interleave_history_only(
@@ -466,7 +477,7 @@ class ContextualInterleavePreprocessor(_ContextualBase):
     ) -> PreprocessorOutput:
         """History tokens -> (content, action) pairs; candidates keep their content only."""
         uih_len = lengths - num_targets
-        new_lengths = 2 * uih_len + num_targets
+        new_lengths = mirror(_interleaved_lengths, lengths, num_targets)
         new_offsets = lengths_to_offsets(new_lengths)
         total = 2 * total_uih + total_t
         sample, pos = row_positions(new_offsets, total)
@@ -554,7 +565,7 @@ class UIHPreprocessor(_ContextualBase):
             f"{k}_timestamp.sequence", _get(features, f"{k}_timestamp.sequence"), total, "history"
         )
         raw_ctx = self._raw_contextual(features, batch)
-        lengths = lengths.to(torch.int64)
+        lengths = as_int64(lengths)
         offsets = lengths_to_offsets(lengths)
         emb = self.projection(uih)
         if self.action_encoder is not None and self.action_mlp is not None:
@@ -581,6 +592,6 @@ class UIHPreprocessor(_ContextualBase):
             offsets,
             ts.to(torch.int64),
             emb,
-            torch.zeros_like(lengths),
+            mirror(torch.zeros_like, lengths),
         )
         return self._add_prefix(out, raw_ctx)

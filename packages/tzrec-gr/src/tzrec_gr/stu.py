@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from tzrec_gr._backend import BackendArg, resolve_module_backend
-from tzrec_gr._jagged import lengths_to_offsets
+from tzrec_gr._jagged import lengths_to_offsets, offsets_from_lengths
+from tzrec_ops.ops.host_copies import host_copy, mirror
 from tzrec_ops.ops.hstu_attention import delta_hstu_mha
 from tzrec_ops.ops.hstu_attention_utils import build_sla_func_tensor
 from tzrec_ops.ops.hstu_compute import (
@@ -42,6 +43,7 @@ from tzrec_ops.ops.truncation import (
     apply_stu_truncation_plan,
     compute_stu_truncation_plan,
 )
+from tzrec_ops.ops.validation import check_once
 
 __all__ = ["KVCache", "STU", "STULayer", "STUOutput", "STUStack", "STUStackOutput"]
 
@@ -54,6 +56,21 @@ _LAYER_OPS = (
     "split_2D_jagged",
     "concat_2D_jagged",
 )
+
+
+def _sum(values: torch.Tensor) -> int:
+    return int(values.sum())
+
+
+def _difference(offsets: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """int64 ``offsets - other`` (the offsets of the rows after each sample's first part)."""
+    return offsets.to(torch.int64) - other.to(torch.int64)
+
+
+def _extended_offsets(offsets: torch.Tensor, delta: int) -> torch.Tensor:
+    """The offsets after appending ``delta`` rows to every sample."""
+    steps = torch.arange(offsets.numel(), device=offsets.device, dtype=torch.int64) * delta
+    return offsets.to(torch.int64) + steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,14 +209,23 @@ class STULayer(STU):
             :class:`KVCache` holding the keys/values of the first ``kv_caching_lengths[b]``
             tokens of each sample (prefill). Default: None.
         max_kv_caching_len (int): upper bound on ``kv_caching_lengths``; 0 means ``max_seq_len``.
-        total_kv_caching_len (int | None): ``sum(kv_caching_lengths)``; None computes it with
-            one host sync.
+        total_kv_caching_len (int | None): ``sum(kv_caching_lengths)``; None takes it from the
+            lengths' host copy (see "Sync-free steps").
         prev_attn_func (torch.Tensor | None): a mask built by the previous layer.
         prev_attn_func_sig (str | None): that mask's signature; reused when equal to ours.
 
     Returns:
         STUOutput: ``out`` [L, E] in x's dtype, the ``attn_func`` [H, 3, L] or None, and the
         ``kv_cache`` or None.
+
+    Sync-free steps: the ops check the values of ``x_offsets``, ``num_targets`` and
+    ``kv_caching_lengths`` (and the layer needs ``sum(kv_caching_lengths)`` when
+    ``total_kv_caching_len`` is None) on host copies of them
+    (:mod:`tzrec_ops.ops.host_copies`). Move them to the device with
+    :func:`tzrec_ops.ops.host_copies.to_device` (or build them from lengths moved that way)
+    and a step reads nothing back from the device; the offsets the layer derives (cache
+    offsets, the extended cache's offsets) get host copies from them. Otherwise the first
+    op that needs a value reads the batch once, and every later op and layer reuses it.
 
     Example::
 
@@ -500,10 +526,13 @@ class STULayer(STU):
                 f"kv_caching_lengths must have shape [B] = [{batch}] (from the offsets), "
                 f"got {tuple(kv_caching_lengths.shape)}"
             )
-        cache_offsets = lengths_to_offsets(kv_caching_lengths)
         if total_kv_caching_len is None:
-            total_kv_caching_len = int(cache_offsets[-1].item())  # one documented sync
-        rest_offsets = offsets.to(torch.int64) - cache_offsets
+            # from the host copy: none to read when the lengths came with to_device, else
+            # one read shared with every later layer and op that sees these lengths (and
+            # read before the offsets below are derived, so that they get a copy too)
+            total_kv_caching_len = host_copy(kv_caching_lengths).stat("sum", _sum)
+        cache_offsets = lengths_to_offsets(kv_caching_lengths)
+        rest_offsets = mirror(_difference, offsets, cache_offsets)
         total = k.shape[0]
         caches = []
         for t in (k, v):
@@ -547,10 +576,8 @@ class STULayer(STU):
             )
             for cached, new in ((kv_cache.k, delta_k), (kv_cache.v, delta_v))
         ]
-        steps = torch.arange(batch + 1, device=delta_k.device, dtype=torch.int64) * delta
-        return KVCache(
-            full[0], full[1], kv_cache.offsets.to(torch.int64) + steps, kv_cache.max_len + delta
-        )
+        offsets = mirror(_extended_offsets, kv_cache.offsets, delta)
+        return KVCache(full[0], full[1], offsets, kv_cache.max_len + delta)
 
     def cached_forward(
         self,
@@ -582,7 +609,8 @@ class STULayer(STU):
             kv_caching_lengths (torch.Tensor | None): [B]; if given, the returned cache
                 keeps only the first ``kv_caching_lengths[b]`` tokens of ``[cache ; delta]``.
             max_kv_caching_len (int): upper bound on ``kv_caching_lengths``; 0: full length.
-            total_kv_caching_len (int | None): their sum; None costs one host sync.
+            total_kv_caching_len (int | None): their sum; None takes it from their host copy
+                (see "Sync-free steps" in the class docstring).
             update_cache (bool): build and return the extended cache. False (scoring
                 candidates against a fixed history, the usual ranking case) returns None
                 instead and never builds the extended cache. Default: True.
@@ -702,6 +730,62 @@ class STUStackOutput(NamedTuple):
     kv_caches: Optional[List[KVCache]]
 
 
+def _plan_tensors(
+    x_offsets: torch.Tensor,
+    num_targets: Optional[torch.Tensor],
+    truncate_tail_len: int,
+    contextual_seq_len: int,
+) -> Tuple[torch.Tensor, ...]:
+    """A truncation plan's index tensors, in plain torch (run on the device and on the host).
+
+    Returns:
+        (new_lengths, new_x_offsets, offsets_head, offsets_tail, offsets_prefix,
+        offsets_rest), as in :class:`STUTruncationPlan`.
+    """
+    c = contextual_seq_len
+    offsets = x_offsets.to(torch.int64)
+    lengths = offsets[1:] - offsets[:-1]
+    targets = torch.zeros_like(lengths) if num_targets is None else num_targets.to(torch.int64)
+    history = lengths - targets - c
+    dropped = history - history.clamp(max=truncate_tail_len)
+    new_lengths = lengths - dropped
+    offsets_prefix = torch.arange(offsets.numel(), device=offsets.device, dtype=torch.int64) * c
+    return (
+        new_lengths.to(x_offsets.dtype),
+        offsets_from_lengths(new_lengths).to(x_offsets.dtype),
+        offsets_from_lengths(dropped),
+        offsets_from_lengths(new_lengths - c),
+        offsets_prefix,
+        offsets - offsets_prefix,
+    )
+
+
+def _check_total_kept(
+    x_offsets: torch.Tensor,
+    num_targets: Optional[torch.Tensor],
+    truncate_tail_len: int,
+    contextual_seq_len: int,
+    total_kept: int,
+) -> None:
+    """The caller's ``truncated_total_len`` is the real row count after truncation.
+
+    Checked on the inputs' host copies, once per batch and value; without this check the
+    plan's splits would fail with a message that does not name ``truncated_total_len``.
+    """
+
+    def check(offsets: torch.Tensor, targets: Optional[torch.Tensor]) -> None:
+        new_offsets = _plan_tensors(offsets, targets, truncate_tail_len, contextual_seq_len)[1]
+        kept = int(new_offsets[-1])
+        if kept != total_kept:
+            raise ValueError(
+                f"truncated_total_len ({total_kept}) must equal the number of tokens left "
+                f"after truncation ({kept})"
+            )
+
+    key = ("truncated_total_len", total_kept, truncate_tail_len, contextual_seq_len)
+    check_once(key, (x_offsets, num_targets), check)
+
+
 def _compute_plan(
     x_offsets: torch.Tensor,
     num_targets: Optional[torch.Tensor],
@@ -716,8 +800,9 @@ def _compute_plan(
 
     ``total_kept`` is the row count after truncation (prefix included);
     ``new_max_seq_len`` bounds the new lengths (default: ``max_seq_len``).
-    Without ``total_kept``, :func:`compute_stu_truncation_plan` reads the sizes from the
-    device (one sync) and the exact new maximum length is used.
+    Without ``total_kept``, :func:`compute_stu_truncation_plan` takes the sizes from the
+    host copies of the offsets and the exact new maximum length is used. With it, it is
+    checked against those copies (read once per batch at most, and not at all when known).
     """
     if total_kept is None:
         return compute_stu_truncation_plan(
@@ -735,25 +820,23 @@ def _compute_plan(
             f"truncated_total_len ({total_kept}) must be between B * C ({total_prefix}) and "
             f"the number of tokens ({total_len})"
         )
-    offsets = x_offsets.to(torch.int64)
-    lengths = offsets[1:] - offsets[:-1]
-    targets = torch.zeros_like(lengths) if num_targets is None else num_targets.to(torch.int64)
-    history = lengths - targets - c
-    dropped = history - history.clamp(max=truncate_tail_len)
-    new_lengths = lengths - dropped
-    offsets_prefix = torch.arange(batch + 1, device=offsets.device, dtype=torch.int64) * c
+    # before the plan is derived, so that the plan's tensors get host copies too
+    _check_total_kept(x_offsets, num_targets, truncate_tail_len, c, total_kept)
+    new_lengths, new_x_offsets, offsets_head, offsets_tail, offsets_prefix, offsets_rest = mirror(
+        _plan_tensors, x_offsets, num_targets, truncate_tail_len, c
+    )
     return STUTruncationPlan(
-        new_lengths=new_lengths.to(x_offsets.dtype),
-        new_x_offsets=lengths_to_offsets(new_lengths).to(x_offsets.dtype),
+        new_lengths=new_lengths,
+        new_x_offsets=new_x_offsets,
         new_max_seq_len=min(max_seq_len, new_max_seq_len or max_seq_len),
         pre_max_seq_len=max_seq_len,
         contextual_seq_len=c,
-        offsets_head=lengths_to_offsets(dropped),
-        offsets_tail=lengths_to_offsets(new_lengths - c),
+        offsets_head=offsets_head,
+        offsets_tail=offsets_tail,
         total_dropped=total_len - total_kept,
         total_kept=total_kept - total_prefix,
         offsets_prefix=offsets_prefix,
-        offsets_rest=offsets - offsets_prefix,
+        offsets_rest=offsets_rest,
         total_prefix=total_prefix,
         total_rest=total_len - total_prefix,
     )
@@ -779,13 +862,26 @@ class STUStack(nn.Module):
         num_targets (torch.Tensor | None): [B].
         kv_caching_lengths, max_kv_caching_len, total_kv_caching_len: as in
             :meth:`STULayer.forward`; returns one cache per layer. Not with truncation.
-        truncated_total_len (int | None): rows left after truncation (from the caller, to
-            avoid a host sync). Default: None (one sync to plan the truncation).
+        truncated_total_len (int | None): rows left after truncation, from the caller (the
+            plan then needs no sizes from the offsets; checked against their host copies).
+            Default: None (the plan takes its sizes from the offsets' host copies).
         truncated_max_seq_len (int | None): upper bound on the lengths after truncation,
             used with ``truncated_total_len``. Default: None (``max_seq_len``).
 
     Returns:
         STUStackOutput: ``(x [L', E], x_offsets [B + 1], max_seq_len, plan, kv_caches)``.
+
+    Sync-free steps: pass ``x_offsets``, ``num_targets`` and ``kv_caching_lengths`` moved
+    with :func:`tzrec_ops.ops.host_copies.to_device` (or built from lengths moved that way):
+    then neither a training step nor a cached serving step reads anything back from the
+    device (a truncation plan is derived from their host copies too). Otherwise the first
+    op that needs a value reads the batch once (one transfer) and every later layer reuses
+    it; the checks a batch passed are not run again by the next layer.
+
+    Example::
+
+        offsets = to_device(torch.tensor([0, 3, 7]), "cuda")  # CPU copy kept on the host
+        out = stack(x, offsets, max_seq_len=4, num_targets=to_device(targets, "cuda"))
     """
 
     def __init__(

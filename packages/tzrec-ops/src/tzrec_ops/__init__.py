@@ -7,6 +7,7 @@ package holding the built-in ones).
 """
 
 from tzrec_ops.hookspecs import hookimpl
+from tzrec_ops.ops.host_copies import remember_host_copy, to_device
 from tzrec_ops.ops.hstu_attention import delta_hstu_mha, hstu_mha
 from tzrec_ops.ops.hstu_attention_utils import build_sla_func_tensor
 from tzrec_ops.ops.hstu_compute import (
@@ -75,6 +76,7 @@ __all__ = [
     "layer_norm",
     "layer_norm_mul_dropout",
     "prev_power_of_2",
+    "remember_host_copy",
     "resolve_backend",
     "rms_norm",
     "select_backend",
@@ -84,4 +86,5 @@ __all__ = [
     "split_2D_jagged",
     "swish_layer_norm",
     "switch_to_contiguous_if_needed",
+    "to_device",
 ]

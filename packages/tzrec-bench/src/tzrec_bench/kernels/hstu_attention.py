@@ -10,8 +10,11 @@ buffer (row stride ``H (2A + V)``), ``alpha = 1 / A``, ``sort_by_length=True``.
 FLOPs per sequence of length n: forward ``H (A + V) n^2``, backward ``H n^2 (3A + 2V)``;
 TFLOP/s = FLOPs / ms / 1e9. Times are ``triton.testing.do_bench`` medians (warm-up 25 ms,
 rep >= 200 ms). The backward time is ``torch.autograd.grad`` of the output with respect to
-q, k, v (leaf views of the fused buffer, so no gradient copies are added). Argument value
-checks (one host sync per call) are turned off while timing. Each point also reports the
+q, k, v (leaf views of the fused buffer, so no gradient copies are added). Timing uses the
+settings a user gets: the ops' value checks on, with the offsets and ``num_targets`` moved
+to the GPU by ``tzrec_ops.to_device`` (so they are checked on their host copies);
+``--value-checks both`` also times each provider with the checks off (``name[off]``) in the
+same run. Each point also reports the
 peak GPU memory its timed calls allocated above the inputs (for the pytorch reference this
 is the chunked attention's working set: ``--pytorch-max-seq-len 4096`` shows it at B=512),
 and the GPU's median SM clock, highest temperature and median power while it was timed
@@ -28,6 +31,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from tzrec_bench.gpu_state import GpuStateSampler, device_id
+from tzrec_ops.ops.host_copies import to_device
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -48,7 +52,8 @@ def make_inputs(
     q, k, v = torch.split(buf, [attn_dim, attn_dim, hidden_dim], dim=-1)
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     return dict(
-        q=q, k=k, v=v, seq_offsets=offsets.to(device), num_targets=targets.to(device),
+        q=q, k=k, v=v, seq_offsets=to_device(offsets, device),
+        num_targets=to_device(targets, device),
         lengths=lengths, max_seq_len=max_seq_len,
     )
 
@@ -135,6 +140,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     parser.add_argument("--modes", default="fwd,bwd")
     parser.add_argument("--rep", type=int, default=200, help="do_bench rep in ms (>= 200)")
     parser.add_argument("--seed", type=int, default=1001)
+    parser.add_argument("--value-checks", choices=("on", "off", "both"), default="on",
+                        help="the ops' argument value checks while timing (default: on, "
+                             "as users run; both: each provider twice, [off] marks checks off)")
     parser.add_argument("--show-configs", action="store_true",
                         help="print the tile configs the autotuner chose (BLOCK_MxBLOCK_N; "
                              "'halves': the forward's query block runs as two row halves; "
@@ -148,13 +156,12 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     from tzrec_ops.ops.validation import set_value_checks
     from tzrec_ops.registry import get_backend
 
-    set_value_checks(False)
     torch.backends.cuda.matmul.allow_tf32 = True
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"triton {triton.__version__}")
     print(f"B={args.batch} H={args.heads} A={args.attn_dim} V={args.hidden_dim} "
           f"{args.dtype}, lengths U[0.9N, N), targets U[1, 20], fused q/k/v buffer, "
-          "sort_by_length=True; value checks OFF while timing; do_bench median, "
+          f"sort_by_length=True; value checks {args.value_checks}; do_bench median, "
           f"warmup 25 ms, rep {args.rep} ms")
     providers = [p for p in args.providers.split(",") if p]
     for p in providers:
@@ -162,6 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
         if reason is not None:
             print(f"skipping provider {p}: {reason}")
     providers = [p for p in providers if get_backend(p).unavailable_reason() is None]
+    checks = {"on": (True,), "off": (False,), "both": (True, False)}[args.value_checks]
     modes = [m for m in args.modes.split(",") if m]
     rows: List[Dict[str, object]] = []
     header = f"{'N':>5} {'provider':>11} " + " ".join(
@@ -172,10 +180,12 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
         for n in (int(x) for x in args.seq_lens.split(",")):
             inputs = make_inputs(args.batch, args.heads, args.attn_dim, args.hidden_dim, n,
                                  _DTYPES[args.dtype], args.seed)
-            for p in providers:
+            for p, checked in ((p, c) for p in providers for c in checks):
                 if p == "pytorch" and n > args.pytorch_max_seq_len:
                     continue
-                row: Dict[str, object] = {"N": n, "provider": p}
+                set_value_checks(checked)
+                label = p if checked else f"{p}[off]"
+                row: Dict[str, object] = {"N": n, "provider": p, "value_checks": checked}
                 cells = []
                 for m in modes:
                     ms, peak, window = run_point(inputs, p, m, args.rep)
@@ -187,11 +197,12 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
                     cells.append(f"{ms:9.3f} {tflops:12.1f} {peak:13.0f} "
                                  f"{state.cell() if state else 'n/a':>24}")
                 rows.append(row)
-                print(f"{n:5d} {p:>11} " + " ".join(cells), flush=True)
+                print(f"{n:5d} {label:>11} " + " ".join(cells), flush=True)
                 if args.show_configs and p.startswith("triton"):
                     print(f"{'':17} configs: {chosen_configs()}", flush=True)
             del inputs
             torch.cuda.empty_cache()
+    set_value_checks(None)
     return rows
 
 

@@ -15,8 +15,10 @@ Measures, in bf16 with E=512, H=4, d=128 and 64 sequences of U[0.9 N, N) tokens 
   would run them (no Python or launch cost).
 
 Timings use ``triton.testing.do_bench`` (warm-up 25, rep 200) when triton is installed,
-else CUDA events (or wall clock on CPU). The ops' value checks (one host sync per op call)
-are turned off while timing.
+else CUDA events (or wall clock on CPU), with the settings a user gets: the ops' value checks
+on, the batch's index tensors built on the CPU and moved with ``tzrec_ops.to_device`` (so
+they are checked on their host copies, without a device read). ``--value-checks both`` adds
+each figure with the checks off, from the same run.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 
 from tzrec_gr import STULayer, STUStack
 from tzrec_gr._jagged import lengths_to_offsets
+from tzrec_ops.ops.host_copies import to_device
 from tzrec_ops.ops.validation import set_value_checks
 
 
@@ -88,9 +91,9 @@ def bench_train(provider: str, args, device, dtype) -> Dict[str, float]:
     torch.manual_seed(1001)
     stack = _setup_stack(provider, args, device)
     n = args.max_seq_len
-    lengths = torch.randint(int(0.9 * n), n, (args.batch,), device=device)
-    offsets = lengths_to_offsets(lengths)
-    num_targets = torch.randint(1, 20, (args.batch,), device=device)
+    lengths = torch.randint(int(0.9 * n), n, (args.batch,))
+    offsets = to_device(lengths_to_offsets(lengths), device)
+    num_targets = to_device(torch.randint(1, 20, (args.batch,)), device)
     tokens = int(lengths.sum())
     x = torch.randn(tokens, args.embedding_dim, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn(tokens, args.embedding_dim, device=device, dtype=dtype)
@@ -113,8 +116,9 @@ def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
     stack = _setup_stack(provider, args, device).eval()
     cache_len, delta = args.cache_len, args.delta
     b, e = args.batch, args.embedding_dim
-    lengths = torch.full((b,), cache_len + delta, device=device)
-    offsets = lengths_to_offsets(lengths)
+    lengths = torch.full((b,), cache_len + delta)
+    offsets = to_device(lengths_to_offsets(lengths), device)
+    cached_lengths = to_device(lengths - delta, device)
     x = torch.randn(int(lengths.sum()), e, device=device, dtype=dtype)
     rows = (offsets[1:, None] - delta + torch.arange(delta, device=device)).reshape(-1)
     with torch.inference_mode():
@@ -122,7 +126,7 @@ def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
             x,
             offsets,
             cache_len + delta,
-            kv_caching_lengths=lengths - delta,
+            kv_caching_lengths=cached_lengths,
             max_kv_caching_len=cache_len,
             total_kv_caching_len=b * cache_len,
         ).kv_caches
@@ -157,6 +161,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--delta", type=int, default=8)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--modes", default="train,serve")
+    p.add_argument(
+        "--value-checks",
+        choices=("on", "off", "both"),
+        default="on",
+        help="the ops' value checks while timing (default on, as users run them)",
+    )
     args = p.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -169,16 +179,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"E {args.embedding_dim}, H {args.heads}, d {args.head_dim}, {args.layers} layers, "
         f"B {args.batch}, N {args.max_seq_len}"
     )
-    set_value_checks(False)
-    print("ops value checks: off while timing")
+    print(f"ops value checks while timing: {args.value_checks}")
     modes = args.modes.split(",")
     train: Dict[str, Dict[str, float]] = {}
-    for provider in args.providers.split(","):
+    checks = {"on": (True,), "off": (False,), "both": (True, False)}[args.value_checks]
+    for provider, checked in ((p, c) for p in args.providers.split(",") for c in checks):
+        set_value_checks(checked)
+        label = provider if checked else f"{provider}[off]"
         if "train" in modes:
             r = bench_train(provider, args, device, dtype)
-            train[provider] = r
+            train[label] = r
             tokens_m = r["tokens_per_s"] / 1e6
-            print(f"train {provider:>8}: {r['ms']:9.2f} ms/step  {tokens_m:8.3f} M tokens/s")
+            print(f"train {label:>13}: {r['ms']:9.2f} ms/step  {tokens_m:8.3f} M tokens/s")
         if "serve" in modes:
             r = bench_serve(provider, args, device, dtype)
             runs = [("eager", "")] + ([("cuda graph", "graph_")] if "graph_full_ms" in r else [])
@@ -187,7 +199,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 for mode, update_cache in SERVE_MODES:
                     cached = r[f"{prefix}{mode}_ms"]
                     print(
-                        f"serve {provider:>8} {mode:>6} (update_cache={update_cache!s:>5}, "
+                        f"serve {label:>13} {mode:>6} (update_cache={update_cache!s:>5}, "
                         f"{label:>10}): {args.delta} new tokens vs a {args.cache_len}-token "
                         f"cache {cached:8.3f} ms, full recompute {full:8.3f} ms, speed-up "
                         f"{full / cached:6.1f}x"
@@ -195,6 +207,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if "pytorch" in train and "triton" in train:
         ratio = train["triton"]["tokens_per_s"] / train["pytorch"]["tokens_per_s"]
         print(f"train triton / pytorch tokens/s: {ratio:.2f}x")
+    set_value_checks(None)
     return 0
 
 

@@ -25,6 +25,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from tzrec_ops.ops.utils import tracing
+
 __all__ = [
     "HostCopy",
     "host_copies",
@@ -146,9 +148,12 @@ def mirror(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
 
     ``fn`` must be plain torch code whose integer results do not depend on the device
     (e.g. offsets from lengths, or an index plan). Arguments that are not tensors
-    (ints, ``None``) are passed to both runs unchanged.
+    (ints, ``None``) are passed to both runs unchanged. While tracing, only ``fn`` runs
+    (traced tensors have no values, and the lookups would break the graph).
     """
     out = fn(*args, **kwargs)
+    if tracing():
+        return out
     host_args = [_host_arg(a) for a in args]
     host_kwargs = {k: _host_arg(v) for k, v in kwargs.items()}
     if any(a is _UNKNOWN for a in host_args) or any(v is _UNKNOWN for v in host_kwargs.values()):

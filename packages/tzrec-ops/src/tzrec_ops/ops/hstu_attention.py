@@ -31,14 +31,14 @@ no prefix), rows are queries, columns keys::
 
 from __future__ import annotations
 
-import numbers
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 
 from tzrec_ops.ops.validation import (
-    ValueChecks,
     check_dim,
+    check_int,
+    check_jagged,
     check_non_negative,
     check_offsets,
     check_positive,
@@ -48,27 +48,22 @@ from tzrec_ops.ops.validation import (
 )
 from tzrec_ops.registry import Backend, select_backend
 
-__all__ = ["hstu_mha", "delta_hstu_mha"]
+__all__ = ["hstu_mha", "delta_hstu_mha", "check_attention_args"]
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def _check_int(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, torch.SymInt)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-
-
 def _check_options(
     max_seq_len: int, max_attn_len: int, contextual_seq_len: int, scaling_seqlen: int
 ) -> None:
-    _check_int("max_seq_len", max_seq_len)
+    check_int("max_seq_len", max_seq_len)
     check_positive("max_seq_len", max_seq_len)
-    _check_int("max_attn_len", max_attn_len)
+    check_int("max_attn_len", max_attn_len)
     check_non_negative("max_attn_len", max_attn_len)
-    _check_int("contextual_seq_len", contextual_seq_len)
+    check_int("contextual_seq_len", contextual_seq_len)
     check_non_negative("contextual_seq_len", contextual_seq_len)
-    _check_int("scaling_seqlen", scaling_seqlen)
+    check_int("scaling_seqlen", scaling_seqlen)
     if scaling_seqlen != -1 and scaling_seqlen <= 0:
         raise ValueError(
             f"scaling_seqlen must be -1 (use max_seq_len) or > 0, got {scaling_seqlen}"
@@ -86,49 +81,55 @@ def _check_num_targets(num_targets: Optional[torch.Tensor], batch: int) -> None:
         )
 
 
-def _value_checks(
-    checks: ValueChecks,
-    seq_offsets: torch.Tensor,
-    total: int,
-    max_seq_len: int,
-    num_targets: Optional[torch.Tensor],
-    delta: int = 0,
-    appended: int = 0,
-) -> None:
-    """Offsets, lengths <= max_seq_len, 0 <= num_targets <= length and, for cached attention,
-    length >= ``delta``. ``appended`` tokens follow each sequence described by the offsets
-    (the split cached form: offsets of the cache, lengths ``n_b + appended``). Queues nothing
-    (and adds nothing to a traced graph) when disabled."""
-    if not checks.enabled:
+def _check_attn_func(attn_func: Optional[torch.Tensor], heads: int, total: int) -> None:
+    if attn_func is None:
         return
-    checks.offsets("seq_offsets", seq_offsets, total=total)
-    lengths = seq_offsets[1:] - seq_offsets[:-1]
-    if appended > 0:
-        lengths = lengths + appended
-        checks.require(
-            lengths <= max_seq_len,
-            f"every full sequence length (cached seq_offsets[b + 1] - seq_offsets[b], plus the "
-            f"D = {appended} new tokens of delta_k) must be <= max_seq_len ({max_seq_len})",
+    check_tensor("attn_func", attn_func, ndim=3, dtypes=(torch.int32,))
+    if tuple(attn_func.shape) != (heads, 3, total):
+        raise ValueError(
+            f"attn_func must have shape (H, 3, L) = {(heads, 3, total)}, "
+            f"got {tuple(attn_func.shape)}"
         )
-    else:
-        checks.require(
-            lengths <= max_seq_len,
-            f"every sequence length (seq_offsets[b + 1] - seq_offsets[b]) must be <= "
-            f"max_seq_len ({max_seq_len})",
-        )
-    if num_targets is not None:
-        checks.require(num_targets >= 0, "num_targets must be >= 0")
-        checks.require(
-            num_targets <= lengths,
-            "num_targets[b] must be <= the length of sequence b (num_targets longer than "
-            "its sequence)",
-        )
-    if delta > 0:
-        checks.require(
-            lengths >= delta,
-            f"every sequence must hold its D = {delta} new queries (a length in seq_offsets "
-            f"is shorter than delta_q.shape[0] / B)",
-        )
+
+
+def check_attention_args(
+    max_seq_len: int,
+    seq_offsets: torch.Tensor,
+    num_targets: Optional[torch.Tensor],
+    attn_func: Optional[torch.Tensor],
+    *,
+    tokens: Tuple[str, torch.Tensor],
+    heads: int,
+    max_attn_len: int,
+    contextual_seq_len: int,
+    scaling_seqlen: int,
+) -> None:
+    """The jagged batch and mask arguments of :func:`hstu_mha`, shared with
+    :func:`tzrec_ops.ops.hstu_compute.hstu_preprocess_and_attention` so that its fused
+    path checks exactly what the unfused one does.
+
+    ``tokens`` names the ``[L, ...]`` tensor the offsets index (its device is the call's);
+    ``heads`` is H. The offsets' and ``num_targets``' values are checked once per batch.
+    """
+    _check_options(max_seq_len, max_attn_len, contextual_seq_len, scaling_seqlen)
+    check_offsets("seq_offsets", seq_offsets)
+    _check_num_targets(num_targets, seq_offsets.shape[0] - 1)
+    total = tokens[1].shape[0]
+    _check_attn_func(attn_func, heads, total)
+    check_same_device(
+        tokens,
+        ("seq_offsets", seq_offsets),
+        ("num_targets", num_targets),
+        ("attn_func", attn_func),
+    )
+    check_jagged(
+        "seq_offsets",
+        seq_offsets,
+        total=total,
+        total_what=f"the token count {tokens[0]}.shape[0]",
+        max_seq_len=max_seq_len,
+        num_targets=num_targets,
+    )
 
 
 def hstu_mha(
@@ -187,41 +188,30 @@ def hstu_mha(
             lengths above ``max_seq_len``, and ``num_targets`` outside ``[0, length]``.
         tzrec_ops.BackendError: the requested backend cannot run this call.
     """
-    _check_options(max_seq_len, max_attn_len, contextual_seq_len, scaling_seqlen)
-    _check_int("min_full_attn_seq_len", min_full_attn_seq_len)
+    check_int("min_full_attn_seq_len", min_full_attn_seq_len)
     check_non_negative("min_full_attn_seq_len", min_full_attn_seq_len)
     if not 0.0 <= dropout_pr <= 1.0:
         raise ValueError(f"dropout_pr must be in [0, 1], got {dropout_pr}")
     check_tensor("q", q, ndim=3, dtypes=_FLOAT_DTYPES)
     check_tensor("k", k, ndim=3)
     check_tensor("v", v, ndim=3)
-    total, heads = q.shape[0], q.shape[1]
     for dim in range(3):
         check_dim("k", k, dim, q.shape[dim], f"q.shape[{dim}]")
-    check_dim("v", v, 0, total, "q.shape[0]")
-    check_dim("v", v, 1, heads, "q.shape[1]")
+    check_dim("v", v, 0, q.shape[0], "q.shape[0]")
+    check_dim("v", v, 1, q.shape[1], "q.shape[1]")
     check_same_dtype(("q", q), ("k", k), ("v", v))
-    check_offsets("seq_offsets", seq_offsets)
-    batch = seq_offsets.shape[0] - 1
-    _check_num_targets(num_targets, batch)
-    if attn_func is not None:
-        check_tensor("attn_func", attn_func, ndim=3, dtypes=(torch.int32,))
-        if tuple(attn_func.shape) != (heads, 3, total):
-            raise ValueError(
-                f"attn_func must have shape (H, 3, L) = {(heads, 3, total)}, "
-                f"got {tuple(attn_func.shape)}"
-            )
-    check_same_device(
-        ("q", q),
-        ("k", k),
-        ("v", v),
-        ("seq_offsets", seq_offsets),
-        ("num_targets", num_targets),
-        ("attn_func", attn_func),
+    check_same_device(("q", q), ("k", k), ("v", v))
+    check_attention_args(
+        max_seq_len,
+        seq_offsets,
+        num_targets,
+        attn_func,
+        tokens=("q", q),
+        heads=q.shape[1],
+        max_attn_len=max_attn_len,
+        contextual_seq_len=contextual_seq_len,
+        scaling_seqlen=scaling_seqlen,
     )
-    checks = ValueChecks()
-    _value_checks(checks, seq_offsets, total, max_seq_len, num_targets)
-    checks.run()
 
     impl = select_backend(
         "hstu_mha",
@@ -375,13 +365,20 @@ def delta_hstu_mha(
         ("delta_k", delta_k),
         ("delta_v", delta_v),
     )
-    checks = ValueChecks()
     delta = delta_q.shape[0] // batch if batch > 0 else 0
-    if split:
-        _value_checks(checks, seq_offsets, k.shape[0], max_seq_len, num_targets, appended=delta)
-    else:
-        _value_checks(checks, seq_offsets, k.shape[0], max_seq_len, num_targets, delta)
-    checks.run()
+    # split: offsets describe the cached prefixes and the D new tokens follow each one, so
+    # lengths (and the targets' room) count them; concatenated: each length includes them
+    check_jagged(
+        "seq_offsets",
+        seq_offsets,
+        total=k.shape[0],
+        total_what="the token count k.shape[0]",
+        max_seq_len=max_seq_len,
+        appended=delta if split else 0,
+        min_length=delta,
+        min_length_why=f"its D = {delta} new queries, delta_q.shape[0] / B",
+        num_targets=num_targets,
+    )
 
     # the split form is a call option, so a backend whose ``supports`` does not accept
     # ``split_kv``, or whose implementation lacks the new keywords, is never picked for it

@@ -9,7 +9,14 @@ from typing import Optional, Union
 
 import torch
 
-from tzrec_ops.ops.validation import check_non_negative, check_offsets, check_positive, check_tensor
+from tzrec_ops.ops.validation import (
+    check_jagged,
+    check_non_negative,
+    check_offsets,
+    check_positive,
+    check_same_device,
+    check_tensor,
+)
 
 __all__ = ["build_sla_func_tensor"]
 
@@ -49,7 +56,7 @@ def build_sla_func_tensor(
         sla_k2: global prefix size (>= 0).
         seq_offsets: [B + 1] int32/int64 offsets of the jagged batch.
         total_q: L, the token count (pass ``x.size(0)`` so no host sync is needed).
-        num_targets: [B] targets per sequence, or ``None`` (no targets).
+        num_targets: [B] targets per sequence on ``seq_offsets``' device, or ``None``.
         contextual_seq_len: prefix length; the global prefix is at least this long.
         device: where to build the tensor (default: ``seq_offsets.device``).
 
@@ -69,6 +76,10 @@ def build_sla_func_tensor(
                 f"num_targets must have B = {seq_offsets.shape[0] - 1} entries, "
                 f"got {num_targets.shape[0]}"
             )
+        check_same_device(("seq_offsets", seq_offsets), ("num_targets", num_targets))
+    check_jagged(
+        "seq_offsets", seq_offsets, total=total_q, total_what="total_q", num_targets=num_targets
+    )
     device = seq_offsets.device if device is None else torch.device(device)
     offsets = seq_offsets.to(device=device, dtype=torch.int32)
     lengths = offsets[1:] - offsets[:-1]

@@ -7,13 +7,15 @@ and its columns are ``[u | v | q | k]`` with widths HV, HV, HA, HA.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 
+from tzrec_ops.ops.hstu_attention import check_attention_args
 from tzrec_ops.ops.layer_norm import FLOATS, check_dropout, check_norm_input
 from tzrec_ops.ops.validation import (
     check_dim,
+    check_int,
     check_positive,
     check_same_device,
     check_same_dtype,
@@ -36,9 +38,10 @@ def _check_uqvk(
     uvqk_weight: torch.Tensor,
     uvqk_bias: torch.Tensor,
 ) -> None:
-    check_positive("num_heads", num_heads)
-    check_positive("attn_dim", attn_dim)
-    check_positive("hidden_dim", hidden_dim)
+    sizes = (("num_heads", num_heads), ("attn_dim", attn_dim), ("hidden_dim", hidden_dim))
+    for name, value in sizes:
+        check_int(name, value)
+        check_positive(name, value)
     check_norm_input(x, norm_weight, norm_bias, norm_eps, names=("x", "norm_weight", "norm_bias"))
     width = 2 * num_heads * (hidden_dim + attn_dim)
     check_tensor("uvqk_weight", uvqk_weight, ndim=2)
@@ -221,7 +224,7 @@ def hstu_preprocess_and_attention(
     recompute_normed_x_in_backward: bool,
     sort_by_length: bool,
     prefill: bool = False,
-    attn_func: Optional[Callable[..., torch.Tensor]] = None,
+    attn_func: Optional[torch.Tensor] = None,
     scaling_seqlen: int = -1,
     *,
     backend: BackendArg = None,
@@ -236,13 +239,25 @@ def hstu_preprocess_and_attention(
 
     Args: as :func:`hstu_compute_uqvk`, plus ``max_seq_len`` (> 0), ``seq_offsets``
     [B + 1], and the attention options of ``hstu_mha`` (``attn_alpha`` is its alpha).
+    Both paths check the jagged batch as ``hstu_mha`` does, before any backend is chosen.
 
     Returns:
         (u [L, HV], attn [L, HV], k [L, H, A] or None, v [L, H, V] or None).
     """
-    check_positive("max_seq_len", max_seq_len)
     _check_uqvk(
         x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim, uvqk_weight, uvqk_bias
+    )
+    # here, before the fused implementation is looked up: it gets no other check
+    check_attention_args(
+        max_seq_len,
+        seq_offsets,
+        num_targets,
+        attn_func,
+        tokens=("x", x),
+        heads=num_heads,
+        max_attn_len=max_attn_len,
+        contextual_seq_len=contextual_seq_len,
+        scaling_seqlen=scaling_seqlen,
     )
     if not prefill:
         fused = find_implementation(

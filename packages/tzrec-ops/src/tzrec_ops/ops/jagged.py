@@ -16,14 +16,17 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from tzrec_ops.ops.host_copies import host_copy
 from tzrec_ops.ops.validation import (
-    ValueChecks,
     check_dim,
+    check_jagged,
     check_non_negative,
     check_offsets,
+    check_once,
     check_same_device,
     check_same_dtype,
     check_tensor,
+    first_true,
 )
 from tzrec_ops.registry import Backend, select_backend
 
@@ -31,36 +34,34 @@ BackendArg = Union[str, Backend, None]
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _lengths(offsets: torch.Tensor) -> torch.Tensor:
-    return offsets[1:] - offsets[:-1]
-
-
 def _check_side(
     side: str,
-    values_name: str,
     rows: int,
+    rows_what: str,
     offsets: Optional[torch.Tensor],
     max_len: Optional[int],
     batch: int,
-    checks: ValueChecks,
 ) -> None:
-    """A jagged side's offsets are valid and bounded by max_len; a dense side has B*max_len rows."""
+    """A jagged side's offsets end at ``rows`` with lengths <= max_len (values checked once
+    per batch); a dense side has exactly B * max_len rows."""
     if offsets is None:
         if max_len is None:
             raise ValueError(f"max_len_{side} is required when offsets_{side} is None (dense side)")
         if rows != batch * max_len:
             raise ValueError(
-                f"{values_name} has {rows} rows but a dense {side} side needs "
-                f"B * max_len_{side} = {batch} * {max_len} = {batch * max_len}"
+                f"{rows_what} ({rows}) must equal B * max_len_{side} = {batch} * {max_len} = "
+                f"{batch * max_len} for a dense {side} side"
             )
         return
     check_offsets(f"offsets_{side}", offsets, batch=batch)
-    checks.offsets(f"offsets_{side}", offsets, total=rows)
-    if max_len is not None and checks.enabled:
-        checks.require(
-            _lengths(offsets) <= max_len,
-            f"lengths from offsets_{side} must be <= max_len_{side} ({max_len})",
-        )
+    check_jagged(
+        f"offsets_{side}",
+        offsets,
+        total=rows,
+        total_what=rows_what,
+        max_seq_len=max_len,
+        max_name=f"max_len_{side}",
+    )
 
 
 def _batch(
@@ -126,10 +127,8 @@ def concat_2D_jagged(
     check_non_negative("max_len_right", max_len_right)
     rows = (values_left.shape[0], values_right.shape[0])
     batch = _batch(offsets_left, offsets_right, rows, (max_len_left, max_len_right))
-    checks = ValueChecks()
-    _check_side("left", "values_left", rows[0], offsets_left, max_len_left, batch, checks)
-    _check_side("right", "values_right", rows[1], offsets_right, max_len_right, batch, checks)
-    checks.run()
+    _check_side("left", rows[0], "values_left.shape[0]", offsets_left, max_len_left, batch)
+    _check_side("right", rows[1], "values_right.shape[0]", offsets_right, max_len_right, batch)
     impl = select_backend(
         "concat_2D_jagged", backend, device=values_left.device, dtype=values_left.dtype
     )
@@ -154,8 +153,10 @@ def split_2D_jagged(
         max_seq_len: upper bound on ``length_left + length_right`` per sequence.
         values: [L, D].
         total_len_left, total_len_right: row counts of the two outputs. When both sides are
-            jagged and neither is given, ``offsets_left[-1]`` is read on the host (a device
-            sync that also breaks ``torch.compile(fullgraph=True)``): pass one to avoid it.
+            jagged and neither is given, ``offsets_left[-1]`` is taken from its host copy
+            (one device sync per batch, none for offsets moved with
+            :func:`~tzrec_ops.ops.host_copies.to_device`; it breaks
+            ``torch.compile(fullgraph=True)``): pass one to avoid it.
         max_len_left, max_len_right: required for a dense side (its exact length).
         offsets_left, offsets_right: [B + 1]; at least one side must be jagged.
 
@@ -192,7 +193,8 @@ def split_2D_jagged(
     if offsets_right is None:
         total_len_right = _dense_total("right", total_len_right, batch * max_len_right)
     if total_len_left is None and total_len_right is None:
-        total_len_left = int(offsets_left[-1])
+        # the host copy: read once per batch, or never for offsets moved with to_device
+        total_len_left = int(host_copy(offsets_left).values[-1])
     if total_len_left is None:
         total_len_left = rows - total_len_right
     if total_len_right is None:
@@ -202,17 +204,9 @@ def split_2D_jagged(
             f"total_len_left ({total_len_left}) + total_len_right ({total_len_right}) "
             f"must equal values.shape[0] ({rows})"
         )
-    checks = ValueChecks()
-    _check_side("left", "values", total_len_left, offsets_left, max_len_left, batch, checks)
-    _check_side("right", "values", total_len_right, offsets_right, max_len_right, batch, checks)
-    if checks.enabled:
-        both = _side_lengths(offsets_left, max_len_left) + _side_lengths(
-            offsets_right, max_len_right
-        )
-        checks.require(
-            both <= max_seq_len, f"left + right lengths must be <= max_seq_len ({max_seq_len})"
-        )
-    checks.run()
+    _check_side("left", total_len_left, "total_len_left", offsets_left, max_len_left, batch)
+    _check_side("right", total_len_right, "total_len_right", offsets_right, max_len_right, batch)
+    _check_split_lengths(max_seq_len, offsets_left, offsets_right, max_len_left, max_len_right)
     impl = select_backend("split_2D_jagged", backend, device=values.device, dtype=values.dtype)
     return impl(
         max_seq_len,
@@ -235,11 +229,30 @@ def _dense_total(side: str, given: Optional[int], expected: int) -> int:
     return expected
 
 
-def _side_lengths(offsets: Optional[torch.Tensor], max_len: Optional[int]) -> torch.Tensor:
-    """Per-sequence lengths of one side (a dense side: the scalar max_len, broadcast)."""
-    if offsets is None:
-        return torch.tensor(max_len)
-    return _lengths(offsets)
+def _check_split_lengths(
+    max_seq_len: int,
+    offsets_left: Optional[torch.Tensor],
+    offsets_right: Optional[torch.Tensor],
+    max_len_left: Optional[int],
+    max_len_right: Optional[int],
+) -> None:
+    """Every ``length_left + length_right`` is at most ``max_seq_len`` (once per batch)."""
+
+    def side(offsets: Optional[torch.Tensor], max_len: Optional[int]) -> torch.Tensor:
+        # a dense side's length is its max_len, broadcast over the batch
+        return torch.tensor(max_len) if offsets is None else offsets[1:] - offsets[:-1]
+
+    def check(left: Optional[torch.Tensor], right: Optional[torch.Tensor]) -> None:
+        both = side(left, max_len_left) + side(right, max_len_right)
+        if bool((both > max_seq_len).any()):
+            b = first_true(both > max_seq_len)
+            raise ValueError(
+                f"left + right lengths must be <= max_seq_len ({max_seq_len}), got "
+                f"{int(both[b])} for sequence {b}"
+            )
+
+    key = ("split lengths", max_seq_len, max_len_left, max_len_right)
+    check_once(key, (offsets_left, offsets_right), check)
 
 
 def jagged_dense_bmm_broadcast_add(
@@ -276,14 +289,13 @@ def jagged_dense_bmm_broadcast_add(
     check_dim("dense", dense, 1, jagged.shape[1], "jagged.shape[1]")
     check_dim("bias", bias, 0, batch, "dense.shape[0]")
     check_dim("bias", bias, 1, dense.shape[2], "dense.shape[2]")
-    checks = ValueChecks()
-    checks.offsets("seq_offsets", seq_offsets, total=jagged.shape[0])
-    if checks.enabled:
-        checks.require(
-            _lengths(seq_offsets) <= max_seq_len,
-            f"sequence lengths must be <= max_seq_len ({max_seq_len})",
-        )
-    checks.run()
+    check_jagged(
+        "seq_offsets",
+        seq_offsets,
+        total=jagged.shape[0],
+        total_what="the token count jagged.shape[0]",
+        max_seq_len=max_seq_len,
+    )
     impl = select_backend(
         "jagged_dense_bmm_broadcast_add", backend, device=jagged.device, dtype=jagged.dtype
     )

@@ -17,13 +17,15 @@ from typing import Optional, Union
 import torch
 
 from tzrec_ops.ops.validation import (
-    ValueChecks,
     check_dim,
+    check_jagged,
     check_non_negative,
     check_offsets,
+    check_once,
     check_positive,
     check_same_device,
     check_tensor,
+    first_true,
 )
 from tzrec_ops.registry import Backend, select_backend
 
@@ -39,11 +41,9 @@ def _check_sequences(
     seq_lengths: torch.Tensor,
     seq_embeddings: torch.Tensor,
     num_targets: Optional[torch.Tensor],
-    interleave_targets: bool,
     tables: dict,
-    checks: ValueChecks,
 ) -> None:
-    """Shapes, dtypes and devices of the jagged batch and the tables; queues value checks."""
+    """Shapes, dtypes and devices of the jagged batch and the tables."""
     check_non_negative("max_seq_len", max_seq_len)
     check_tensor("seq_embeddings", seq_embeddings, ndim=2, dtypes=_FLOATS)
     check_tensor("seq_lengths", seq_lengths, ndim=1, dtypes=_INTS)
@@ -65,23 +65,37 @@ def _check_sequences(
         ("num_targets", num_targets),
         *tables.items(),
     )
-    checks.offsets("seq_offsets", seq_offsets, total=seq_embeddings.shape[0])
-    if not checks.enabled:
-        return
-    checks.require(
-        seq_offsets[1:] - seq_offsets[:-1] == seq_lengths,
-        "seq_lengths must equal seq_offsets[1:] - seq_offsets[:-1]",
+
+
+def _check_values(
+    max_seq_len: int,
+    seq_offsets: torch.Tensor,
+    seq_lengths: torch.Tensor,
+    seq_embeddings: torch.Tensor,
+    num_targets: Optional[torch.Tensor],
+    interleave_targets: bool,
+) -> None:
+    """The values of the offsets, lengths and targets (once per batch)."""
+    check_jagged(
+        "seq_offsets",
+        seq_offsets,
+        total=seq_embeddings.shape[0],
+        total_what="the token count seq_embeddings.shape[0]",
+        max_seq_len=max_seq_len,
+        num_targets=num_targets,
+        # interleaved targets alternate with their actions: 2 tokens per target
+        targets_factor=2 if interleave_targets else 1,
     )
-    checks.require(
-        seq_lengths <= max_seq_len, f"seq_lengths must be <= max_seq_len ({max_seq_len})"
-    )
-    if num_targets is not None:
-        factor = 2 if interleave_targets else 1
-        checks.require(num_targets >= 0, "num_targets must be >= 0")
-        checks.require(
-            factor * num_targets <= seq_lengths,
-            f"{'2 * ' if interleave_targets else ''}num_targets must be <= seq_lengths "
-            "(more targets than tokens)",
+    check_once("seq_lengths = diff(seq_offsets)", (seq_lengths, seq_offsets), _check_lengths)
+
+
+def _check_lengths(seq_lengths: torch.Tensor, seq_offsets: torch.Tensor) -> None:
+    diffs = seq_offsets[1:] - seq_offsets[:-1]
+    if not torch.equal(seq_lengths, diffs):
+        b = first_true(seq_lengths != diffs)
+        raise ValueError(
+            f"seq_lengths must equal seq_offsets[1:] - seq_offsets[:-1], got "
+            f"seq_lengths[{b}] = {int(seq_lengths[b])} for a length of {int(diffs[b])}"
         )
 
 
@@ -113,18 +127,17 @@ def add_positional_embeddings(
     Returns:
         [L, D] in x's dtype.
     """
-    checks = ValueChecks()
     _check_sequences(
         max_seq_len,
         seq_offsets,
         seq_lengths,
         seq_embeddings,
         num_targets,
-        interleave_targets,
         {"position_embeddings_weight": position_embeddings_weight},
-        checks,
     )
-    checks.run()
+    _check_values(
+        max_seq_len, seq_offsets, seq_lengths, seq_embeddings, num_targets, interleave_targets
+    )
     impl = select_backend(
         "add_positional_embeddings",
         backend,
@@ -186,19 +199,16 @@ def add_timestamp_positional_embeddings(
         raise ValueError(f"time_bucket_fn must be 'sqrt' or 'log', got {time_bucket_fn!r}")
     check_positive("time_bucket_increments", time_bucket_increments)
     check_non_negative("max_contextual_seq_len", max_contextual_seq_len)
-    checks = ValueChecks()
     _check_sequences(
         max_seq_len,
         seq_offsets,
         seq_lengths,
         seq_embeddings,
         num_targets,
-        interleave_targets,
         {
             "position_embeddings_weight": position_embeddings_weight,
             "timestamp_embeddings_weight": timestamp_embeddings_weight,
         },
-        checks,
     )
     check_tensor("timestamps", timestamps, ndim=1)
     check_dim("timestamps", timestamps, 0, seq_embeddings.shape[0], "seq_embeddings.shape[0]")
@@ -217,7 +227,9 @@ def add_timestamp_positional_embeddings(
                 f"{timestamps.dtype}; they must match"
             )
         check_same_device(("seq_embeddings", seq_embeddings), ("query_time", query_time))
-    checks.run()
+    _check_values(
+        max_seq_len, seq_offsets, seq_lengths, seq_embeddings, num_targets, interleave_targets
+    )
     impl = select_backend(
         "add_timestamp_positional_embeddings",
         backend,

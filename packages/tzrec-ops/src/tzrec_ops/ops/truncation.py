@@ -5,22 +5,24 @@ Each sequence is laid out ``[C contextual | U_b history | T_b targets]``. Trunca
 tokens are dropped. Example, C = 1, tail = 2, one sequence ``[c, h0, h1, h2, t0]`` (T = 1)
 becomes ``[c, h1, h2, t0]``.
 
-:func:`compute_stu_truncation_plan` does one device-to-host copy (for the plan's integer
-sizes); :func:`apply_stu_truncation_plan` does none, so one plan can be replayed on every
+:func:`compute_stu_truncation_plan` reads the offsets and targets back at most once (from
+their host copies, see :mod:`tzrec_ops.ops.host_copies`) for the plan's integer sizes;
+:func:`apply_stu_truncation_plan` reads nothing back, so one plan can be replayed on every
 tensor of the batch (embeddings, timestamps, ...).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 
+from tzrec_ops.ops.host_copies import host_copies, known_host_copy, mirror
 from tzrec_ops.ops.jagged import concat_2D_jagged, split_2D_jagged
 from tzrec_ops.ops.validation import (
-    ValueChecks,
     check_dim,
+    check_jagged,
     check_non_negative,
     check_offsets,
     check_same_device,
@@ -70,6 +72,38 @@ def _cumsum_with_zero(counts: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(torch.cumsum(counts, 0), (1, 0))
 
 
+PlanOffsets = Tuple[torch.Tensor, ...]
+
+
+def _plan_offsets(
+    x_offsets: torch.Tensor,
+    num_targets: Optional[torch.Tensor],
+    truncate_tail_len: int,
+    contextual_seq_len: int,
+) -> PlanOffsets:
+    """The plan's index tensors, in :class:`STUTruncationPlan` order: new_lengths,
+    new_x_offsets, offsets_head, offsets_tail, offsets_prefix, offsets_rest.
+
+    Plain torch whose results do not depend on the device, so :func:`mirror` can replay
+    it on the host copies.
+    """
+    offsets = x_offsets.to(torch.int64)
+    lengths = offsets[1:] - offsets[:-1]
+    targets = torch.zeros_like(lengths) if num_targets is None else num_targets.to(torch.int64)
+    history = lengths - targets - contextual_seq_len
+    dropped = history - history.clamp(max=truncate_tail_len)
+    new_lengths = lengths - dropped
+    offsets_prefix = torch.arange(lengths.numel() + 1, device=offsets.device) * contextual_seq_len
+    return (
+        new_lengths.to(x_offsets.dtype),
+        _cumsum_with_zero(new_lengths).to(x_offsets.dtype),
+        _cumsum_with_zero(dropped),
+        _cumsum_with_zero(new_lengths - contextual_seq_len),
+        offsets_prefix,
+        offsets - offsets_prefix,
+    )
+
+
 def compute_stu_truncation_plan(
     x_offsets: torch.Tensor,
     num_targets: Optional[torch.Tensor],
@@ -89,56 +123,53 @@ def compute_stu_truncation_plan(
         contextual_seq_len: C, the prefix kept in front of every sequence (>= 0).
 
     Returns:
-        The :class:`STUTruncationPlan`. Needs one host sync.
+        The :class:`STUTruncationPlan`. Its sizes come from the host copies of
+        ``x_offsets`` and ``num_targets`` (one device-to-host transfer for both, none for
+        tensors moved with :func:`~tzrec_ops.ops.host_copies.to_device`), and its index
+        tensors carry host copies too, so applying the plan reads nothing back.
     """
     check_non_negative("truncate_tail_len", truncate_tail_len)
     check_non_negative("contextual_seq_len", contextual_seq_len)
     check_non_negative("max_seq_len", max_seq_len)
     check_offsets("x_offsets", x_offsets)
     batch = x_offsets.numel() - 1
-    offsets = x_offsets.to(torch.int64)
-    lengths = offsets[1:] - offsets[:-1]
-    if num_targets is None:
-        targets = torch.zeros_like(lengths)
-    else:
+    if num_targets is not None:
         check_tensor("num_targets", num_targets, ndim=1, dtypes=(torch.int32, torch.int64))
         check_dim("num_targets", num_targets, 0, batch, "x_offsets.numel() - 1")
         check_same_device(("x_offsets", x_offsets), ("num_targets", num_targets))
-        targets = num_targets.to(torch.int64)
-    checks = ValueChecks()
-    checks.require(offsets[:1] == 0, "x_offsets[0] must be 0")
-    checks.require(lengths >= 0, "x_offsets must be non-decreasing (a length is negative)")
-    checks.require(
-        lengths <= max_seq_len, f"sequence lengths must be <= max_seq_len ({max_seq_len})"
+    # one transfer for both copies; the plan's sizes need them even with value checks off
+    total = int(host_copies([x_offsets, num_targets])[0].values[-1])
+    check_jagged(
+        "x_offsets",
+        x_offsets,
+        total=None,
+        max_seq_len=max_seq_len,
+        min_length=contextual_seq_len,
+        min_length_why="contextual_seq_len, the prefix every sequence holds",
+        num_targets=num_targets,
+        targets_reserve=contextual_seq_len,
+        targets_reserve_why="contextual_seq_len",
     )
-    checks.require(targets >= 0, "num_targets must be >= 0")
-    checks.require(
-        lengths >= targets + contextual_seq_len,
-        f"every sequence must hold contextual_seq_len ({contextual_seq_len}) + num_targets tokens",
+    new_lengths, new_x_offsets, offsets_head, offsets_tail, offsets_prefix, offsets_rest = mirror(
+        _plan_offsets, x_offsets, num_targets, truncate_tail_len, contextual_seq_len
     )
-    checks.run()
-
-    history = lengths - targets - contextual_seq_len
-    dropped = history - history.clamp(max=truncate_tail_len)
-    new_lengths = lengths - dropped
-    longest = new_lengths.max() if batch > 0 else lengths.new_zeros(())
-    new_max, total_dropped, total = torch.stack([longest, dropped.sum(), offsets[-1]]).tolist()
+    host_new_lengths = known_host_copy(new_lengths).values
+    total_dropped = int(known_host_copy(offsets_head).values[-1])
     total_prefix = batch * contextual_seq_len
-    offsets_prefix = torch.arange(batch + 1, device=offsets.device) * contextual_seq_len
     return STUTruncationPlan(
-        new_lengths=new_lengths.to(x_offsets.dtype),
-        new_x_offsets=_cumsum_with_zero(new_lengths).to(x_offsets.dtype),
-        new_max_seq_len=int(new_max),
+        new_lengths=new_lengths,
+        new_x_offsets=new_x_offsets,
+        new_max_seq_len=int(host_new_lengths.max()) if batch > 0 else 0,
         pre_max_seq_len=max_seq_len,
         contextual_seq_len=contextual_seq_len,
-        offsets_head=_cumsum_with_zero(dropped),
-        offsets_tail=_cumsum_with_zero(new_lengths - contextual_seq_len),
-        total_dropped=int(total_dropped),
-        total_kept=int(total) - total_prefix - int(total_dropped),
+        offsets_head=offsets_head,
+        offsets_tail=offsets_tail,
+        total_dropped=total_dropped,
+        total_kept=total - total_prefix - total_dropped,
         offsets_prefix=offsets_prefix,
-        offsets_rest=offsets - offsets_prefix,
+        offsets_rest=offsets_rest,
         total_prefix=total_prefix,
-        total_rest=int(total) - total_prefix,
+        total_rest=total - total_prefix,
     )
 
 

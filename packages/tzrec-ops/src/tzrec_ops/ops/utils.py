@@ -17,6 +17,11 @@ __all__ = [
 ]
 
 
+def tracing() -> bool:
+    """True while torch.compile, torch.export or FX symbolic tracing runs the code."""
+    return torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
+
+
 def switch_to_contiguous_if_needed(x: torch.Tensor) -> torch.Tensor:
     """``x`` if its last dimension is contiguous (row strides may be anything), else a copy."""
     if torch.compiler.is_compiling():

@@ -14,12 +14,14 @@ while ``torch.compile``/``torch.export``/FX traces the call.
 
 from __future__ import annotations
 
+import numbers
 import os
-from typing import Callable, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Hashable, Optional, Sequence, Tuple
 
 import torch
 
 from tzrec_ops.ops.host_copies import host_copies
+from tzrec_ops.ops.utils import tracing
 
 VALUE_CHECKS_ENV = "TZREC_OPS_VALUE_CHECKS"
 _OFFSET_DTYPES = (torch.int32, torch.int64)
@@ -32,17 +34,18 @@ def set_value_checks(enabled: Optional[bool]) -> None:
     _value_checks_override = enabled
 
 
-def tracing() -> bool:
-    """True while torch.compile, torch.export or FX symbolic tracing runs the code."""
-    return torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
-
-
 def value_checks_enabled() -> bool:
     if tracing():
         return False
     if _value_checks_override is not None:
         return _value_checks_override
     return os.environ.get(VALUE_CHECKS_ENV, "1") not in ("0", "false", "no")
+
+
+def check_int(name: str, value: Any) -> None:
+    """``value`` is an int (a ``torch.SymInt`` while tracing), not a bool or a float."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, torch.SymInt)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
 
 
 def check_tensor(
@@ -112,7 +115,9 @@ def check_offsets(name: str, offsets: torch.Tensor, batch: Optional[int] = None)
         )
 
 
-def check_once(key: Hashable, tensors: Sequence[Optional[torch.Tensor]], check: Callable[..., None]) -> None:
+def check_once(
+    key: Hashable, tensors: Sequence[Optional[torch.Tensor]], check: Callable[..., None]
+) -> None:
     """Run ``check`` on the host copies of ``tensors`` (``None`` stays ``None``), unless
     these very copies already passed the check ``key``; a no-op when value checks are off.
 
@@ -127,10 +132,14 @@ def check_once(key: Hashable, tensors: Sequence[Optional[torch.Tensor]], check: 
     if full_key in first.passed:
         return
     check(*(None if c is None else c.values for c in copies))
+    # one combination per check: offsets kept across batches with new num_targets each
+    # step must not pile up every old num_targets copy
+    first.passed.difference_update([k for k in first.passed if k[0] == key])
     first.passed.add(full_key)
 
 
-def _first_bad(mask: torch.Tensor) -> int:
+def first_true(mask: torch.Tensor) -> int:
+    """The index of the first true entry of a 1-D host ``mask`` (for error messages)."""
     return int(mask.nonzero()[0, 0])
 
 
@@ -138,9 +147,10 @@ def check_jagged(
     offsets_name: str,
     offsets: torch.Tensor,
     *,
-    total: int,
+    total: Optional[int],
     total_what: str = "the number of tokens",
     max_seq_len: Optional[int] = None,
+    max_name: str = "max_seq_len",
     appended: int = 0,
     min_length: int = 0,
     min_length_why: str = "",
@@ -151,11 +161,12 @@ def check_jagged(
 ) -> None:
     """The values of a jagged batch's offsets (and ``num_targets``), checked once per batch.
 
-    Offsets start at 0, never decrease and end at ``total``; every length plus
-    ``appended`` is at most ``max_seq_len`` and at least ``min_length``; ``num_targets[b]``
-    is >= 0 and ``targets_factor * num_targets[b] + targets_reserve <= length[b]``. Shapes,
-    dtypes and devices must have been checked already. Raises ``ValueError`` naming the
-    argument, the expected value and the first offending entry.
+    Offsets start at 0, never decrease and end at ``total`` (``None``: the op does not know
+    the token count); every length plus ``appended`` is at most ``max_seq_len`` (the
+    argument ``max_name``) and at least ``min_length``; ``num_targets[b]`` is >= 0 and
+    ``targets_factor * num_targets[b] + targets_reserve <= length[b]``. Shapes, dtypes and
+    devices must have been checked already. Raises ``ValueError`` naming the argument, the
+    expected value and the first offending entry.
     """
     key = (
         "jagged",
@@ -163,6 +174,7 @@ def check_jagged(
         total,
         total_what,
         max_seq_len,
+        max_name,
         appended,
         min_length,
         min_length_why,
@@ -177,23 +189,23 @@ def check_jagged(
             raise ValueError(f"{name}[0] must be 0, got {int(o[0])}")
         lengths = o[1:] - o[:-1]
         if bool((lengths < 0).any()):
-            b = _first_bad(lengths < 0)
+            b = first_true(lengths < 0)
             raise ValueError(
                 f"{name} must be non-decreasing, got {name}[{b + 1}] = {int(o[b + 1])} < "
                 f"{name}[{b}] = {int(o[b])}"
             )
-        if o[-1] != total:
+        if total is not None and o[-1] != total:
             raise ValueError(f"{name}[-1] must equal {total_what} ({total}), got {int(o[-1])}")
         full = lengths + appended
         plus = f" + {appended} new tokens" if appended else ""
         if max_seq_len is not None and bool((full > max_seq_len).any()):
-            b = _first_bad(full > max_seq_len)
+            b = first_true(full > max_seq_len)
             raise ValueError(
                 f"every sequence length ({name}[b + 1] - {name}[b]{plus}) must be <= "
-                f"max_seq_len ({max_seq_len}), got {int(full[b])} for sequence {b}"
+                f"{max_name} ({max_seq_len}), got {int(full[b])} for sequence {b}"
             )
         if min_length > 0 and bool((full < min_length).any()):
-            b = _first_bad(full < min_length)
+            b = first_true(full < min_length)
             raise ValueError(
                 f"every sequence length ({name}[b + 1] - {name}[b]{plus}) must be >= "
                 f"{min_length} ({min_length_why}), got {int(full[b])} for sequence {b}"
@@ -201,11 +213,11 @@ def check_jagged(
         if targets is None:
             return
         if bool((targets < 0).any()):
-            b = _first_bad(targets < 0)
+            b = first_true(targets < 0)
             raise ValueError(f"num_targets must be >= 0, got num_targets[{b}] = {int(targets[b])}")
         need = targets_factor * targets + targets_reserve
         if bool((need > full).any()):
-            b = _first_bad(need > full)
+            b = first_true(need > full)
             times = f"{targets_factor} * " if targets_factor != 1 else ""
             reserve = f" + {targets_reserve} ({targets_reserve_why})" if targets_reserve else ""
             raise ValueError(
@@ -215,46 +227,3 @@ def check_jagged(
             )
 
     check_once(key, (offsets, num_targets), check)
-
-
-class ValueChecks:
-    """Collects value conditions on the device and verifies them with one host sync.
-
-    Example::
-
-        checks = ValueChecks()
-        checks.offsets("seq_offsets", seq_offsets, total=q.shape[0])
-        checks.run()
-    """
-
-    def __init__(self) -> None:
-        self._conditions: List[torch.Tensor] = []
-        self._messages: List[str] = []
-        self.enabled = value_checks_enabled()
-
-    def require(self, condition: torch.Tensor, message: str) -> None:
-        """Record that every element of boolean ``condition`` must be true."""
-        if self.enabled:
-            self._conditions.append(condition.all().reshape(1))
-            self._messages.append(message)
-
-    def offsets(self, name: str, offsets: torch.Tensor, total: int) -> None:
-        """Offsets start at 0, never decrease, and end at ``total``."""
-        if not self.enabled:
-            return
-        self.require(offsets[:1] == 0, f"{name}[0] must be 0")
-        self.require(
-            offsets[1:] >= offsets[:-1], f"{name} must be non-decreasing (a length is negative)"
-        )
-        self.require(
-            offsets[-1:] == total, f"{name}[-1] must equal the number of tokens ({total})"
-        )
-
-    def run(self) -> None:
-        """Raise ``ValueError`` with every violated condition's message."""
-        if not self._conditions:
-            return
-        ok = torch.cat(self._conditions).to(torch.bool).cpu().tolist()
-        failed = [m for m, good in zip(self._messages, ok) if not good]
-        if failed:
-            raise ValueError("; ".join(failed))
