@@ -7,10 +7,10 @@ Usage (GPU)::
 Measures, in bf16 with E=512, H=4, d=128 and 64 sequences of U[0.9 N, N) tokens (N=2048):
 
 * train: forward + backward of the stack, tokens/s per provider (backend name);
-* serve: 8 new tokens per sequence against a 2000-token KV cache (``cached_forward``) vs a
-  full forward over 2008 tokens, ms and speed-up, in two modes: "score"
-  (``update_cache=False``: candidates scored against a fixed history, no new cache built)
-  and "append" (``update_cache=True``: the extended cache is built too, as decoding
+* serve (weights in the compute dtype): 8 new tokens per sequence against a 2000-token KV
+  cache (``cached_forward``) vs a full forward over 2008 tokens, ms and speed-up, in two
+  modes: "score" (``update_cache=False``: candidates scored against a fixed history, no new
+  cache built) and "append" (``update_cache=True``: the extended cache is built too, as decoding
   needs); on a GPU also replayed from CUDA graphs, as a server with fixed request shapes
   would run them (no Python or launch cost).
 
@@ -113,7 +113,8 @@ def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
     """Cached forward of Δ new tokens (each serve mode) vs a full forward, in ms: keys
     ``{mode}_ms`` and ``full_ms``, and ``graph_{mode}_ms``/``graph_full_ms`` on a GPU."""
     torch.manual_seed(1001)
-    stack = _setup_stack(provider, args, device).eval()
+    # served in the compute dtype, as a server holds its weights (training keeps fp32 ones)
+    stack = _setup_stack(provider, args, device).eval().to(dtype)
     cache_len, delta = args.cache_len, args.delta
     b, e = args.batch, args.embedding_dim
     lengths = torch.full((b,), cache_len + delta)

@@ -1,1 +1,13 @@
-"""Training and evaluation harness: the shared loss and the evaluation metrics."""
+"""Training and evaluation harness.
+
+- :mod:`~tzrec_bench.train.loop`: ``train(config)`` and ``evaluate(path)`` (the CLI's
+  subcommands), the loop and its checkpoints;
+- :mod:`~tzrec_bench.train.config`: ``TrainConfig``, every setting of a run;
+- :mod:`~tzrec_bench.train.factory`: models and tasks by name;
+- :mod:`~tzrec_bench.train.retrieval` / :mod:`~tzrec_bench.train.ranking`: the two tasks;
+- :mod:`~tzrec_bench.train.metrics` / :mod:`~tzrec_bench.train.losses`: metrics and the
+  shared sampled-softmax loss.
+
+Nothing is imported here, so that ``tzrec_bench.train.losses`` (which the baselines use)
+imports without the loop and its dependencies.
+"""

@@ -1,0 +1,320 @@
+"""The ``tzrec-bench`` command: ``train`` and ``evaluate`` (also ``python -m tzrec_bench``).
+
+    tzrec-bench train --model hstu-retrieval --data synthetic --epochs 3
+    tzrec-bench train --model sasrec --data ml-100k --data-dir ../shared/data/ml-100k
+    torchrun --nproc-per-node 2 -m tzrec_bench train --max-steps 100   # data-parallel
+    tzrec-bench evaluate tzrec-bench-runs/run --split test
+
+Each subcommand is a function that adds its parser and one that runs it (``SUBCOMMANDS``),
+so more subcommands slot in beside these. Bad option values exit with status 2 and a
+message naming the option; missing or malformed data files exit with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+from tzrec_bench import __version__
+from tzrec_bench.data import DATASETS, DataFormatError
+from tzrec_bench.data.load import DATA_ENV
+from tzrec_bench.train.config import (
+    AMP_MODES,
+    DEFAULT_EPOCHS,
+    DEVICES,
+    MODEL_TASKS,
+    ConfigError,
+    TrainConfig,
+    metric_names,
+)
+from tzrec_ops.registry import BackendError, resolve_backend
+
+DEFAULTS = TrainConfig()
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: X)`` where there is a default worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False, True, argparse.SUPPRESS) or "default" in action.help:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _number(kind: type, least: float, inclusive: bool = True) -> Callable[[str], float]:
+    """An argparse type: a ``kind`` at least (or above) ``least``, with a clear error."""
+    bound = f">= {least}" if inclusive else f"> {least}"
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'} {bound}, got {text!r}"
+            ) from None
+        if value < least or (not inclusive and value == least):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _fraction(text: str) -> float:
+    value = _number(float, 0.0)(text)
+    if value >= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text!r}")
+    return value
+
+
+POSITIVE = _number(int, 1)
+COUNT = _number(int, 0)
+
+
+# -- train -----------------------------------------------------------------------------------
+
+
+def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "train",
+        help="train a model, evaluate it, save checkpoints, metrics and curves",
+        description=(
+            "Train a model on a data set with AdamW, validate as it trains (leave-one-out: "
+            "each user's second-to-last event), stop early when the validation metric stops "
+            "improving, then evaluate the best weights on the test events (each user's "
+            "last). Retrieval is ranked over the whole catalogue (HR@K, NDCG@K, MRR); "
+            "ranking reports AUC per task. Under torchrun the same command trains "
+            "data-parallel (DDP: gloo on CPU, NCCL on GPU) on the same global batches."
+        ),
+        epilog=(
+            "examples:\n"
+            "  tzrec-bench train --data synthetic --epochs 3\n"
+            "  tzrec-bench train --model sasrec --data ml-100k --data-dir ../shared/data/ml-100k\n"
+            "  torchrun --nproc-per-node 2 -m tzrec_bench train --max-steps 100\n"
+            "outputs in --out-dir: checkpoint.pt (latest, for --resume), best.pt (best "
+            "validation), metrics.json, history.json, curves.png"
+        ),
+        formatter_class=_HelpFormatter,
+    )
+    d = DEFAULTS
+    g = p.add_argument_group("what to train")
+    g.add_argument("--model", choices=list(MODEL_TASKS), default=d.model,
+                   help="hstu-retrieval and sasrec: next-item retrieval; hstu-ranking: "
+                   "multi-task ranking of held-out events")
+    g.add_argument("--data", choices=list(DATASETS), default=d.data,
+                   help="synthetic is generated (no files); the others are read from --data-dir")
+    g.add_argument("--data-dir", metavar="PATH",
+                   help=f"folder with the data set's files (default: ${DATA_ENV}/<data>)")
+    g.add_argument("--cache-dir", metavar="PATH",
+                   help="where parsed data sets are cached (default: $TZREC_BENCH_CACHE, "
+                   "else ~/.cache/tzrec-bench)")
+    g.add_argument("--synthetic-users", type=POSITIVE, default=d.synthetic_users, metavar="N",
+                   help="users of the synthetic data set")
+    g.add_argument("--synthetic-items", type=POSITIVE, default=d.synthetic_items, metavar="N",
+                   help="catalogue size of the synthetic data set")
+
+    g = p.add_argument_group("model")
+    g.add_argument("--max-seq-len", type=POSITIVE, default=d.max_seq_len, metavar="N",
+                   help="events of history kept per user (the most recent)")
+    g.add_argument("--embedding-dim", type=POSITIVE, default=d.embedding_dim, metavar="E",
+                   help="embedding and layer width")
+    g.add_argument("--num-layers", type=POSITIVE, default=d.num_layers, metavar="N",
+                   help="attention layers")
+    g.add_argument("--num-heads", type=POSITIVE, default=d.num_heads, metavar="H",
+                   help="attention heads (must divide --embedding-dim)")
+    g.add_argument("--dropout", type=_fraction, default=d.dropout, metavar="P",
+                   help="dropout rate, in [0, 1)")
+    g.add_argument("--num-negatives", type=POSITIVE, default=d.num_negatives, metavar="N",
+                   help="retrieval: sampled negatives per step (shared by every position)")
+    g.add_argument("--temperature", type=_number(float, 0.0, inclusive=False),
+                   default=d.temperature, metavar="T",
+                   help="retrieval: softmax temperature of the sampled-softmax loss")
+    g.add_argument("--num-candidates", type=POSITIVE, default=d.num_candidates, metavar="N",
+                   help="ranking: candidates per user in training (the last events of the "
+                   "history)")
+
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--batch-size", type=POSITIVE, default=d.batch_size, metavar="B",
+                   help="users per global batch (split across processes under torchrun)")
+    g.add_argument("--lr", type=_number(float, 0.0, inclusive=False), default=d.lr,
+                   help="AdamW learning rate")
+    g.add_argument("--weight-decay", type=_number(float, 0.0), default=d.weight_decay,
+                   metavar="W", help="AdamW weight decay")
+    g.add_argument("--warmup-steps", type=COUNT, default=d.warmup_steps, metavar="N",
+                   help="steps of linear learning-rate warm-up")
+    g.add_argument("--clip-grad-norm", type=_number(float, 0.0), default=d.clip_grad_norm,
+                   metavar="X", help="clip the gradient norm to X (0 disables)")
+    g.add_argument("--amp", choices=AMP_MODES, default=d.amp,
+                   help="mixed precision: auto is bf16 autocast on CUDA, off on CPU")
+    g.add_argument("--epochs", type=POSITIVE, metavar="N",
+                   help=f"passes over the training users (default: {DEFAULT_EPOCHS} when "
+                   "--max-steps is not given)")
+    g.add_argument("--max-steps", type=POSITIVE, metavar="N",
+                   help="stop after N optimizer steps in total (with --epochs, whichever "
+                   "comes first)")
+
+    g = p.add_argument_group("evaluation and early stopping")
+    g.add_argument("--eval-every", type=POSITIVE, metavar="N",
+                   help="validate every N steps (default: once per epoch) and at the end")
+    g.add_argument("--eval-users", type=POSITIVE, metavar="N",
+                   help="validate on a fixed random subset of N users (default: all); the "
+                   "test evaluation always uses every user")
+    g.add_argument("--eval-batch-size", type=POSITIVE, default=d.eval_batch_size, metavar="B",
+                   help="users per evaluation batch")
+    g.add_argument("--metric", choices=metric_names("retrieval") + metric_names("ranking"),
+                   metavar="NAME",
+                   help="validation metric for early stopping and best.pt (default: ndcg@10 "
+                   "for retrieval, auc, the mean over tasks, for ranking); retrieval: "
+                   f"{', '.join(metric_names('retrieval'))}; ranking: "
+                   f"{', '.join(metric_names('ranking'))}")
+    g.add_argument("--patience", type=COUNT, default=d.patience, metavar="N",
+                   help="stop after N validations in a row without improvement (0 never stops)")
+    g.add_argument("--min-delta", type=_number(float, 0.0), default=d.min_delta, metavar="X",
+                   help="the least gain that counts as an improvement")
+
+    g = p.add_argument_group("the run")
+    g.add_argument("--device", choices=DEVICES, default=d.device,
+                   help="auto is the GPU when CUDA is available (cuda:LOCAL_RANK under "
+                   "torchrun), else the CPU")
+    g.add_argument("--backend", metavar="NAME",
+                   help="tzrec-ops backend of the HSTU models, e.g. pytorch or triton "
+                   "(default: the best available: triton on a CUDA GPU, pytorch on CPU)")
+    g.add_argument("--seed", type=COUNT, default=d.seed,
+                   help="seed of the weights, the data order, the negatives and the "
+                   "synthetic data")
+    g.add_argument("--out-dir", default=d.out_dir, metavar="PATH",
+                   help="folder for checkpoints, metrics and curves (a new run overwrites)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from --out-dir/checkpoint.pt (model, optimizer, data "
+                   "position, RNG); --max-steps/--epochs count from the start of the run")
+    g.add_argument("--checkpoint-every", type=POSITIVE, metavar="N",
+                   help="write checkpoint.pt every N steps (default: at each validation) "
+                   "and at the end")
+    g.add_argument("--log-every", type=POSITIVE, default=d.log_every, metavar="N",
+                   help="record the loss and throughput every N steps")
+    g.add_argument("--no-plot", dest="plot", action="store_false",
+                   help="do not draw curves.png (it needs matplotlib: tzrec-bench[plot])")
+    g.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar (the metrics are printed all the same)")
+    return p
+
+
+def _data_option_errors(args: argparse.Namespace) -> Optional[str]:
+    """What is wrong with --data/--data-dir together, before any file is read."""
+    if args.data == "synthetic":
+        if args.data_dir is not None:
+            return "--data-dir: the synthetic data set is generated and reads no files"
+        return None
+    if args.data_dir is None:
+        if not os.environ.get(DATA_ENV):
+            return (
+                f"--data-dir: --data {args.data} needs the folder of its files (or "
+                f"{DATA_ENV} set to a folder holding {args.data}/)"
+            )
+        return None
+    if not Path(args.data_dir).is_dir():
+        return f"--data-dir: no such folder: {args.data_dir}"
+    return None
+
+
+def _backend_error(name: Optional[str]) -> Optional[str]:
+    if name is None:
+        return None
+    try:
+        resolve_backend(name)
+    except BackendError as exc:
+        return f"--backend {name}: {exc}"
+    return None
+
+
+def _run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from tzrec_bench.train.loop import train
+
+    error = _data_option_errors(args) or _backend_error(args.backend)
+    if error:
+        parser.error(error)
+    fields = {name: getattr(args, name) for name in DEFAULTS.to_dict()}
+    train(TrainConfig(**fields))
+    return 0
+
+
+# -- evaluate --------------------------------------------------------------------------------
+
+
+def _add_evaluate(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "evaluate",
+        help="evaluate a saved model on the test (or validation) events",
+        description=(
+            "Evaluate a model saved by `tzrec-bench train` with the settings it was trained "
+            "with (stored in the checkpoint), over every evaluated user of the split."
+        ),
+        formatter_class=_HelpFormatter,
+    )
+    p.add_argument("checkpoint", metavar="PATH",
+                   help="a run's --out-dir (its best.pt, else checkpoint.pt) or a .pt file")
+    p.add_argument("--split", choices=("test", "valid"), default="test",
+                   help="test: each user's last event; valid: the one before")
+    p.add_argument("--data-dir", metavar="PATH",
+                   help="the data set's folder, if it moved since training")
+    p.add_argument("--cache-dir", metavar="PATH", help="where parsed data sets are cached")
+    p.add_argument("--device", choices=DEVICES, help="default: the one used in training")
+    p.add_argument("--backend", metavar="NAME", help="tzrec-ops backend of the HSTU models")
+    p.add_argument("--eval-batch-size", type=POSITIVE, metavar="B",
+                   help="users per evaluation batch")
+    return p
+
+
+def _run_evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from tzrec_bench.train.loop import evaluate, resolve_checkpoint
+
+    if not resolve_checkpoint(args.checkpoint).is_file():
+        parser.error(f"checkpoint: no checkpoint at {resolve_checkpoint(args.checkpoint)}")
+    if args.data_dir is not None and not Path(args.data_dir).is_dir():
+        parser.error(f"--data-dir: no such folder: {args.data_dir}")
+    error = _backend_error(args.backend)
+    if error:
+        parser.error(error)
+    overrides = {
+        name: getattr(args, name)
+        for name in ("data_dir", "cache_dir", "device", "backend", "eval_batch_size")
+        if getattr(args, name) is not None
+    }
+    evaluate(args.checkpoint, args.split, overrides)
+    return 0
+
+
+# -- entry point -----------------------------------------------------------------------------
+
+Runner = Callable[[argparse.Namespace, argparse.ArgumentParser], int]
+SUBCOMMANDS: Dict[str, Tuple[Callable[..., argparse.ArgumentParser], Runner]] = {
+    "train": (_add_train, _run_train),
+    "evaluate": (_add_evaluate, _run_evaluate),
+}
+
+
+def build_parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and each subcommand's parser."""
+    parser = argparse.ArgumentParser(
+        prog="tzrec-bench",
+        description="Train and evaluate tzrec-gr models and baselines on recommendation data.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    return parser, {name: add(subparsers) for name, (add, _) in SUBCOMMANDS.items()}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs one subcommand; returns the exit status (argparse exits 2 on bad options)."""
+    parser, subparsers = build_parser()
+    args = parser.parse_args(argv)
+    sub = subparsers[args.command]
+    try:
+        return SUBCOMMANDS[args.command][1](args, sub)
+    except ConfigError as exc:
+        sub.error(str(exc))  # exits with status 2
+    except (FileNotFoundError, DataFormatError) as exc:
+        print(f"{sub.prog}: error: {exc}", file=sys.stderr)
+        return 1

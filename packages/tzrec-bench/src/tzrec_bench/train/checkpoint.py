@@ -1,0 +1,92 @@
+"""Checkpoint files and random-number-generator state.
+
+A run's folder holds ``checkpoint.pt`` (the latest state: model, optimizer, scheduler, step,
+early-stopping state, history, and every rank's RNG state) and ``best.pt`` (the model at
+the best validation metric). The data position is the step: the order of epoch ``e`` is a
+permutation seeded by ``(seed, e)``, so a resumed run recomputes it and skips the batches
+already trained on. Files are written to a temporary name and renamed, so an interrupted
+write never leaves a truncated checkpoint behind.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any, Dict, Union
+
+import numpy as np
+import torch
+
+CHECKPOINT = "checkpoint.pt"
+BEST = "best.pt"
+FORMAT = 1
+
+
+def seed_everything(seed: int) -> None:
+    """Seeds Python's, NumPy's and torch's global generators (CUDA's too)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def capture_rng() -> Dict[str, Any]:
+    """This process's global RNG states, as tensors and tuples (loadable with weights_only)."""
+    numpy_state = np.random.get_state(legacy=False)
+    state: Dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy_key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+        "numpy_rest": (
+            int(numpy_state["state"]["pos"]),
+            int(numpy_state["has_gauss"]),
+            float(numpy_state["gauss"]),
+        ),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: Dict[str, Any]) -> None:
+    """Puts back what :func:`capture_rng` took."""
+    random.setstate(_as_tuples(state["python"]))
+    pos, has_gauss, gauss = state["numpy_rest"]
+    np.random.set_state(
+        {
+            "bit_generator": "MT19937",
+            "state": {"key": state["numpy_key"].numpy().astype(np.uint32), "pos": pos},
+            "has_gauss": has_gauss,
+            "gauss": gauss,
+        }
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuples(value: Any) -> Any:
+    # random.setstate needs tuples; a state saved by torch may come back with lists
+    if isinstance(value, (list, tuple)):
+        return tuple(_as_tuples(v) for v in value)
+    return value
+
+
+def save(path: Union[str, Path], payload: Dict[str, Any]) -> None:
+    """Writes ``payload`` to ``path`` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    torch.save({"format": FORMAT, **payload}, partial)
+    os.replace(partial, path)
+
+
+def load(path: Union[str, Path]) -> Dict[str, Any]:
+    """A checkpoint's payload, tensors on the CPU."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if payload.get("format") != FORMAT:
+        raise ValueError(f"{path}: checkpoint format {payload.get('format')}, expected {FORMAT}")
+    return payload

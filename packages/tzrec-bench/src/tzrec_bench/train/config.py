@@ -1,0 +1,177 @@
+"""The settings of one training run: a dataclass that the CLI fills and checkpoints store.
+
+Each field is a ``tzrec-bench train`` option of the same name (``batch_size`` is
+``--batch-size``), so :class:`ConfigError` names the option a user typed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional
+
+from tzrec_bench.data import DATASETS
+
+# model name -> the task it is trained on (the registry of builders is train/factory.py)
+MODEL_TASKS = {"hstu-retrieval": "retrieval", "sasrec": "retrieval", "hstu-ranking": "ranking"}
+RETRIEVAL_KS = (10, 50, 200)
+RANKING_TASKS = ("click", "like", "long_view")
+DEFAULT_EPOCHS = 10
+AMP_MODES = ("auto", "bf16", "off")
+DEVICES = ("auto", "cpu", "cuda")
+
+# options that may change when a run is resumed: they do not change what the next step does
+RESUMABLE_CHANGES = frozenset(
+    {
+        "data_dir", "cache_dir", "device", "backend", "out_dir", "resume", "max_steps",
+        "epochs", "eval_batch_size", "patience", "min_delta", "checkpoint_every",
+        "log_every", "plot", "progress",
+    }
+)
+
+
+class ConfigError(ValueError):
+    """A setting out of range; ``option`` is its command-line flag, e.g. ``--batch-size``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.option = option_name(field)
+        super().__init__(f"{self.option}: {message}")
+
+
+def option_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def metric_names(task: str) -> List[str]:
+    """The metrics a task reports, each usable as ``--metric``."""
+    if task == "retrieval":
+        return [f"{m}@{k}" for m in ("hr", "ndcg") for k in RETRIEVAL_KS] + ["mrr"]
+    return ["auc"] + [f"auc_{name}" for name in RANKING_TASKS]
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a run; defaults are those of ``tzrec-bench train``."""
+
+    # what to train, on what
+    model: str = "hstu-retrieval"
+    data: str = "synthetic"
+    data_dir: Optional[str] = None
+    cache_dir: Optional[str] = None
+    synthetic_users: int = 2000
+    synthetic_items: int = 4000
+    # model
+    max_seq_len: int = 200
+    embedding_dim: int = 64
+    num_layers: int = 2
+    num_heads: int = 2
+    dropout: float = 0.2
+    num_negatives: int = 128
+    temperature: float = 0.05
+    num_candidates: int = 8
+    # optimisation
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 0
+    clip_grad_norm: float = 1.0
+    amp: str = "auto"
+    epochs: Optional[int] = None
+    max_steps: Optional[int] = None
+    # evaluation and early stopping
+    eval_every: Optional[int] = None
+    eval_users: Optional[int] = None
+    eval_batch_size: int = 256
+    metric: Optional[str] = None
+    patience: int = 5
+    min_delta: float = 0.0
+    # the run
+    device: str = "auto"
+    backend: Optional[str] = None
+    seed: int = 0
+    out_dir: str = "tzrec-bench-runs/run"
+    resume: bool = False
+    checkpoint_every: Optional[int] = None
+    log_every: int = 10
+    plot: bool = True
+    progress: bool = True
+
+    @property
+    def task(self) -> str:
+        """``"retrieval"`` or ``"ranking"``."""
+        return MODEL_TASKS[self.model]
+
+    @property
+    def key_metric(self) -> str:
+        """The validation metric that early stopping and the best checkpoint follow."""
+        return self.metric or ("ndcg@10" if self.task == "retrieval" else "auc")
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        """Optimizer steps of the whole run: ``max_steps``, ``epochs``, whichever ends first."""
+        limits = [self.max_steps] if self.max_steps is not None else []
+        if self.epochs is not None or not limits:
+            limits.append((self.epochs or DEFAULT_EPOCHS) * steps_per_epoch)
+        return min(limits)
+
+    def check(self) -> None:
+        """Raises :class:`ConfigError` naming the first option out of range."""
+        if self.model not in MODEL_TASKS:
+            raise ConfigError("model", f"unknown model {self.model!r}; expected one of "
+                              f"{', '.join(MODEL_TASKS)}")
+        if self.data not in DATASETS:
+            raise ConfigError("data", f"unknown data set {self.data!r}; expected one of "
+                              f"{', '.join(DATASETS)}")
+        for field in ("synthetic_users", "synthetic_items", "max_seq_len", "embedding_dim",
+                      "num_layers", "num_heads", "num_negatives", "num_candidates",
+                      "batch_size", "eval_batch_size", "log_every"):
+            _at_least(field, getattr(self, field), 1)
+        for field in ("epochs", "max_steps", "eval_every", "eval_users", "checkpoint_every"):
+            if getattr(self, field) is not None:
+                _at_least(field, getattr(self, field), 1)
+        for field in ("warmup_steps", "patience", "seed"):
+            _at_least(field, getattr(self, field), 0)
+        if self.embedding_dim % self.num_heads:
+            raise ConfigError("num_heads", f"must divide --embedding-dim "
+                              f"({self.embedding_dim}); got {self.num_heads}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError("dropout", f"must be in [0, 1); got {self.dropout}")
+        for field in ("temperature", "lr"):
+            if not getattr(self, field) > 0:
+                raise ConfigError(field, f"must be > 0; got {getattr(self, field)}")
+        for field in ("weight_decay", "clip_grad_norm", "min_delta"):
+            if not getattr(self, field) >= 0:
+                raise ConfigError(field, f"must be >= 0; got {getattr(self, field)}")
+        if self.amp not in AMP_MODES:
+            raise ConfigError("amp", f"expected one of {', '.join(AMP_MODES)}; got {self.amp!r}")
+        if self.device not in DEVICES:
+            raise ConfigError("device", f"expected one of {', '.join(DEVICES)}; got "
+                              f"{self.device!r}")
+        if self.metric is not None and self.metric not in metric_names(self.task):
+            raise ConfigError("metric", f"{self.metric!r} is not a metric of {self.model}; "
+                              f"expected one of {', '.join(metric_names(self.task))}")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "TrainConfig":
+        """The config ``values`` describe (as :meth:`to_dict` gives); unknown keys are errors."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown settings: {', '.join(unknown)}")
+        return cls(**values)
+
+    def resume_conflicts(self, saved: "TrainConfig") -> List[str]:
+        """Options that differ from the checkpoint's and would change the resumed run."""
+        return [
+            f"{option_name(f.name)} is {getattr(self, f.name)!r} here but "
+            f"{getattr(saved, f.name)!r} in the checkpoint"
+            for f in dataclasses.fields(self)
+            if f.name not in RESUMABLE_CHANGES and getattr(self, f.name) != getattr(saved, f.name)
+        ]
+
+
+def _at_least(field: str, value: int, least: int) -> None:
+    if value < least:
+        raise ConfigError(field, f"must be at least {least}; got {value}")

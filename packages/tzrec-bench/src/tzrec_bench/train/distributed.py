@@ -1,0 +1,108 @@
+"""Data-parallel runs under torchrun: process group, device, and sharding of global batches.
+
+``torchrun --nproc-per-node N`` sets ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``; without
+them a run is one process. The process group uses NCCL on CUDA and gloo on the CPU.
+
+Every rank walks the same sequence of global batches (the same seeded order) and takes a
+disjoint slice of each (:func:`shard`), so a run on N processes sees exactly the global
+batches of a one-process run with the same ``--batch-size``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, List
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from tzrec_bench.train.config import ConfigError
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process stands in the run.
+
+    Attributes:
+        rank: this process, in ``[0, world_size)``.
+        local_rank: this process on its host (picks the GPU).
+        world_size: processes in the run.
+        device: where this process trains.
+        owns_group: this context created the process group (and destroys it in :func:`close`).
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    owns_group: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the only one that prints, plots and writes files."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def pick_device(name: str, local_rank: int = 0) -> torch.device:
+    """``auto`` is the local GPU when CUDA is available, else the CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device", "cuda: no CUDA device is visible to this process")
+        return torch.device("cuda", local_rank)
+    return torch.device(name)
+
+
+def init_distributed(device: str) -> DistContext:
+    """The context of this process; joins the process group when run under torchrun."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    target = pick_device(device, local_rank)
+    owns_group = False
+    if world_size > 1 and not dist.is_initialized():
+        if target.type == "cuda":
+            torch.cuda.set_device(target)
+        dist.init_process_group("nccl" if target.type == "cuda" else "gloo")
+        owns_group = True
+    return DistContext(rank, local_rank, world_size, target, owns_group)
+
+
+def close(ctx: DistContext) -> None:
+    if ctx.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def shard(rows: np.ndarray, ctx: DistContext) -> np.ndarray:
+    """This rank's contiguous slice of ``rows`` (sizes differ by at most one)."""
+    return np.array_split(rows, ctx.world_size)[ctx.rank]
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
+def gather_objects(obj: Any, ctx: DistContext) -> List[Any]:
+    """``obj`` of every rank, in rank order, on every rank."""
+    if not ctx.distributed:
+        return [obj]
+    gathered: List[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def mean_over_ranks(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """The mean of a scalar over ranks (itself in a one-process run)."""
+    if not ctx.distributed:
+        return value
+    total = value.detach().clone()
+    dist.all_reduce(total)
+    return total / ctx.world_size

@@ -1,0 +1,97 @@
+"""Construction by name: the model (the one place that maps settings to constructor
+arguments) and the task it trains on."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional, Sequence
+
+import torch
+from torch import nn
+
+from tzrec_bench.baselines import SASRec
+from tzrec_bench.data import Action, SequenceDataset
+from tzrec_bench.train.config import TrainConfig
+from tzrec_bench.train.distributed import DistContext
+from tzrec_bench.train.ranking import RankingTask
+from tzrec_bench.train.retrieval import RetrievalTask
+from tzrec_bench.train.task import Task
+from tzrec_gr.models import HSTURanking, HSTURetrieval
+
+Builder = Callable[[TrainConfig, int, Sequence[int], Optional[torch.device]], nn.Module]
+
+
+def _hstu_retrieval(config: TrainConfig, num_items: int, task_bits: Sequence[int],
+                    device: Optional[torch.device]) -> nn.Module:
+    return HSTURetrieval(
+        num_items,
+        config.embedding_dim,
+        num_heads=config.num_heads,
+        num_layers=config.num_layers,
+        num_negatives=config.num_negatives,
+        temperature=config.temperature,
+        dropout_ratio=config.dropout,
+        backend=config.backend,
+        device=device,
+    )
+
+
+def _sasrec(config: TrainConfig, num_items: int, task_bits: Sequence[int],
+            device: Optional[torch.device]) -> nn.Module:
+    return SASRec(
+        num_items,
+        config.embedding_dim,
+        config.max_seq_len,
+        num_heads=config.num_heads,
+        num_layers=config.num_layers,
+        dropout_ratio=config.dropout,
+        num_negatives=config.num_negatives,
+        temperature=config.temperature,
+        device=device,
+    )
+
+
+def _hstu_ranking(config: TrainConfig, num_items: int, task_bits: Sequence[int],
+                  device: Optional[torch.device]) -> nn.Module:
+    return HSTURanking(
+        num_items,
+        config.embedding_dim,
+        config.embedding_dim,
+        task_bitmasks=list(task_bits),
+        action_weights=[int(a) for a in Action],  # every feedback bit of the history
+        num_heads=config.num_heads,
+        num_layers=config.num_layers,
+        dropout_ratio=config.dropout,
+        backend=config.backend,
+        device=device,
+    )
+
+
+MODELS: Dict[str, Builder] = {
+    "hstu-retrieval": _hstu_retrieval,
+    "sasrec": _sasrec,
+    "hstu-ranking": _hstu_ranking,
+}
+
+
+def build_model(
+    config: TrainConfig,
+    num_items: int,
+    task_bits: Sequence[int] = (),
+    device: Optional[torch.device] = None,
+) -> nn.Module:
+    """The model ``config.model`` for a catalogue of ``num_items``.
+
+    Args:
+        config (TrainConfig): the run's settings.
+        num_items (int): catalogue size.
+        task_bits (Sequence[int]): the ranking model's label bit per task (ignored by the
+            retrieval models).
+        device (torch.device | None): where the parameters are made.
+    """
+    return MODELS[config.model](config, num_items, task_bits, device)
+
+
+def make_task(config: TrainConfig, dataset: SequenceDataset, ctx: DistContext) -> Task:
+    """The task ``config.model`` trains on, over ``dataset``."""
+    kind = RetrievalTask if config.task == "retrieval" else RankingTask
+    return kind(dataset, config, ctx)

@@ -1,0 +1,450 @@
+"""The training loop shared by every model, and evaluation of a saved run.
+
+One optimizer step: every rank takes its slice of the global batch, computes its task's
+mean loss scaled by its share of the global batch's loss terms, and DDP averages the
+gradients, which makes them the gradients of the global-batch mean (the same as a
+one-process run); then gradient clipping, AdamW and the warm-up schedule. Validation runs
+every ``eval_every`` steps (default: once per epoch) and at the end; early stopping and
+``best.pt`` follow ``config.key_metric``; the test split is evaluated once, with the best
+weights. Rank 0 alone prints, plots and writes files.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from tzrec_bench.data import SequenceDataset, load_dataset
+from tzrec_bench.train import checkpoint
+from tzrec_bench.train.config import ConfigError, TrainConfig
+from tzrec_bench.train.distributed import (
+    DistContext,
+    barrier,
+    close,
+    gather_objects,
+    init_distributed,
+    mean_over_ranks,
+    shard,
+)
+from tzrec_bench.train.early_stopping import EarlyStopping
+from tzrec_bench.train.factory import build_model, make_task
+from tzrec_bench.train.plot import plot_curves
+from tzrec_bench.train.report import metrics_table, throughput_line
+from tzrec_bench.train.task import Batch, Task, amp_dtype, autocast
+from tzrec_ops.registry import resolve_backend
+
+METRICS_FILE = "metrics.json"
+HISTORY_FILE = "history.json"
+PLOT_FILE = "curves.png"
+
+
+@dataclass
+class RunResult:
+    """What :func:`train` returns (on every rank).
+
+    Attributes:
+        steps: optimizer steps taken in total (a resumed run counts the earlier ones).
+        stopped_early: early stopping ended the run.
+        best_step: the step of the best validation metric (None if never validated).
+        valid: validation metrics at ``best_step``.
+        test: test metrics of the best weights.
+        history: ``{"train": [{step, loss, tokens_per_s}], "valid": [{step, metrics...}]}``.
+        train_seconds: time spent in training steps in this process (no evaluation).
+        tokens: tokens of the global batches trained on in this process.
+        out_dir: the run's folder.
+    """
+
+    steps: int
+    stopped_early: bool
+    best_step: Optional[int]
+    valid: Dict[str, float]
+    test: Dict[str, float]
+    history: Dict[str, List[Dict[str, Any]]]
+    train_seconds: float
+    tokens: int
+    out_dir: Path
+
+
+class TrainStep(nn.Module):
+    """The model and its task's loss as one ``forward``.
+
+    DDP synchronizes gradients only for computations that go through its own ``forward``,
+    and the models' losses are methods, so DDP wraps this module rather than the model.
+    """
+
+    def __init__(self, model: nn.Module, task: Task) -> None:
+        super().__init__()
+        self.model = model
+        self.task = task
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return self.task.loss(self.model, batch)
+
+
+def load_data(config: TrainConfig, ctx: DistContext) -> SequenceDataset:
+    """The run's data set; rank 0 loads (and caches) it before the other ranks read it."""
+    options = {}
+    if config.data == "synthetic":
+        options = {"num_users": config.synthetic_users, "num_items": config.synthetic_items}
+
+    def load() -> SequenceDataset:
+        return load_dataset(config.data, config.data_dir, config.cache_dir, config.seed, **options)
+
+    if ctx.is_main:
+        dataset = load()
+        barrier(ctx)
+    else:
+        barrier(ctx)
+        dataset = load()
+    return dataset
+
+
+def backend_name(config: TrainConfig) -> str:
+    """``ops backend <name>``: the tzrec-ops backend the HSTU models resolve to."""
+    if config.model == "sasrec":
+        return "plain PyTorch (no tzrec-ops)"
+    return f"ops backend {resolve_backend(config.backend, op='hstu_mha').name}"
+
+
+def _warmup(steps: int):
+    return lambda step: min(1.0, (step + 1) / steps) if steps else 1.0
+
+
+class Trainer:
+    """One run: built from a config, then :meth:`run`. See the module docstring."""
+
+    def __init__(self, config: TrainConfig, ctx: DistContext) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.out_dir = Path(config.out_dir)
+        checkpoint.seed_everything(config.seed)  # the same initial weights on every rank
+        self.task = make_task(config, load_data(config, ctx), ctx)
+        self.model = build_model(config, self.task.num_items, self.task.task_bits, ctx.device)
+        torch.manual_seed(config.seed + ctx.rank)  # each rank its own dropout masks
+        step_module = TrainStep(self.model, self.task)
+        if ctx.distributed:
+            ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+            step_module = DistributedDataParallel(step_module, device_ids=ids)
+        self.step_module = step_module
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _warmup(config.warmup_steps)
+        )
+        self.amp = amp_dtype(config, ctx.device)
+        self.stopper = EarlyStopping(config.patience, config.min_delta)
+        self.history: Dict[str, List[Dict[str, Any]]] = {"train": [], "valid": []}
+        self.best_state: Optional[Dict[str, torch.Tensor]] = None
+        self.step = 0
+        self._saved_step: Optional[int] = None
+        num_rows = len(self.task.train_rows)
+        if not ctx.world_size <= config.batch_size <= num_rows:
+            raise ConfigError(
+                "batch_size",
+                f"must be between the number of processes ({ctx.world_size}) and the "
+                f"training users ({num_rows}); got {config.batch_size}",
+            )
+        # the last partial batch of an epoch is dropped: every global batch is full, and
+        # each epoch's shuffle changes which users that leaves out
+        self.steps_per_epoch = num_rows // config.batch_size
+        self.total_steps = config.total_steps(self.steps_per_epoch)
+        self.eval_every = config.eval_every or self.steps_per_epoch
+        self._epoch, self._order = -1, np.empty(0, dtype=np.int64)
+        if config.resume:
+            self._resume()
+
+    # -- printing ----------------------------------------------------------------------
+
+    def log(self, message: str) -> None:
+        if self.ctx.is_main:
+            tqdm.write(message)
+
+    def _header(self) -> str:
+        c = self.config
+        amp = "bf16" if self.amp is not None else "off"
+        world = self.ctx.world_size
+        processes = "1 process" if world == 1 else f"{world} processes"
+        return (
+            f"tzrec-bench train: {c.model} on {c.data} ({self.task.describe()})\n"
+            f"  {self.ctx.device}, {processes}, {backend_name(c)}, amp {amp}\n"
+            f"  {self.total_steps} steps ({self.steps_per_epoch} per epoch of {c.batch_size} "
+            f"users), validation every {self.eval_every}, early stopping on {c.key_metric}"
+        )
+
+    # -- one step ----------------------------------------------------------------------
+
+    def _global_rows(self, step: int) -> np.ndarray:
+        """The rows of the global batch of ``step``: epoch ``e`` is shuffled by ``(seed, e)``."""
+        epoch, index = divmod(step, self.steps_per_epoch)
+        if epoch != self._epoch:
+            rng = np.random.default_rng([self.config.seed, epoch])
+            self._epoch, self._order = epoch, rng.permutation(self.task.train_rows)
+        size = self.config.batch_size
+        return self._order[index * size : (index + 1) * size]
+
+    def _train_step(self, rows: np.ndarray) -> torch.Tensor:
+        """One optimizer step on the global batch ``rows``; returns this rank's scaled loss."""
+        local = shard(rows, self.ctx)
+        # DDP averages gradients over ranks: weighting each rank's mean by its share of the
+        # global batch's loss terms (times the world size) makes that average the gradient
+        # of the mean over the whole global batch
+        scale = (
+            self.task.loss_terms(local) * self.ctx.world_size
+            / max(self.task.loss_terms(rows), 1)
+        )
+        batch = self.task.batch(local, self.step)
+        self.model.train()
+        with autocast(self.ctx.device, self.amp):
+            loss = self.step_module(batch) * scale
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.config.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        return loss.detach()
+
+    # -- evaluation --------------------------------------------------------------------
+
+    def _evaluate(self, split: str, max_users: Optional[int]) -> Dict[str, float]:
+        self.model.eval()
+        try:
+            return self.task.evaluate(self.model, split, max_users)
+        finally:
+            self.model.train()
+
+    def _validate(self) -> None:
+        metrics = self._evaluate("valid", self.config.eval_users)
+        key = self.config.key_metric
+        improved = self.stopper.update(metrics[key], self.step)
+        self.history["valid"].append({"step": self.step, **metrics})
+        if improved:
+            self.best_state = {
+                k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()
+            }
+            if self.ctx.is_main:
+                checkpoint.save(
+                    self.out_dir / checkpoint.BEST,
+                    {"config": self.config.to_dict(), "step": self.step,
+                     "metrics": metrics, "model": self.best_state},
+                )
+        if improved:
+            note = "new best"
+        elif self.stopper.best is None:
+            note = "no valid value yet"
+        else:
+            note = f"best {self.stopper.best:.4f} at step {self.stopper.best_step}"
+        self.log(f"step {self.step}: valid {key} {metrics[key]:.4f} ({note})")
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def _save_checkpoint(self) -> None:
+        rng = gather_objects(checkpoint.capture_rng(), self.ctx)  # a collective: every rank
+        if self.ctx.is_main:
+            checkpoint.save(
+                self.out_dir / checkpoint.CHECKPOINT,
+                {
+                    "config": self.config.to_dict(),
+                    "step": self.step,
+                    "world_size": self.ctx.world_size,
+                    "model": self.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
+                    "early_stopping": self.stopper.state_dict(),
+                    "history": self.history,
+                    "rng": rng,
+                },
+            )
+        barrier(self.ctx)  # no rank goes on (or exits) before the file is complete
+        self._saved_step = self.step
+
+    def _resume(self) -> None:
+        path = self.out_dir / checkpoint.CHECKPOINT
+        if not path.exists():
+            self.log(f"--resume: no checkpoint at {path}; starting from step 0")
+            return
+        state = checkpoint.load(path)
+        conflicts = self.config.resume_conflicts(TrainConfig.from_dict(state["config"]))
+        if conflicts:
+            raise ConfigError("resume", f"cannot resume from {path}: " + "; ".join(conflicts))
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.stopper.load_state_dict(state["early_stopping"])
+        self.history = state["history"]
+        self.step = state["step"]
+        if len(state["rng"]) == self.ctx.world_size:
+            checkpoint.restore_rng(state["rng"][self.ctx.rank])
+        else:  # another world size: the data is the same, dropout masks cannot be
+            self.log(f"--resume: the checkpoint has {len(state['rng'])} process(es), this "
+                     f"run has {self.ctx.world_size}: dropout masks will differ")
+            torch.manual_seed(self.config.seed + self.ctx.rank + self.step)
+        best = self.out_dir / checkpoint.BEST
+        if best.exists():
+            self.best_state = checkpoint.load(best)["model"]
+        self.log(f"resumed from {path} at step {self.step}")
+
+    # -- the run -----------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        """Trains to the last step (or early stop), then evaluates and reports."""
+        self.log(self._header())
+        train_seconds, tokens = self._train_loop()
+        if self.stopper.should_stop:
+            self.log(f"early stopping at step {self.step}: no better {self.config.key_metric} "
+                     f"in {self.stopper.bad_evaluations} evaluations")
+        if not self.history["valid"] or self.history["valid"][-1]["step"] != self.step:
+            self._validate()
+        if self._saved_step != self.step:
+            self._save_checkpoint()
+        if self.best_state is not None:
+            self.model.load_state_dict(self.best_state)
+        test = self._evaluate("test", None)
+        valid = next(
+            (r for r in self.history["valid"] if r["step"] == self.stopper.best_step),
+            self.history["valid"][-1],
+        )
+        result = RunResult(
+            steps=self.step,
+            stopped_early=self.stopper.should_stop,
+            best_step=self.stopper.best_step,
+            valid={k: v for k, v in valid.items() if k != "step"},
+            test=test,
+            history=self.history,
+            train_seconds=train_seconds,
+            tokens=tokens,
+            out_dir=self.out_dir,
+        )
+        if self.ctx.is_main:
+            self._report(result)
+        return result
+
+    def _train_loop(self) -> Tuple[float, int]:
+        """Steps with progress, validation and checkpoints; returns (seconds, tokens) trained."""
+        config = self.config
+        bar = tqdm(
+            total=self.total_steps, initial=self.step, unit="step", desc=config.model,
+            # a log file (not a terminal) gets a redraw every 10 s, not a line of them per second
+            dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 10.0,
+            disable=not (self.ctx.is_main and config.progress),
+        )
+        train_seconds, tokens = 0.0, 0
+        window_seconds, window_tokens = 0.0, 0
+        while self.step < self.total_steps and not self.stopper.should_stop:
+            rows = self._global_rows(self.step)
+            started = time.perf_counter()
+            loss = self._train_step(rows)
+            self.step += 1
+            logged = self.step % config.log_every == 0 or self.step == self.total_steps
+            if logged:  # read at log steps only: on a GPU, .item() waits for the step
+                value = mean_over_ranks(loss, self.ctx).item()  # the global-batch mean
+            elapsed = time.perf_counter() - started
+            train_seconds += elapsed
+            window_seconds += elapsed
+            batch_tokens = self.task.tokens(rows)
+            tokens += batch_tokens
+            window_tokens += batch_tokens
+            bar.update(1)
+            if logged:
+                rate = window_tokens / window_seconds
+                self.history["train"].append(
+                    {"step": self.step, "loss": value, "tokens_per_s": rate}
+                )
+                bar.set_postfix(loss=f"{value:.4f}", tok_s=f"{rate:.0f}")
+                window_seconds, window_tokens = 0.0, 0
+            validated = self.step % self.eval_every == 0
+            if validated:
+                self._validate()
+            if (
+                self.step % config.checkpoint_every == 0 if config.checkpoint_every
+                else validated
+            ):
+                self._save_checkpoint()
+        bar.close()
+        return train_seconds, tokens
+
+    def _report(self, result: RunResult) -> None:
+        """Prints the metrics table and throughput; writes the metrics, history and plot."""
+        config = self.config
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        summary = {
+            "steps": result.steps, "best_step": result.best_step,
+            "stopped_early": result.stopped_early, "valid": result.valid, "test": result.test,
+        }
+        (self.out_dir / METRICS_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        (self.out_dir / HISTORY_FILE).write_text(json.dumps(self.history) + "\n")
+        print(metrics_table({f"valid (step {result.best_step})": result.valid,
+                             "test": result.test}))
+        if result.tokens:
+            print(throughput_line(result.steps, result.train_seconds, result.tokens,
+                                  str(self.ctx.device), backend_name(config)))
+        if config.plot:
+            shown = [config.key_metric, "hr@10"] if config.task == "retrieval" else list(
+                result.test)
+            try:
+                path = plot_curves(self.history, list(dict.fromkeys(shown)),
+                                   self.out_dir / PLOT_FILE, f"{config.model} on {config.data}")
+                print(f"curves: {path}")
+            except ImportError as exc:
+                print(f"plot skipped: {exc}")
+        print(f"checkpoints and metrics: {self.out_dir}")
+
+
+def train(config: TrainConfig) -> RunResult:
+    """Trains ``config.model`` on ``config.data``; under torchrun, data-parallel."""
+    config.check()
+    ctx = init_distributed(config.device)
+    try:
+        return Trainer(config, ctx).run()
+    finally:
+        close(ctx)
+
+
+def resolve_checkpoint(path: Union[str, Path]) -> Path:
+    """A checkpoint file, or a run's folder (its ``best.pt``, else ``checkpoint.pt``)."""
+    path = Path(path)
+    if path.is_dir():
+        best = path / checkpoint.BEST
+        return best if best.exists() else path / checkpoint.CHECKPOINT
+    return path
+
+
+def evaluate(
+    path: Union[str, Path], split: str = "test", overrides: Optional[Mapping[str, Any]] = None
+) -> Dict[str, float]:
+    """Metrics of a saved model on ``split``, printed as a table by rank 0.
+
+    Args:
+        path: a checkpoint file or a run's folder (see :func:`resolve_checkpoint`).
+        split: ``"test"`` or ``"valid"``.
+        overrides: settings to change from the saved ones (``data_dir``, ``device``, ...).
+    """
+    file = resolve_checkpoint(path)
+    state = checkpoint.load(file)
+    config = TrainConfig.from_dict({**state["config"], **(overrides or {})})
+    config.check()
+    ctx = init_distributed(config.device)
+    try:
+        checkpoint.seed_everything(config.seed)
+        task = make_task(config, load_data(config, ctx), ctx)
+        model = build_model(config, task.num_items, task.task_bits, ctx.device)
+        model.load_state_dict(state["model"])
+        model.eval()
+        metrics = task.evaluate(model, split, None)
+        if ctx.is_main:
+            print(f"{config.model} on {config.data}, {file} (step {state['step']})")
+            print(metrics_table({split: metrics}))
+        return metrics
+    finally:
+        close(ctx)

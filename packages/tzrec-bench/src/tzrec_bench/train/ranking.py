@@ -1,0 +1,179 @@
+"""Multi-task ranking: score candidate events given the history before them; AUC per task.
+
+Labels are the candidates' action bits. Data sets with ratings and no actions (MovieLens)
+get the actions of the synthetic data set's rule: CLICK on every event, LONG_VIEW for a
+rating of 4 or more, LIKE for 5, HATE for 1 or less. The tasks are those of ``click``,
+``like`` and ``long_view`` whose bit is neither always set nor never set in the data
+(on MovieLens and the synthetic set every event is a click, so the tasks are like and
+long_view).
+
+- Training: each training history's last ``num_candidates`` events (fewer for short
+  histories, which keep at least one event of history) are the candidates; the events
+  before them, cut to the last ``max_seq_len``, are the history with its action bits.
+- Evaluation: one candidate per user, the held-out event (leave-one-out), after its history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from tzrec_bench.data import Action, HeldOut, SequenceDataset, leave_one_out
+from tzrec_bench.data.dataset import segment_index
+from tzrec_bench.train.config import RANKING_TASKS, ConfigError, TrainConfig
+from tzrec_bench.train.distributed import DistContext, shard
+from tzrec_bench.train.metrics import TaskAUC
+from tzrec_bench.train.task import Batch, amp_dtype, autocast, chunks, eval_rows
+from tzrec_ops.ops.host_copies import to_device
+
+TASK_BITS = {"click": Action.CLICK, "like": Action.LIKE, "long_view": Action.LONG_VIEW}
+
+
+def actions_from_ratings(ratings: np.ndarray) -> np.ndarray:
+    """[N] action bitmasks from [N] ratings (the rule of the module docstring)."""
+    return (
+        int(Action.CLICK)
+        + (ratings >= 4) * int(Action.LONG_VIEW)
+        + (ratings >= 5) * int(Action.LIKE)
+        + (ratings <= 1) * int(Action.HATE)
+    ).astype(np.int64)
+
+
+def with_actions(dataset: SequenceDataset) -> SequenceDataset:
+    """``dataset`` with action bitmasks, derived from its ratings when it has none."""
+    if dataset.actions is not None:
+        return dataset
+    if dataset.ratings is None:
+        raise ConfigError("model", f"hstu-ranking needs ratings or actions; {dataset.name} "
+                          "has neither")
+    return dataclasses.replace(dataset, actions=actions_from_ratings(dataset.ratings))
+
+
+def varying_tasks(actions: np.ndarray) -> Dict[str, int]:
+    """The tasks whose bit is set on some events and not on others."""
+    tasks = {}
+    for name in RANKING_TASKS:
+        share = np.mean((actions & int(TASK_BITS[name])) != 0) if len(actions) else 0.0
+        if 0.0 < share < 1.0:
+            tasks[name] = int(TASK_BITS[name])
+    if not tasks:
+        raise ConfigError("data", f"no feedback of {', '.join(RANKING_TASKS)} varies in the "
+                          "data: there is nothing to rank")
+    return tasks
+
+
+class RankingTask:
+    """See the module docstring; the interface is :class:`~tzrec_bench.train.task.Task`."""
+
+    def __init__(self, dataset: SequenceDataset, config: TrainConfig, ctx: DistContext) -> None:
+        dataset = with_actions(dataset)
+        self.config = config
+        self.ctx = ctx
+        self.source = dataset
+        self.num_items = dataset.num_items
+        self.tasks = varying_tasks(dataset.actions)
+        self.task_bits = tuple(self.tasks.values())
+        metric = config.key_metric
+        if metric != "auc" and metric.removeprefix("auc_") not in self.tasks:
+            raise ConfigError("metric", f"{dataset.name} has no varying "
+                              f"{metric.removeprefix('auc_')} feedback; its tasks are "
+                              f"{', '.join(self.tasks)}")
+        self.split = leave_one_out(dataset)
+        lengths = self.split.train.lengths
+        self.train_rows = np.flatnonzero(lengths >= 2)  # a candidate needs a history
+        self._candidates = np.clip(lengths - 1, 0, config.num_candidates)
+        self._history = np.minimum(lengths - self._candidates, config.max_seq_len)
+        self._amp = amp_dtype(config, ctx.device)
+
+    def loss_terms(self, rows: np.ndarray) -> int:
+        return int(self._candidates[rows].sum())
+
+    def tokens(self, rows: np.ndarray) -> int:
+        return int((self._history[rows] + self._candidates[rows]).sum())
+
+    def batch(self, rows: np.ndarray, step: int) -> Batch:
+        train = self.split.train
+        candidates, history = self._candidates[rows], self._history[rows]
+        cand_starts = train.offsets[rows + 1] - candidates
+        return self._features(
+            train, cand_starts - history, history,
+            train, segment_index(cand_starts, candidates), candidates,
+        )
+
+    def _features(
+        self,
+        history_ds: SequenceDataset,
+        history_starts: np.ndarray,
+        history_lengths: np.ndarray,
+        candidate_ds: SequenceDataset,
+        candidate_index: np.ndarray,
+        candidate_lengths: np.ndarray,
+    ) -> Batch:
+        """The model's feature dict and the candidates' label bitmasks, on the device."""
+        device = self.ctx.device
+        hist = segment_index(history_starts, history_lengths)
+
+        def put(values: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(values).to(device, non_blocking=True)
+
+        features = {
+            "uih.item_id": put(history_ds.item_ids[hist]),
+            "uih.sequence_length": to_device(torch.from_numpy(history_lengths), device),
+            "uih_action.sequence": put(history_ds.actions[hist]),
+            "uih_timestamp.sequence": put(history_ds.timestamps[hist]),
+            "candidate.item_id": put(candidate_ds.item_ids[candidate_index]),
+            "candidate.sequence_length": to_device(torch.from_numpy(candidate_lengths), device),
+            "candidate_timestamp.sequence": put(candidate_ds.timestamps[candidate_index]),
+        }
+        return {"features": features, "labels": put(candidate_ds.actions[candidate_index])}
+
+    def _logits(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        # a fixed max_seq_len, as in retrieval: the attention scale must not depend on the batch
+        return model(batch["features"], self.config.max_seq_len, self.config.num_candidates)
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        return model.loss(self._logits(model, batch), batch["labels"])
+
+    def _held_out_batch(self, held: HeldOut, rows: np.ndarray) -> Batch:
+        """History before each user's held-out event, and that event as the one candidate."""
+        history = held.history
+        lengths = np.minimum(history.lengths[rows], self.config.max_seq_len)
+        target = self.source.offsets[held.rows[rows]] + history.lengths[rows]
+        return self._features(
+            history, history.offsets[rows + 1] - lengths, lengths,
+            self.source, target, np.ones(len(rows), dtype=np.int64),
+        )
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str, max_users: Optional[int]) -> Dict[str, float]:
+        held = getattr(self.split, split)
+        rows = shard(eval_rows(len(held), max_users, self.config.seed), self.ctx)
+        auc = TaskAUC(list(self.tasks)).to(self.ctx.device)
+        for chunk in chunks(rows, self.config.eval_batch_size):
+            batch = self._held_out_batch(held, chunk)
+            with autocast(self.ctx.device, self._amp):
+                logits = self._logits(model, batch).float()
+            scores, labels = self._per_task(logits, batch["labels"])
+            auc.update(scores, labels)
+        per_task = auc.compute()
+        result = {"auc": float(np.mean(list(per_task.values())))}
+        result.update({f"auc_{name}": value for name, value in per_task.items()})
+        return result
+
+    def _per_task(
+        self, logits: torch.Tensor, labels: torch.Tensor
+    ) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
+        scores = {name: logits[:, k] for k, name in enumerate(self.tasks)}
+        hits = {name: (labels & bit) != 0 for name, bit in self.tasks.items()}
+        return scores, hits
+
+    def describe(self) -> str:
+        train = self.split.train
+        return (
+            f"{train.num_users} users, {self.num_items} items, tasks "
+            f"{', '.join(self.tasks)}, {len(self.split.valid)} evaluated users"
+        )

@@ -1,0 +1,98 @@
+"""Next-item retrieval: train on users' histories, rank each held-out item among all items.
+
+Training batches are the leave-one-out training histories, each cut to its last
+``max_seq_len`` events; the loss is the model's own sampled softmax over every position
+that has a next item, with negatives drawn from a generator seeded by ``(seed, step)`` so
+that every rank (and a resumed run) uses the same ones. Evaluation embeds each user's
+history before the held-out item and ranks the item against the whole catalogue
+(:class:`~tzrec_bench.train.metrics.RetrievalMetrics`).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from tzrec_bench.data import SequenceDataset, leave_one_out, make_batch, make_eval_batch
+from tzrec_bench.train.config import RETRIEVAL_KS, TrainConfig
+from tzrec_bench.train.distributed import DistContext, shard
+from tzrec_bench.train.metrics import RetrievalMetrics
+from tzrec_bench.train.task import Batch, amp_dtype, autocast, chunks, eval_rows
+from tzrec_ops.ops.host_copies import to_device
+
+
+def step_negatives(seed: int, step: int, num_items: int, count: int) -> torch.Tensor:
+    """[count] item ids drawn uniformly, the same for every rank at ``step``."""
+    rng = np.random.default_rng([seed, step])
+    return torch.from_numpy(rng.integers(0, num_items, size=count, dtype=np.int64))
+
+
+class RetrievalTask:
+    """See the module docstring; the interface is :class:`~tzrec_bench.train.task.Task`."""
+
+    task_bits: tuple = ()
+
+    def __init__(self, dataset: SequenceDataset, config: TrainConfig, ctx: DistContext) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.num_items = dataset.num_items
+        self.split = leave_one_out(dataset)
+        lengths = self.split.train.lengths
+        self.train_rows = np.flatnonzero(lengths >= 2)  # one event has no next item
+        self._kept = np.minimum(lengths, config.max_seq_len)
+        self._amp = amp_dtype(config, ctx.device)
+
+    def loss_terms(self, rows: np.ndarray) -> int:
+        return int(np.maximum(self._kept[rows] - 1, 0).sum())
+
+    def tokens(self, rows: np.ndarray) -> int:
+        return int(self._kept[rows].sum())
+
+    def batch(self, rows: np.ndarray, step: int) -> Batch:
+        cpu = make_batch(self.split.train, rows, self.config.max_seq_len)
+        device = self.ctx.device
+        negatives = step_negatives(
+            self.config.seed, step, self.num_items, self.config.num_negatives
+        )
+        return {
+            "item_ids": cpu.item_ids.to(device, non_blocking=True),
+            "lengths": to_device(cpu.lengths, device),
+            "timestamps": cpu.timestamps.to(device, non_blocking=True),
+            "negatives": negatives.to(device, non_blocking=True),
+        }
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        # Every batch is given the same max_seq_len, not its own longest history: HSTU's
+        # attention scales by it, and a fixed value makes a user's output the same in any
+        # batch, on any rank and in evaluation.
+        return model.loss(
+            batch["item_ids"], batch["lengths"], batch["timestamps"], self.config.max_seq_len,
+            negatives=batch["negatives"],
+        )
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str, max_users: Optional[int]) -> Dict[str, float]:
+        held = getattr(self.split, split)
+        rows = shard(eval_rows(len(held), max_users, self.config.seed), self.ctx)
+        device = self.ctx.device
+        metrics = RetrievalMetrics(RETRIEVAL_KS, device=device)
+        with autocast(device, self._amp):
+            items = model.item_embedding(torch.arange(self.num_items, device=device)).float()
+            for chunk in chunks(rows, self.config.eval_batch_size):
+                cpu = make_eval_batch(held, chunk, self.config.max_seq_len)
+                user = model.user_embedding(
+                    cpu.item_ids.to(device), to_device(cpu.lengths, device),
+                    cpu.timestamps.to(device), self.config.max_seq_len,
+                )
+                metrics.update(user.float(), items, cpu.targets.to(device))
+        return metrics.compute()
+
+    def describe(self) -> str:
+        train = self.split.train
+        return (
+            f"{train.num_users} users, {self.num_items} items, {train.num_events} training "
+            f"events, {len(self.split.valid)} evaluated users"
+        )

@@ -1,0 +1,76 @@
+"""What the training loop needs from a task (retrieval or ranking), and helpers they share.
+
+A task owns the data split, turns rows of users into device batches, computes the model's
+loss on a batch, and evaluates a split. The loop owns everything else (optimizer, steps,
+early stopping, checkpoints), so both tasks train the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager, Dict, Iterator, Optional, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from tzrec_bench.train.config import TrainConfig
+
+Batch = Dict[str, Any]
+
+
+class Task(Protocol):
+    """The contract of :class:`~tzrec_bench.train.retrieval.RetrievalTask` and
+    :class:`~tzrec_bench.train.ranking.RankingTask`."""
+
+    #: catalogue size, for the model's item table
+    num_items: int
+    #: the ranking model's label bit per task; empty for retrieval
+    task_bits: tuple
+    #: rows of the training dataset that have something to learn from
+    train_rows: np.ndarray
+
+    def loss_terms(self, rows: np.ndarray) -> int:
+        """How many terms the loss of ``rows`` averages (tokens with a next item, or
+        candidates): computed on the host from lengths, with no device read."""
+
+    def tokens(self, rows: np.ndarray) -> int:
+        """Tokens the model reads for ``rows`` (for throughput)."""
+
+    def batch(self, rows: np.ndarray, step: int) -> Batch:
+        """The device inputs of the loss for ``rows`` at optimizer step ``step``."""
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """The mean loss over the batch's terms."""
+
+    def evaluate(self, model: nn.Module, split: str, max_users: Optional[int]) -> Dict[str, float]:
+        """Metrics of ``split`` (``"valid"`` or ``"test"``) over all ranks' users."""
+
+    def describe(self) -> str:
+        """One line about the data, for the run's header."""
+
+
+def amp_dtype(config: TrainConfig, device: torch.device) -> Optional[torch.dtype]:
+    """The autocast dtype: ``auto`` is bf16 on CUDA and full precision on the CPU."""
+    if config.amp == "bf16" or (config.amp == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def autocast(device: torch.device, dtype: Optional[torch.dtype]) -> ContextManager:
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def eval_rows(num_rows: int, max_users: Optional[int], seed: int) -> np.ndarray:
+    """The evaluated rows: all of them, or a fixed seeded subset of ``max_users``, sorted."""
+    if max_users is None or max_users >= num_rows:
+        return np.arange(num_rows)
+    chosen = np.random.default_rng(seed).permutation(num_rows)[:max_users]
+    return np.sort(chosen)
+
+
+def chunks(rows: np.ndarray, size: int) -> Iterator[np.ndarray]:
+    for start in range(0, len(rows), size):
+        yield rows[start : start + size]

@@ -1,0 +1,94 @@
+"""The ``tzrec-bench`` command: help, option errors (exit 2), and a train/evaluate round trip."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tzrec_bench.cli import build_parser, main
+
+TINY = [
+    "--synthetic-users", "40", "--synthetic-items", "100", "--max-seq-len", "12",
+    "--embedding-dim", "16", "--num-layers", "1", "--num-negatives", "16", "--batch-size", "16",
+    "--no-progress", "--no-plot",
+]
+
+
+def _exit_code(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    return exc.value.code, capsys.readouterr()
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_help_lists_and_explains_every_option(command, capsys):
+    code, out = _exit_code([command, "--help"], capsys)
+    assert code == 0
+    parser = build_parser()[1][command]
+    for action in parser._actions:
+        for option in action.option_strings:
+            assert option in out.out, option
+        assert action.help, f"{action.option_strings or action.dest} has no help"
+
+
+def test_top_level_help_names_the_subcommands(capsys):
+    code, out = _exit_code(["--help"], capsys)
+    assert code == 0 and "train" in out.out and "evaluate" in out.out
+    code, out = _exit_code([], capsys)
+    assert code == 2 and "COMMAND" in out.err
+
+
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["--batch-size", "0"], "--batch-size"),
+        (["--lr", "-1"], "--lr"),
+        (["--lr", "fast"], "--lr"),
+        (["--dropout", "1.5"], "--dropout"),
+        (["--max-steps", "x"], "--max-steps"),
+        (["--model", "bert"], "--model"),
+        (["--data", "ml-10m"], "--data"),
+        (["--metric", "recall"], "--metric"),
+        (["--num-heads", "3"], "--num-heads"),  # must divide --embedding-dim 64
+        (["--metric", "auc"], "--metric"),  # a ranking metric for a retrieval model
+        (["--data-dir", "anywhere"], "--data-dir"),  # the synthetic data reads no files
+        (["--data", "ml-100k", "--data-dir", "/no/such/folder"], "--data-dir"),
+        (["--backend", "no-such-backend"], "--backend"),
+    ],
+)
+def test_a_bad_option_exits_2_naming_it(argv, option, capsys, tmp_path):
+    code, out = _exit_code(["train", *argv, "--out-dir", str(tmp_path)], capsys)
+    assert code == 2
+    assert option in out.err and "error" in out.err
+    assert "Traceback" not in out.err
+
+
+def test_evaluate_without_a_checkpoint_exits_2(tmp_path, capsys):
+    code, out = _exit_code(["evaluate", str(tmp_path)], capsys)
+    assert code == 2 and "no checkpoint at" in out.err
+
+
+def test_train_then_evaluate(tmp_path, capsys):
+    run = str(tmp_path / "run")
+    assert main(["train", *TINY, "--max-steps", "3", "--out-dir", run]) == 0
+    trained = json.loads((tmp_path / "run" / "metrics.json").read_text())["test"]
+    capsys.readouterr()
+    assert main(["evaluate", run, "--split", "test"]) == 0
+    table = {
+        cells[0]: cells[1]
+        for cells in (line.split() for line in capsys.readouterr().out.splitlines())
+        if len(cells) == 2
+    }
+    assert float(table["ndcg@10"]) == pytest.approx(trained["ndcg@10"], abs=1e-4)
+
+
+def test_python_dash_m_runs_the_command():
+    result = subprocess.run(
+        [sys.executable, "-m", "tzrec_bench", "train", "--help"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: tzrec-bench train")
