@@ -17,7 +17,13 @@ How it works:
    ``torch.utils.checkpoint`` so backward also keeps one chunk's scores alive at a time.
 4. The padded output is turned back into jagged ``[L, H, V]``.
 
-Knobs (read at call time; under ``torch.compile`` they are read once, while tracing):
+Traced with a symbolic batch size (``torch.export`` with a dynamic batch dim, bounded or
+not), the chunking guards on no size: the whole batch is one chunk when the batch dim's
+bound proves it fits; otherwise the graph loops over the sequences, one per chunk, with
+torch's ``map`` operator (no checkpoint inside it; map's backward recomputes per sequence).
+So the exported graph keeps the memory bound for every batch size it accepts.
+
+Knobs (read at call time; under ``torch.compile``/``torch.export`` read once, while tracing):
 ``TZREC_OPS_PYTORCH_ATTN_CHUNK`` (max working-set elements per chunk, default ``2**28``,
 i.e. 1 GiB of float32 per score-sized temporary) or :func:`set_chunk_elements`;
 :func:`set_use_fbgemm` (``None`` = use fbgemm when it is installed).
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Iterable, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +44,8 @@ from tzrec_ops.registry import assume_constant_result
 
 CHUNK_ENV = "TZREC_OPS_PYTORCH_ATTN_CHUNK"
 DEFAULT_CHUNK_ELEMENTS = 1 << 28
+# stands in for a symbolic size in _chunk_sizes: more than any chunk holds
+_UNBOUNDED = 1 << 62
 
 # dtypes fbgemm's jagged/padded conversions support (float64 raises "not implemented")
 _FBGEMM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -244,7 +252,10 @@ def _attend_chunk(
 
 def _chunk_sizes(batch: int, rows: int, heads: int, max_len: int, kv_dim: int) -> Tuple[int, int]:
     """(sequences b, query rows r) per chunk so that ``b * H * N * (r + kv_dim)``, the scores
-    plus the upcast keys and values (``kv_dim = A + V``), stays within chunk_elements()."""
+    plus the upcast keys and values (``kv_dim = A + V``), stays within chunk_elements().
+
+    ``batch`` and ``rows`` cap the result; for a symbolic size (traced graph) the caller
+    passes ``_UNBOUNDED``, since comparing with the symbol would guard on it."""
     budget = chunk_elements()
     per_row = max(1, heads * max_len)
     per_seq = per_row * kv_dim
@@ -253,11 +264,71 @@ def _chunk_sizes(batch: int, rows: int, heads: int, max_len: int, kv_dim: int) -
     return seqs_per_chunk, rows_per_chunk
 
 
+def _fits(size: Union[int, torch.SymInt], limit: int) -> bool:
+    """True when ``size`` is at most ``limit`` for every value it can take: a plain compare
+    in eager; for a traced size, true only if its bounds prove it, so no guard is added."""
+    if isinstance(size, int):
+        return size <= limit
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(size <= limit)
+
+
 def _split(
     t: Optional[torch.Tensor], size: int, dim: int, count: int
 ) -> List[Optional[torch.Tensor]]:
     """``torch.split`` that yields ``count`` ``None``s for a missing tensor."""
     return [None] * count if t is None else list(torch.split(t, size, dim=dim))
+
+
+def _attend_rows(
+    body: Callable[..., torch.Tensor],
+    row_block: int,
+    recompute: bool,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rows: torch.Tensor,
+    lengths: torch.Tensor,
+    num_targets: Optional[torch.Tensor],
+    func: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """``body`` over blocks of ``row_block`` query rows of one chunk of sequences, each block
+    under ``checkpoint`` when ``recompute``."""
+    if _fits(q.shape[1], row_block):
+        blocks: Iterable[Tuple[Optional[torch.Tensor], ...]] = [(q, rows, func)]
+    else:
+        count = -(-q.shape[1] // row_block)  # ceil
+        blocks = zip(*(_split(t, row_block, 1, count) for t in (q, rows, func)))
+    pieces = []
+    for q_r, rows_r, func_r in blocks:
+        args = (q_r, k, v, rows_r, lengths, num_targets, func_r)
+        pieces.append(checkpoint(body, *args, use_reentrant=False) if recompute else body(*args))
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+
+
+def _map_over_sequences(
+    attend: Callable[..., torch.Tensor], tensors: List[Optional[torch.Tensor]]
+) -> torch.Tensor:
+    """``attend`` one sequence at a time, for a traced graph whose batch size B is symbolic.
+
+    Such a graph cannot loop a number of times that depends on B, so the sequences run under
+    torch's ``map`` operator, a loop inside the graph (AOTInductor turns it into a while
+    loop). A chunk is one sequence: any other chunk count would be a new size that export
+    guards on (``count == 1`` when the example batch fits in one chunk)."""
+    from torch._higher_order_ops.map import map_impl
+
+    present = [i for i, t in enumerate(tensors) if t is not None]
+
+    def attend_one(*xs: torch.Tensor) -> Tuple[torch.Tensor]:
+        # map passes tensors only, without their batch dim: restore both
+        args: List[Optional[torch.Tensor]] = [None] * len(tensors)
+        for i, x in zip(present, xs):
+            args[i] = x[None]
+        # a tuple, so that map returns a sequence of outputs however it is traced
+        return (attend(*args)[0],)
+
+    return map_impl(attend_one, [tensors[i] for i in present], [])[0]
 
 
 def _chunked_attention(
@@ -275,40 +346,46 @@ def _chunked_attention(
     training: bool,
 ) -> torch.Tensor:
     """Padded attention ``[B, R, H, V]`` from q ``[B, R, H, A]``, k/v ``[B, N, H, *]``, query
-    positions ``rows`` ``[B, R]`` and optional padded ``func`` ``[B, R, H, 3]``."""
+    positions ``rows`` ``[B, R]`` and optional padded ``func`` ``[B, R, H, 3]``.
+
+    B, and R for cached attention, are symbolic in a graph traced with dynamic shapes: the
+    chunk sizes are then computed without them and compared with them only where the
+    bounds decide, since any other compare would guard (specialise) on the symbol."""
     batch, num_rows, heads = q.shape[0], q.shape[1], q.shape[2]
-    seqs, row_block = _chunk_sizes(batch, num_rows, heads, k.shape[1], k.shape[3] + v.shape[3])
+    static_batch, static_rows = isinstance(batch, int), isinstance(num_rows, int)
+    seqs, row_block = _chunk_sizes(
+        batch if static_batch else _UNBOUNDED,
+        num_rows if static_rows else _UNBOUNDED,
+        heads,
+        k.shape[1],
+        k.shape[3] + v.shape[3],
+    )
+    if not static_rows and not _fits(num_rows, row_block):
+        raise ValueError(
+            f"the pytorch backend cannot trace cached attention whose new tokens per sequence "
+            f"({num_rows}) may be more than the {row_block} query rows one chunk holds "
+            f"(chunk_elements() = {chunk_elements()}): bound the new-token dim so that it "
+            f"proves at most {row_block} per sequence, or raise the chunk budget ({CHUNK_ENV} "
+            "or set_chunk_elements)"
+        )
     body = functools.partial(_attend_chunk, mask_fn, alpha, scale, dropout_pr, training)
-    multi = seqs < batch or row_block < num_rows
+    tensors = [q, k, v, rows, lengths, num_targets, func]
+    one_chunk = _fits(batch, seqs)
+    if not one_chunk and not static_batch:
+        # no checkpoint inside map (it cannot trace one); map's backward recomputes each
+        # sequence from its inputs anyway
+        return _map_over_sequences(functools.partial(_attend_rows, body, row_block, False), tensors)
     recompute = (
-        multi
+        not (one_chunk and _fits(num_rows, row_block))
         and torch.is_grad_enabled()
         and (q.requires_grad or k.requires_grad or v.requires_grad)
     )
-    pieces = []
-    q_chunks = torch.split(q, seqs)
-    per_batch = zip(
-        q_chunks,
-        torch.split(k, seqs),
-        torch.split(v, seqs),
-        torch.split(rows, seqs),
-        torch.split(lengths, seqs),
-        _split(num_targets, seqs, 0, len(q_chunks)),
-        _split(func, seqs, 0, len(q_chunks)),
-    )
-    for q_b, k_b, v_b, rows_b, len_b, tgt_b, func_b in per_batch:
-        row_pieces = []
-        q_rows = torch.split(q_b, row_block, dim=1)
-        for q_r, rows_r, func_r in zip(
-            q_rows, torch.split(rows_b, row_block, dim=1), _split(func_b, row_block, 1, len(q_rows))
-        ):
-            args = (q_r, k_b, v_b, rows_r, len_b, tgt_b, func_r)
-            if recompute:
-                row_pieces.append(checkpoint(body, *args, use_reentrant=False))
-            else:
-                row_pieces.append(body(*args))
-        pieces.append(torch.cat(row_pieces, dim=1))
-    return torch.cat(pieces, dim=0)
+    attend = functools.partial(_attend_rows, body, row_block, recompute)
+    if one_chunk:
+        return attend(*tensors)
+    count = -(-batch // seqs)  # ceil
+    chunks = zip(*(_split(t, seqs, 0, count) for t in tensors))
+    return torch.cat([attend(*chunk) for chunk in chunks], dim=0)
 
 
 def _scale(max_seq_len: int, scaling_seqlen: int) -> float:
