@@ -280,6 +280,54 @@ def test_transducer_step_with_known_lengths_reads_nothing(reads, interleave, tru
     assert reads == []
 
 
+def _model_inputs(device: str, known: bool):
+    """A retrieval batch of two users and a ranking batch, lengths with known host copies
+    (``to_device`` off the CPU, ``remember_host_copy`` on it)."""
+    from _models import history_user, ranking_batch, ranking_user, retrieval_batch
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if device != "cpu":
+            return to_device(t, device)
+        return _known(t) if known else t
+
+    ids, lengths, ts = retrieval_batch([history_user(5), history_user(3)])
+    retrieval = (ids.to(device), move(lengths), ts.to(device))
+    ranking = ranking_batch([ranking_user(4, 2), ranking_user(2, 3)])
+    ranking = {
+        k: move(v) if k.endswith("sequence_length") else v.to(device) for k, v in ranking.items()
+    }
+    return retrieval, ranking
+
+
+def _serving_step(retrieval_model, ranking_model, retrieval, ranking):
+    """Prefill, then one retrieval extend and one ranking score; returns the steady step."""
+    ids, lengths, ts = retrieval
+    cache = retrieval_model.prefill(ids, lengths, ts)
+    history = {k: v for k, v in ranking.items() if not k.startswith("candidate")}
+    candidates = {k: v for k, v in ranking.items() if k.startswith("candidate")}
+    ranking_cache = ranking_model.prefill(history, history.pop("query_time"))
+
+    def step():
+        retrieval_model.extend(cache, ids, lengths, ts)
+        ranking_model.score(ranking_cache, candidates)
+
+    return step
+
+
+def test_model_steps_with_known_lengths_read_nothing(reads):
+    """Training forwards and serving steps of both models: the models' own length checks
+    and everything they derive use the host copies."""
+    from _models import ranking_model, retrieval_model
+
+    retrieval, ranking = _model_inputs("cpu", known=True)
+    retrieval_m, ranking_m = retrieval_model().train(), ranking_model().train()
+    retrieval_m.loss(*retrieval).backward()
+    ranking_m(ranking).sum().backward()
+    step = _serving_step(retrieval_m.eval(), ranking_m.eval(), retrieval, ranking)
+    step()
+    assert reads == []
+
+
 # -- GPU: no device-to-host sync in a steady-state step ---------------------------------
 
 
@@ -363,3 +411,19 @@ def test_cached_serving_step_is_sync_free_gpu(update_cache):
         with _no_syncs():
             _, new = step(second)
     assert (new is None) == (not update_cache)
+
+
+@pytest.mark.gpu
+def test_model_serving_steps_are_sync_free_gpu():
+    """A retrieval extend and a ranking score (triton, lengths moved with to_device) make no
+    device-to-host sync once warmed up."""
+    _cuda_or_skip()
+    from _models import ranking_model, retrieval_model
+
+    retrieval, ranking = _model_inputs("cuda", known=True)
+    step = _serving_step(
+        retrieval_model("triton", "cuda"), ranking_model("triton", "cuda"), retrieval, ranking
+    )
+    step()
+    with _no_syncs():
+        step()

@@ -1,6 +1,7 @@
 """tzrec-gr: HSTU generative-recommender modules over tzrec-ops.
 
-STU layers and stacks with a functional KV cache, the HSTU transducer, its input
+STU layers and stacks with a functional KV cache, the HSTU transducer (with a serving
+cache for prefill / score / extend), its input
 preprocessors, positional encoder, content/action encoders, contextualized MLPs, output
 postprocessors, and two end-to-end models (retrieval and ranking). Inputs are plain jagged
 tensors (values + offsets); torchrec inputs go through :mod:`tzrec_gr.torchrec_adapters`.
@@ -34,6 +35,7 @@ from tzrec_gr.preprocessors import (
     PreprocessorOutput,
     UIHPreprocessor,
 )
+from tzrec_gr.serving import ServingCache
 from tzrec_gr.stu import STU, KVCache, STULayer, STUOutput, STUStack, STUStackOutput
 
 __version__ = "0.1.0"
@@ -62,6 +64,7 @@ __all__ = [
     "STUOutput",
     "STUStack",
     "STUStackOutput",
+    "ServingCache",
     "SimpleActionEncoder",
     "SimpleContextualizedMLP",
     "SliceContentEncoder",

@@ -22,7 +22,8 @@ def resolve_module_backend(backend: BackendArg, ops: Sequence[str]) -> Backend:
     Args:
         backend (str | Backend | None): an explicit backend, or ``None`` for the
             ``TZREC_OPS_BACKEND`` choice (a single name), else the available backend of
-            highest priority that implements every op in ``ops``.
+            highest priority that implements every op in ``ops`` and may be picked
+            automatically (never the Triton CPU interpreter).
         ops (Sequence[str]): the op names the module calls.
 
     Returns:
@@ -36,7 +37,8 @@ def resolve_module_backend(backend: BackendArg, ops: Sequence[str]) -> Backend:
     env = os.environ.get(BACKEND_ENV, "").strip()
     if backend is None and (not env or "=" in env):
         for record in backends():
-            if record.unavailable_reason() is None and all(op in record.ops for op in ops):
+            usable = record.unavailable_reason() is None and record.automatic() is None
+            if usable and all(op in record.ops for op in ops):
                 return record
         raise BackendError(f"no available backend implements all of {', '.join(ops)}")
     record = resolve_backend(backend)

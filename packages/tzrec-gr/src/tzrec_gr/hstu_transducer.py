@@ -1,11 +1,13 @@
 """HSTU transducer: preprocessor -> positional encoder -> STU stack -> postprocessor.
 
-Legend: B = batch, L = total tokens, E = embedding width, T_b = candidates of sample b.
+Legend: B = batch, L = total tokens, E = embedding width, T_b = candidates of sample b,
+C = contextual prefix length, N = new tokens of a serving call.
 """
 
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Optional
+import dataclasses
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
@@ -20,9 +22,12 @@ from tzrec_gr._jagged import (
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
 from tzrec_gr.postprocessors import OutputPostprocessor
 from tzrec_gr.preprocessors import InputPreprocessor, PreprocessorOutput
-from tzrec_gr.stu import STUStack
+from tzrec_gr.serving import ServingCache, constant_lengths, longest, new_owner_id
+from tzrec_gr.stu import KVCache, STUStack
 from tzrec_ops.ops.host_copies import mirror
 from tzrec_ops.ops.jagged import split_2D_jagged
+
+Features = Dict[str, torch.Tensor]
 
 __all__ = ["HSTUTransducer", "TransducerOutput"]
 
@@ -57,19 +62,39 @@ class HSTUTransducer(nn.Module):
         query_time_key (str): feature key of a [B] request time used as the anchor of
             time encoding ("" : each sample's last timestamp). Default: "".
         backend (str | Backend | None): ops backend for the output split. Default: None.
+        max_uih_len (int | None): the longest history (events per sample) the transducer
+            takes. With it, every STU layer built with ``scaling_seqlen=-1`` divides
+            attention by ``max_seq_len = input_preprocessor.max_output_len(max_uih_len,
+            max_targets)``, the longest token sequence of these bounds (C prefix, interleaved
+            pairs and candidates included), so a sample's output depends neither on the
+            call's bounds nor on the rest of the batch, and the serving methods give what
+            ``forward`` gives. The call bounds then default to these and may not exceed them.
+            None: the caller passes bounds to every call and the layers keep their scaling.
+            Default: None.
+        max_targets (int): the most candidates per sample (used with ``max_uih_len``).
+            Default: 0.
 
     Call Args:
         features (Dict[str, torch.Tensor]): see :mod:`tzrec_gr.preprocessors`.
-        max_uih_len (int): upper bound on history lengths.
-        max_targets (int): upper bound on candidates per sample. Default: 0.
+        max_uih_len (int | None): upper bound on history lengths. Default: the
+            constructor's (required without it).
+        max_targets (int | None): upper bound on candidates per sample. Default: the
+            constructor's (0 without it).
         truncated_total_len (int | None): rows left after the stack's truncation (avoids a
             host sync when truncation is on). Default: None.
         truncated_max_seq_len (int | None): upper bound on lengths after truncation.
             Default: None.
+        query_time (torch.Tensor | None): [B] anchor of time encoding; None reads the
+            ``query_time_key`` feature when that key is set, else each sample's last
+            timestamp is used. Keyword only. Default: None.
 
     Returns:
         TransducerOutput: ``candidate_embeddings [sum T_b, E]``, ``full_embeddings`` or None,
         ``seq_offsets [B + 1]``.
+
+    Serving (eval mode, no gradients): :meth:`prefill` encodes histories and returns a
+    :class:`~tzrec_gr.serving.ServingCache`; :meth:`cached_forward` runs only new tokens
+    (candidates, or appended events) against it.
     """
 
     def __init__(
@@ -82,6 +107,8 @@ class HSTUTransducer(nn.Module):
         return_full_embeddings: bool = False,
         query_time_key: str = "",
         backend: BackendArg = None,
+        max_uih_len: Optional[int] = None,
+        max_targets: int = 0,
     ) -> None:
         super().__init__()
         if input_preprocessor.output_dim != stu.embedding_dim:
@@ -112,28 +139,78 @@ class HSTUTransducer(nn.Module):
         self.return_full_embeddings = return_full_embeddings
         self.query_time_key = query_time_key
         self._split_backend = resolve_module_backend(backend, ("split_2D_jagged",))
+        self.max_uih_len = max_uih_len
+        self.max_targets = max_targets
+        self.max_seq_len = self._fix_scaling(max_uih_len, max_targets)
+        self._owner = new_owner_id()
+
+    def _fix_scaling(self, max_uih_len: Optional[int], max_targets: int) -> Optional[int]:
+        """The constructor bounds' longest token sequence, given to every layer that would
+        otherwise divide attention by each call's bound."""
+        if not isinstance(max_targets, int) or max_targets < 0:
+            raise ValueError(f"max_targets must be an int >= 0, got {max_targets!r}")
+        if max_uih_len is None:
+            if max_targets:
+                raise ValueError(f"max_targets ({max_targets}) needs max_uih_len")
+            return None
+        if not isinstance(max_uih_len, int) or max_uih_len < 0:
+            raise ValueError(f"max_uih_len must be an int >= 0, got {max_uih_len!r}")
+        bound = self.input_preprocessor.max_output_len(max_uih_len, max_targets)
+        if bound <= 0:
+            raise ValueError(f"max_uih_len + max_targets must be > 0, got {bound} tokens")
+        for layer in self.stu.stu_layers:
+            if getattr(layer, "scaling_seqlen", None) == -1:
+                layer.scaling_seqlen = bound
+        return bound
+
+    def _call_bounds(
+        self, max_uih_len: Optional[int], max_targets: Optional[int]
+    ) -> Tuple[int, int]:
+        """The call's bounds: the given ones, checked against the constructor's, or those."""
+        if self.max_uih_len is None:
+            if max_uih_len is None:
+                raise ValueError(
+                    "max_uih_len is required: this transducer was built without max_uih_len"
+                )
+            return max_uih_len, max_targets or 0
+        uih = self.max_uih_len if max_uih_len is None else max_uih_len
+        targets = self.max_targets if max_targets is None else max_targets
+        for name, value, limit in (
+            ("max_uih_len", uih, self.max_uih_len),
+            ("max_targets", targets, self.max_targets),
+        ):
+            if value > limit:
+                raise ValueError(
+                    f"{name} ({value}) must be <= the {name} this transducer was built with "
+                    f"({limit})"
+                )
+        return uih, targets
 
     def _postprocess(self, emb: torch.Tensor, ts: torch.Tensor) -> torch.Tensor:
         if self.output_postprocessor is None:
             return emb
         return self.output_postprocessor(emb, ts)
 
-    def forward(
+    def _query_time(
+        self, features: Features, query_time: Optional[torch.Tensor]
+    ) -> Optional[torch.Tensor]:
+        if query_time is not None or not self.query_time_key:
+            return query_time
+        if self.query_time_key not in features:
+            raise KeyError(f"missing feature {self.query_time_key!r} (query_time_key)")
+        return features[self.query_time_key]
+
+    def _encode(
         self,
-        features: Dict[str, torch.Tensor],
+        features: Features,
         max_uih_len: int,
-        max_targets: int = 0,
-        truncated_total_len: Optional[int] = None,
-        truncated_max_seq_len: Optional[int] = None,
-    ) -> TransducerOutput:
+        max_targets: int,
+        query_time: Optional[torch.Tensor],
+    ) -> Tuple[PreprocessorOutput, torch.Tensor]:
+        """Preprocessor, positional encoder and input dropout: (tokens, their embeddings)."""
         pre: PreprocessorOutput = self.input_preprocessor(features, max_uih_len, max_targets)
         x = pre.seq_embeddings
         if self.positional_encoder is not None:
-            query_time = None
-            if self.query_time_key:
-                if self.query_time_key not in features:
-                    raise KeyError(f"missing feature {self.query_time_key!r} (query_time_key)")
-                query_time = features[self.query_time_key]
             x = self.positional_encoder(
                 pre.max_seq_len,
                 pre.seq_lengths,
@@ -143,7 +220,21 @@ class HSTUTransducer(nn.Module):
                 pre.num_targets,
                 query_time,
             )
-        x = self.input_dropout(x)
+        return pre, self.input_dropout(x)
+
+    def forward(
+        self,
+        features: Features,
+        max_uih_len: Optional[int] = None,
+        max_targets: Optional[int] = None,
+        truncated_total_len: Optional[int] = None,
+        truncated_max_seq_len: Optional[int] = None,
+        *,
+        query_time: Optional[torch.Tensor] = None,
+    ) -> TransducerOutput:
+        max_uih_len, max_targets = self._call_bounds(max_uih_len, max_targets)
+        query_time = self._query_time(features, query_time)
+        pre, x = self._encode(features, max_uih_len, max_targets, query_time)
         out = self.stu(
             x,
             pre.seq_offsets,
@@ -167,6 +258,223 @@ class HSTUTransducer(nn.Module):
             total_uih,
             pre.total_targets,
         )
+
+    def check_cache(self, cache: Optional[ServingCache]) -> None:
+        """Serving needs eval mode, and a cache this transducer built (None: no cache)."""
+        if self.training:
+            raise RuntimeError(
+                "serving runs in eval mode (no dropout, eval-mode interleaving); call .eval() first"
+            )
+        if cache is not None and cache.owner != self._owner:
+            raise ValueError(
+                "cache was built by another model's prefill; a cache is only valid for the "
+                "model that built it"
+            )
+
+    @torch.no_grad()
+    def prefill(
+        self,
+        features: Features,
+        max_uih_len: Optional[int] = None,
+        *,
+        query_time: Optional[torch.Tensor] = None,
+    ) -> Tuple[TransducerOutput, ServingCache]:
+        """Encode histories (no candidates) and cache every token of every layer.
+
+        The output is ``forward(features, max_uih_len, 0, query_time=query_time)``'s.
+
+        Args:
+            features (Dict[str, torch.Tensor]): history features with no candidates
+                (``candidate.sequence_length`` all 0 for a preprocessor that reads them).
+            max_uih_len (int | None): as in ``forward``.
+            query_time (torch.Tensor | None): [B] the time anchor (read as in ``forward``);
+                required with time encoding, where every cached token's time bucket and
+                every later candidate's are measured from it.
+
+        Returns:
+            (TransducerOutput, ServingCache).
+        """
+        self.check_cache(None)
+        if any(getattr(layer, "scaling_seqlen", 0) == -1 for layer in self.stu.stu_layers):
+            raise ValueError(
+                "serving needs a fixed attention divisor, or cached outputs would differ from "
+                "forward's: build the transducer with max_uih_len (or the STU layers with "
+                "scaling_seqlen)"
+            )
+        max_uih_len, _ = self._call_bounds(max_uih_len, 0)
+        query_time = self._query_time(features, query_time)
+        timed = self.positional_encoder is not None and self.positional_encoder.use_time_encoding
+        if timed and query_time is None:
+            raise ValueError(
+                "query_time is required to prefill with time encoding: it anchors the time "
+                "buckets of every cached token and of the candidates scored later"
+            )
+        pre, x = self._encode(features, max_uih_len, 0, query_time)
+        out = self.stu(
+            x,
+            pre.seq_offsets,
+            pre.max_seq_len,
+            pre.num_targets,
+            kv_caching_lengths=pre.seq_lengths,
+            max_kv_caching_len=pre.max_seq_len,
+            total_kv_caching_len=x.shape[0],
+        )
+        composed = self._compose(
+            out.x,
+            out.x_offsets,
+            out.max_seq_len,
+            pre.seq_lengths,
+            pre.seq_timestamps,
+            pre.num_targets,
+            pre.total_uih_len,
+            pre.total_targets,
+        )
+        key = self.input_preprocessor.contextual_feature_key()
+        cache = ServingCache(
+            kv_caches=tuple(out.kv_caches or ()),
+            lengths=pre.seq_lengths,
+            max_len=longest(pre.seq_lengths),
+            query_time=query_time if timed else None,
+            contextual=features[key] if key is not None else None,
+            user_embeddings=None,
+            owner=self._owner,
+        )
+        return composed, cache
+
+    @torch.no_grad()
+    def cached_forward(
+        self,
+        features: Features,
+        cache: ServingCache,
+        max_new: int,
+        *,
+        targets: bool,
+        update_cache: bool = False,
+    ) -> Tuple[torch.Tensor, torch.Tensor, Optional[ServingCache]]:
+        """Run only the new tokens of each sample against ``cache``.
+
+        ``features`` hold the new tokens alone, with the keys ``forward`` reads: candidates
+        with empty histories (``targets=True``: scored against the cache, never cached) or
+        events as history with no candidates (``targets=False``: appended after the cached
+        ones). The contextual features come from the cache. Samples may have different
+        numbers of new tokens: they are padded to ``max_new`` at the end of each sample,
+        where the causal mask hides the padding from them.
+
+        What it equals (same weights, eval mode, up to rounding):
+
+        * ``targets=True``: ``forward(history + candidates, query_time=the cache's)``'s
+          candidate embeddings, the history being what ``prefill`` got;
+        * ``targets=False``: ``forward(history + events)``'s rows of the new events, and the
+          returned cache is ``prefill(history + events)``'s. Raises NotImplementedError with
+          a contextual prefix (the prefix attends to every history token, so its cached keys
+          change when history grows) or with time encoding (positions count back from the
+          newest event).
+
+        Args:
+            features (Dict[str, torch.Tensor]): the new tokens (see above).
+            cache (ServingCache): from :meth:`prefill` or an earlier append, same B.
+            max_new (int): the most new events or candidates of any sample.
+            targets (bool): candidates (True) or appended history events (False).
+            update_cache (bool): also return the cache with the new tokens appended; only
+                with ``targets=False``. Default: False.
+
+        Returns:
+            (out [N, E] the postprocessed outputs of the new tokens, offsets [B + 1] of them,
+            the new cache or None).
+        """
+        self.check_cache(cache)
+        c = self.input_preprocessor.contextual_seq_len()
+        if targets and update_cache:
+            raise ValueError("candidates are never cached: update_cache must be False with them")
+        if not targets and c > 0:
+            raise NotImplementedError(
+                f"appending history to a cache is not exact with a contextual prefix (C = {c}):"
+                " the prefix attends to every history token, so its cached keys and values "
+                "change when history grows; prefill the longer history instead"
+            )
+        features = dict(features)
+        key = self.input_preprocessor.contextual_feature_key()
+        if key is not None and cache.contextual is not None:
+            features[key] = cache.contextual
+        bounds = (0, max_new) if targets else (max_new, 0)
+        pre: PreprocessorOutput = self.input_preprocessor(features, *bounds)
+        if pre.seq_lengths.shape[0] != cache.batch_size:
+            raise ValueError(
+                f"the new tokens are for B = {pre.seq_lengths.shape[0]} users but the cache "
+                f"holds {cache.batch_size}; they must match"
+            )
+        x, timestamps, new_lengths, new_offsets = self._strip_prefix(pre, c)
+        if self.positional_encoder is not None:
+            x = self.positional_encoder.forward_appended(
+                x, new_offsets, cache.lengths, timestamps, cache.query_time, targets
+            )
+        delta = pre.max_seq_len - c
+        if delta == 0:
+            return x, new_offsets, cache if update_cache else None
+        out, kv_caches = self._run_cached(
+            x, new_lengths, new_offsets, cache, delta, targets, update_cache
+        )
+        out = self._postprocess(out, timestamps)
+        if kv_caches is None:
+            return out, new_offsets, None
+        lengths = mirror(torch.add, cache.lengths, new_lengths.to(torch.int64))
+        new_cache = dataclasses.replace(
+            cache, kv_caches=tuple(kv_caches), lengths=lengths, max_len=longest(lengths)
+        )
+        return out, new_offsets, new_cache
+
+    @staticmethod
+    def _strip_prefix(
+        pre: PreprocessorOutput, c: int
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rows after the C prefix tokens: (embeddings, timestamps, lengths, offsets)."""
+        if c == 0:
+            return pre.seq_embeddings, pre.seq_timestamps, pre.seq_lengths, pre.seq_offsets
+        lengths = mirror(torch.sub, pre.seq_lengths, c)
+        offsets = lengths_to_offsets(lengths)
+        total = pre.seq_embeddings.shape[0] - c * lengths.shape[0]
+        start = torch.full_like(lengths, c)
+        emb, ts = (
+            select_jagged_rows(values, pre.seq_offsets, offsets, start, total)
+            for values in (pre.seq_embeddings, pre.seq_timestamps)
+        )
+        return emb, ts, lengths, offsets
+
+    def _run_cached(
+        self,
+        x: torch.Tensor,
+        new_lengths: torch.Tensor,
+        new_offsets: torch.Tensor,
+        cache: ServingCache,
+        delta: int,
+        targets: bool,
+        update_cache: bool,
+    ) -> Tuple[torch.Tensor, Optional[List[KVCache]]]:
+        """The STU stack over ``delta`` rows per sample: the new rows, zero-padded at the end
+        of each sample (the cache is trimmed back to the real rows)."""
+        batch, rows = cache.batch_size, x.shape[0]
+        padded = rows != batch * delta
+        if padded:
+            sample, step = row_positions(new_offsets, rows)
+            slots = sample * delta + step
+            x = x.new_zeros(batch * delta, x.shape[1]).index_copy(0, slots, x)
+        num_targets = None
+        if targets:
+            num_targets = constant_lengths(delta, batch, x.device)
+        trim: Dict[str, Any] = {}
+        if padded and update_cache:
+            kept = mirror(torch.add, cache.lengths, new_lengths.to(torch.int64))
+            trim = {
+                "kv_caching_lengths": kept,
+                "max_kv_caching_len": longest(kept),
+                "total_kv_caching_len": cache.kv_caches[0].k.shape[0] + rows,
+            }
+        out, kv_caches = self.stu.cached_forward(
+            x, cache.kv_caches, num_targets, update_cache=update_cache, **trim
+        )
+        if padded:
+            out = out.index_select(0, slots)
+        return out, kv_caches
 
     def _replay_on_timestamps(
         self, pre: PreprocessorOutput, new_offsets: torch.Tensor, total_kept: int

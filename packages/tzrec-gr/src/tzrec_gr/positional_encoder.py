@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from tzrec_gr._backend import BackendArg, resolve_module_backend
+from tzrec_gr._jagged import row_positions
 from tzrec_ops.ops.position import add_positional_embeddings, add_timestamp_positional_embeddings
 
 __all__ = ["HSTUPositionalEncoder"]
@@ -53,6 +54,8 @@ class HSTUPositionalEncoder(nn.Module):
 
     Returns:
         torch.Tensor: [L, E] in seq_embeddings' dtype.
+
+    Serving: :meth:`forward_appended` encodes only the tokens added after a KV cache.
     """
 
     def __init__(
@@ -158,3 +161,75 @@ class HSTUPositionalEncoder(nn.Module):
             query_time=query_time,
             backend=self._backend,
         )
+
+    def forward_appended(
+        self,
+        seq_embeddings: torch.Tensor,
+        seq_offsets: torch.Tensor,
+        cached_lengths: torch.Tensor,
+        seq_timestamps: Optional[torch.Tensor],
+        query_time: Optional[torch.Tensor],
+        targets: bool,
+    ) -> torch.Tensor:
+        """What :meth:`forward` gives the last rows of each sample ``[cached_b | new_b]``,
+        computed from the new rows alone (the cached tokens are not encoded again).
+
+        ``targets=True``: every new row is a target (candidates scored against the cache);
+        ``False``: every new row is history appended after the cache. Without time encoding
+        new history takes positions ``n_b, n_b + 1, ...`` and targets share ``n_b``
+        (``n_b = cached_lengths[b]``). With time encoding every target has position C and
+        time bucket ``fn(query_time[b] - ts)``; appending history is not possible there,
+        because positions count back from the newest history token: every cached token's
+        encoding would change.
+
+        Args:
+            seq_embeddings (torch.Tensor): [N, E] the new rows.
+            seq_offsets (torch.Tensor): [B + 1] offsets of the new rows.
+            cached_lengths (torch.Tensor): [B] tokens before them, the C prefix included.
+            seq_timestamps (torch.Tensor | None): [N] (used with time encoding).
+            query_time (torch.Tensor | None): [B] the anchor the cached tokens were encoded
+                with (required with time encoding).
+            targets (bool): whether the new rows are targets or history.
+
+        Returns:
+            torch.Tensor: [N, E] in seq_embeddings' dtype.
+
+        Raises:
+            NotImplementedError: history rows with time encoding.
+        """
+        sample, step = row_positions(seq_offsets, seq_embeddings.shape[0])
+        cached = cached_lengths.to(torch.int64)[sample]
+        if not self.use_time_encoding:
+            positions = cached if targets else cached + step
+            return self._add_rows(seq_embeddings, positions, None)
+        if not targets:
+            raise NotImplementedError(
+                "appending history is not possible with time encoding: positions count back "
+                "from the newest history token, so the encoding of every cached token changes; "
+                "encode the longer history again"
+            )
+        if seq_timestamps is None or query_time is None:
+            raise ValueError("seq_timestamps and query_time are required with time encoding")
+        positions = torch.full_like(cached, self.contextual_seq_len)
+        anchor = query_time.reshape(-1).to(seq_timestamps.dtype)[sample]
+        return self._add_rows(
+            seq_embeddings, positions, self._time_buckets(anchor - seq_timestamps)
+        )
+
+    def _time_buckets(self, gaps: torch.Tensor) -> torch.Tensor:
+        """[N] bucket of each time gap, in float64 as ``add_timestamp_positional_embeddings``."""
+        scaled = gaps.to(torch.float64).clamp(min=1e-6) / self.time_bucket_increments
+        scaled = torch.sqrt(scaled) if self.time_bucket_fn == "sqrt" else torch.log(scaled)
+        return scaled.clamp(0, self.num_time_buckets).to(torch.int64)
+
+    def _add_rows(
+        self, x: torch.Tensor, positions: torch.Tensor, buckets: Optional[torch.Tensor]
+    ) -> torch.Tensor:
+        """``alpha * x + P[positions] (+ T[buckets])``, summed in float32 (float64 for float64
+        x) and cast to x's dtype, as the ops do."""
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        index = positions.clamp(max=self.num_position_buckets - 1)
+        out = x.to(compute) * self.alpha + self.position_embeddings_weight.to(compute)[index]
+        if buckets is not None:
+            out = out + self.timestamp_embeddings_weight.to(compute)[buckets]
+        return out.to(x.dtype)

@@ -188,6 +188,15 @@ class InputPreprocessor(nn.Module, abc.ABC):
         """C, the contextual tokens prepended to each sample."""
         return 0
 
+    def contextual_feature_key(self) -> Optional[str]:
+        """The feature key of the contextual features (None: no contextual prefix)."""
+        return None
+
+    def max_output_len(self, max_uih_len: int, max_targets: int) -> int:
+        """The longest sequence this preprocessor outputs for these bounds, in train and
+        eval mode (one token per history event and candidate, after the C prefix)."""
+        return self.contextual_seq_len() + max_uih_len + max_targets
+
     @abc.abstractmethod
     def forward(
         self, features: Features, max_uih_len: int, max_targets: int = 0
@@ -232,6 +241,9 @@ class _ContextualBase(InputPreprocessor):
 
     def contextual_seq_len(self) -> int:
         return self._contextual_seq_len
+
+    def contextual_feature_key(self) -> Optional[str]:
+        return self.contextual_group_name if self.contextual is not None else None
 
     def _raw_contextual(self, features: Features, batch: int) -> Optional[torch.Tensor]:
         if self.contextual is None:
@@ -363,6 +375,11 @@ class ContextualInterleavePreprocessor(_ContextualBase):
 
     def interleave_targets(self) -> bool:
         return self.enable_interleaving and self.training
+
+    def max_output_len(self, max_uih_len: int, max_targets: int) -> int:
+        # interleaving makes two tokens of every event (of every candidate too in training)
+        per_event = 2 if self.enable_interleaving else 1
+        return self._contextual_seq_len + per_event * (max_uih_len + max_targets)
 
     def forward(
         self, features: Features, max_uih_len: int, max_targets: int = 0
@@ -548,6 +565,9 @@ class UIHPreprocessor(_ContextualBase):
         )
         self.action_encoder = action_encoder
         self.action_mlp = action_mlp
+
+    def max_output_len(self, max_uih_len: int, max_targets: int) -> int:
+        return self._contextual_seq_len + max_uih_len
 
     def forward(
         self, features: Features, max_uih_len: int, max_targets: int = 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
+import warnings
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -43,6 +44,7 @@ from tzrec_ops.ops.truncation import (
     apply_stu_truncation_plan,
     compute_stu_truncation_plan,
 )
+from tzrec_ops.ops.utils import tracing
 from tzrec_ops.ops.validation import check_once
 
 __all__ = ["KVCache", "STU", "STULayer", "STUOutput", "STUStack", "STUStackOutput"]
@@ -194,8 +196,10 @@ class STULayer(STU):
         sla_k1 (int): semi-local attention window (0 and ``sla_k2 = 0``: SLA off). SLA builds
             an arbitrary mask, which the triton backends do not support. Default: 0.
         sla_k2 (int): semi-local attention global prefix. Default: 0.
-        scaling_seqlen (int): attention divisor; -1 means ``max_seq_len`` of each call. Set it
-            for batch-invariant outputs and for cached == full equality. Default: -1.
+        scaling_seqlen (int): attention divisor; -1 means ``max_seq_len`` of each call (and
+            ``cached_forward`` warns: its divisor is the cache's bound plus the new tokens).
+            Set it for batch-invariant outputs and for cached == full equality; a transducer
+            built with ``max_uih_len`` sets it. Default: -1.
         backend (str | Backend | None): ops backend, resolved once here. Default: None (best
             available).
         device (torch.device | None): where to create the parameters. Default: None.
@@ -633,6 +637,14 @@ class STULayer(STU):
             )
         if self.uses_sla:
             raise NotImplementedError("cached_forward does not support SLA (sla_k1/sla_k2)")
+        if self.scaling_seqlen == -1 and not tracing():
+            warnings.warn(
+                "STULayer.cached_forward with scaling_seqlen=-1 divides attention by the "
+                "cache's max_len plus the new tokens, which is the full forward's divisor only "
+                "when that forward's max_seq_len is exactly this; set scaling_seqlen (the "
+                "models and a transducer built with max_uih_len do) for cached == full",
+                stacklevel=2,
+            )
         if num_targets is not None and num_targets.shape != (batch,):
             raise ValueError(
                 f"num_targets must have shape [B] = [{batch}], got {tuple(num_targets.shape)}"

@@ -25,6 +25,7 @@ def _hstu_retrieval(config: TrainConfig, num_items: int, task_bits: Sequence[int
     return HSTURetrieval(
         num_items,
         config.embedding_dim,
+        max_seq_len=config.max_seq_len,  # attention scaling fixed to the trained bound
         num_heads=config.num_heads,
         num_layers=config.num_layers,
         num_negatives=config.num_negatives,
@@ -58,6 +59,8 @@ def _hstu_ranking(config: TrainConfig, num_items: int, task_bits: Sequence[int],
         config.embedding_dim,
         task_bitmasks=list(task_bits),
         action_weights=[int(a) for a in Action],  # every feedback bit of the history
+        max_uih_len=config.max_seq_len,
+        max_targets=config.num_candidates,
         num_heads=config.num_heads,
         num_layers=config.num_layers,
         dropout_ratio=config.dropout,

@@ -1,12 +1,12 @@
 """HSTU ranking: a DlrmHSTU-style multi-task model over user (x) item embeddings.
 
 Legend: B = batch, L_u / L_t = total history / candidate tokens, E = STU width,
-K = number of tasks.
+K = number of tasks, C = contextual features.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -18,10 +18,25 @@ from tzrec_gr.content_encoder import SliceContentEncoder
 from tzrec_gr.contextualize_mlps import SimpleContextualizedMLP
 from tzrec_gr.hstu_transducer import HSTUTransducer
 from tzrec_gr.layers import MLP, LayerNorm, Linear, SwishLayerNorm
+from tzrec_gr.models._inputs import (
+    check_appended,
+    check_batch,
+    check_bound,
+    check_finite,
+    check_int_tensor,
+    check_item_ids,
+    check_lengths,
+    check_rows,
+)
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
 from tzrec_gr.postprocessors import TimestampLayerNormPostprocessor
 from tzrec_gr.preprocessors import ContextualInterleavePreprocessor
+from tzrec_gr.serving import ServingCache, constant_lengths, longest
 from tzrec_gr.stu import STULayer, STUStack
+
+Batch = Dict[str, torch.Tensor]
+_CONTEXTUAL = "contextual"
+_QUERY_TIME = "query_time"
 
 __all__ = ["HSTURanking"]
 
@@ -31,9 +46,9 @@ class HSTURanking(nn.Module):
 
     The history (items, actions, timestamps) and the candidates go through an
     :class:`HSTUTransducer` (contextual preprocessor with a slice content encoder and a
-    simple action encoder, time-aware positional encoder, target-aware STU stack,
-    timestamp layer-norm postprocessor). Each candidate's user embedding is multiplied
-    elementwise with its item-tower embedding and a multi-task head gives K logits.
+    simple action encoder, positional encoder, target-aware STU stack, timestamp layer-norm
+    postprocessor). Each candidate's user embedding is multiplied elementwise with its
+    item-tower embedding and a multi-task head gives K logits.
 
     Args:
         num_items (int): catalogue size.
@@ -57,18 +72,47 @@ class HSTURanking(nn.Module):
         dropout_ratio (float): input and STU output dropout. Default: 0.1.
         backend (str | Backend | None): ops backend. Default: None.
         device (torch.device | None): parameter device. Default: None.
+        max_uih_len (int): the longest history the model takes (keyword only).
+            Default: 1024.
+        max_targets (int): the most candidates per user (keyword only). Attention divides
+            by ``C + max_uih_len + max_targets`` (twice the events with interleaving), so a
+            user's logits depend neither on a call's bounds nor on the other users of the
+            batch, and the serving methods give what ``forward`` gives. Default: 128.
+        use_time_encoding (bool): time-aware positions (counted back from the newest event)
+            plus time-gap buckets; False: positions counted forward, no time buckets, which
+            :meth:`extend` needs. Keyword only. Default: True.
+        validate_inputs (bool): also check item ids that are on a GPU (one device read per
+            call; ids on the CPU are always checked) and that ``contextual`` holds no NaN or
+            inf. Keyword only. Default: False.
 
     Call Args:
         batch (Dict[str, torch.Tensor]): ``uih.item_id`` [L_u], ``uih.sequence_length`` [B],
             ``uih_action.sequence`` [L_u], ``uih_timestamp.sequence`` [L_u],
             ``candidate.item_id`` [L_t], ``candidate.sequence_length`` [B],
-            ``candidate_timestamp.sequence`` [L_t] and, with C > 0, ``contextual``
-            [B, C * Fc].
-        max_uih_len (int): upper bound on history lengths.
-        max_targets (int): upper bound on candidates per user.
+            ``candidate_timestamp.sequence`` [L_t] (all integer), with C > 0 ``contextual``
+            [B, C * Fc] float, and optionally ``query_time`` [B] integer: the anchor of the
+            time gaps (default: each user's last candidate timestamp, or last history one
+            when the user has no candidates).
+        max_uih_len (int | None): an upper bound on history lengths for this call, at most
+            the constructor's. Default: the constructor's.
+        max_targets (int | None): the same for candidates per user. Default: the
+            constructor's.
 
     Returns:
         torch.Tensor: [L_t, K] logits, candidates in input order.
+
+    Input errors are ``KeyError`` for a missing feature and ``ValueError`` naming the
+    feature otherwise: a float or wrongly shaped id, length, action or timestamp tensor,
+    a negative length or one above its bound, lengths that do not sum to their rows,
+    candidates for another number of users than the history, an item id outside
+    ``[0, num_items)`` (see ``validate_inputs``), a call bound above the constructor's.
+    A NaN in ``contextual`` makes that user's logits NaN (users never mix) unless
+    ``validate_inputs`` rejects it.
+
+    Serving (eval mode; see :meth:`prefill`, :meth:`score`, :meth:`extend`)::
+
+        cache = model.prefill(history, query_time)     # histories, once
+        logits = model.score(cache, candidates)        # any number of candidate sets
     """
 
     def __init__(
@@ -93,6 +137,11 @@ class HSTURanking(nn.Module):
         dropout_ratio: float = 0.1,
         backend: BackendArg = None,
         device: Optional[torch.device] = None,
+        *,
+        max_uih_len: int = 1024,
+        max_targets: int = 128,
+        use_time_encoding: bool = True,
+        validate_inputs: bool = False,
     ) -> None:
         super().__init__()
         if not task_bitmasks:
@@ -103,9 +152,17 @@ class HSTURanking(nn.Module):
                 f"task_weights has {len(weights)} entries but task_bitmasks has "
                 f"{len(task_bitmasks)}; they must match"
             )
+        for name, value, low in (("max_uih_len", max_uih_len, 0), ("max_targets", max_targets, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         e, du = embedding_dim, item_embedding_dim
         kw = {"backend": backend, "device": device}
+        self.num_items = num_items
         self.num_tasks = len(task_bitmasks)
+        self.max_uih_len = max_uih_len
+        self.max_targets = max_targets
+        self.use_time_encoding = use_time_encoding
+        self.validate_inputs = validate_inputs
         self.register_buffer(
             "_task_bits", torch.tensor(list(task_bitmasks), dtype=torch.int64, device=device)
         )
@@ -125,10 +182,12 @@ class HSTURanking(nn.Module):
             action_mlp=SimpleContextualizedMLP(action_encoder.output_dim, e, 2 * e, **kw),
             contextual_feature_dim=contextual_feature_dim,
             max_contextual_seq_len=max_contextual_seq_len,
+            contextual_group_name=_CONTEXTUAL,
             enable_interleaving=enable_interleaving,
             **kw,
         )
         c = preprocessor.contextual_seq_len()
+        self.contextual_seq_len = c
         layers = [
             STULayer(
                 e,
@@ -147,14 +206,16 @@ class HSTURanking(nn.Module):
             positional_encoder=HSTUPositionalEncoder(
                 e,
                 num_position_buckets,
-                num_time_buckets,
-                use_time_encoding=True,
+                num_time_buckets if use_time_encoding else 0,
+                use_time_encoding=use_time_encoding,
                 contextual_seq_len=c,
                 **kw,
             ),
             output_postprocessor=TimestampLayerNormPostprocessor(e, [3600, 86400], [24, 7], **kw),
             input_dropout_ratio=dropout_ratio,
             backend=backend,
+            max_uih_len=max_uih_len,
+            max_targets=max_targets,
         )
         item_hidden = item_hidden_dim or 2 * e
         self.item_tower = nn.Sequential(
@@ -168,21 +229,94 @@ class HSTURanking(nn.Module):
             Linear(mtl_hidden_dim or e, self.num_tasks, **kw),
         )
 
-    def forward(
-        self, batch: Dict[str, torch.Tensor], max_uih_len: int, max_targets: int
-    ) -> torch.Tensor:
-        for key in ("uih.item_id", "candidate.item_id"):
-            if key not in batch:
-                raise KeyError(
-                    f"missing feature {key!r}; features given: {', '.join(sorted(batch))}"
+    # -- input checks ----------------------------------------------------------------------
+
+    @staticmethod
+    def _get(arg: str, batch: Batch, key: str) -> torch.Tensor:
+        if key not in batch:
+            raise KeyError(f"{arg} is missing {key!r}; it has: {', '.join(sorted(batch))}")
+        return batch[key]
+
+    def _check_history(self, arg: str, batch: Batch, max_uih_len: int, contextual: bool) -> int:
+        """Checks the history features of ``batch`` (the argument ``arg``); returns B."""
+        ids = self._get(arg, batch, "uih.item_id")
+        lengths = self._get(arg, batch, "uih.sequence_length")
+        ids_name = f"{arg}['uih.item_id']"
+        check_int_tensor(ids_name, ids)
+        for key in ("uih_action.sequence", "uih_timestamp.sequence"):
+            check_int_tensor(f"{arg}[{key!r}]", self._get(arg, batch, key))
+            check_rows(f"{arg}[{key!r}]", batch[key], ids.shape[0], ids_name)
+        check_lengths(
+            f"{arg}['uih.sequence_length']",
+            lengths,
+            max_uih_len,
+            "max_uih_len",
+            ids.shape[0],
+            ids_name,
+        )
+        check_item_ids(ids_name, ids, self.num_items, self.validate_inputs)
+        if contextual and self.contextual_seq_len > 0:
+            ctx = self._get(arg, batch, _CONTEXTUAL)
+            if not isinstance(ctx, torch.Tensor) or not ctx.is_floating_point():
+                raise ValueError(
+                    f"{arg}[{_CONTEXTUAL!r}] must be a float tensor, got "
+                    f"{getattr(ctx, 'dtype', type(ctx).__name__)}"
                 )
+            check_batch(f"{arg}[{_CONTEXTUAL!r}]", ctx, lengths.shape[0], "uih.sequence_length")
+            check_finite(f"{arg}[{_CONTEXTUAL!r}]", ctx, self.validate_inputs)
+        return lengths.shape[0]
+
+    def _check_candidates(self, arg: str, batch: Batch, max_targets: int, users: int) -> None:
+        """Checks the candidate features of ``batch`` for ``users`` users."""
+        ids = self._get(arg, batch, "candidate.item_id")
+        lengths = self._get(arg, batch, "candidate.sequence_length")
+        ts = self._get(arg, batch, "candidate_timestamp.sequence")
+        ids_name = f"{arg}['candidate.item_id']"
+        lengths_name = f"{arg}['candidate.sequence_length']"
+        check_int_tensor(ids_name, ids)
+        check_int_tensor(f"{arg}['candidate_timestamp.sequence']", ts)
+        check_rows(f"{arg}['candidate_timestamp.sequence']", ts, ids.shape[0], ids_name)
+        check_int_tensor(lengths_name, lengths)
+        check_batch(lengths_name, lengths, users, "the history")
+        check_lengths(lengths_name, lengths, max_targets, "max_targets", ids.shape[0], ids_name)
+        check_item_ids(ids_name, ids, self.num_items, self.validate_inputs)
+
+    @staticmethod
+    def _check_query_time(name: str, query_time: Optional[torch.Tensor], users: int) -> None:
+        if query_time is None:
+            return
+        check_int_tensor(name, query_time)
+        check_batch(name, query_time, users, "the history")
+
+    # -- model -----------------------------------------------------------------------------
+
+    def _features(self, batch: Batch) -> Tuple[Batch, torch.Tensor]:
+        """The transducer's features (item ids embedded) and the candidates' embeddings."""
         features = dict(batch)
         features["uih.sequence"] = self.item_embeddings(batch["uih.item_id"])
         cand = self.item_embeddings(batch["candidate.item_id"])
         features["candidate.sequence"] = cand
-        user = self.transducer(features, max_uih_len, max_targets).candidate_embeddings
+        return features, cand
+
+    def _head(self, user: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
         item = self.item_tower(cand.to(user.dtype))
         return self.task_head(user * item)
+
+    def forward(
+        self,
+        batch: Batch,
+        max_uih_len: Optional[int] = None,
+        max_targets: Optional[int] = None,
+    ) -> torch.Tensor:
+        max_uih_len = check_bound("max_uih_len", max_uih_len, self.max_uih_len)
+        max_targets = check_bound("max_targets", max_targets, self.max_targets)
+        users = self._check_history("batch", batch, max_uih_len, contextual=True)
+        self._check_candidates("batch", batch, max_targets, users)
+        query_time = batch.get(_QUERY_TIME)
+        self._check_query_time(f"batch[{_QUERY_TIME!r}]", query_time, users)
+        features, cand = self._features(batch)
+        out = self.transducer(features, max_uih_len, max_targets, query_time=query_time)
+        return self._head(out.candidate_embeddings, cand)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Weighted sum over tasks of the mean binary cross-entropy.
@@ -203,3 +337,131 @@ class HSTURanking(nn.Module):
             logits.float(), targets.float(), reduction="none"
         ).mean(dim=0)
         return (per_task * self._task_weights).sum()
+
+    # -- serving ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _empty(keys: Sequence[str], users: int, like: torch.Tensor) -> Batch:
+        """No history or no candidates: ``keys`` (ids, lengths, timestamps[, actions])."""
+        empty = torch.zeros(0, dtype=torch.int64, device=like.device)
+        lengths = constant_lengths(0, users, like.device)
+        return {k: lengths if k.endswith("sequence_length") else empty for k in keys}
+
+    def _no_candidates(self, users: int, like: torch.Tensor) -> Batch:
+        keys = ("candidate.item_id", "candidate.sequence_length", "candidate_timestamp.sequence")
+        return self._empty(keys, users, like)
+
+    def _no_history(self, users: int, like: torch.Tensor) -> Batch:
+        keys = (
+            "uih.item_id",
+            "uih.sequence_length",
+            "uih_action.sequence",
+            "uih_timestamp.sequence",
+        )
+        return self._empty(keys, users, like)
+
+    @torch.no_grad()
+    def prefill(
+        self,
+        history: Batch,
+        query_time: Optional[torch.Tensor] = None,
+        max_uih_len: Optional[int] = None,
+    ) -> ServingCache:
+        """Encode B users' histories once and cache every layer's keys and values.
+
+        Args:
+            history (Dict[str, torch.Tensor]): the ``uih.*`` features of ``forward`` (and
+                ``contextual`` with C > 0); no candidates.
+            query_time (torch.Tensor | None): [B] integer request time of each user, the
+                anchor of every time gap (required with time encoding; candidates scored
+                against this cache are measured from it too).
+            max_uih_len (int | None): as in ``forward``.
+
+        Returns:
+            ServingCache: for :meth:`score` (and :meth:`extend`) of this model.
+        """
+        max_uih_len = check_bound("max_uih_len", max_uih_len, self.max_uih_len)
+        self.transducer.check_cache(None)
+        users = self._check_history("history", history, max_uih_len, contextual=True)
+        if self.use_time_encoding and query_time is None:
+            raise ValueError(
+                "query_time is required: the time gaps of the cached history and of the "
+                "candidates scored against it are measured from it"
+            )
+        self._check_query_time("query_time", query_time, users)
+        lengths = history["uih.sequence_length"]
+        features, _ = self._features({**history, **self._no_candidates(users, lengths)})
+        _, cache = self.transducer.prefill(features, max_uih_len, query_time=query_time)
+        return cache
+
+    @torch.no_grad()
+    def score(self, cache: ServingCache, candidates: Batch) -> torch.Tensor:
+        """Logits of candidates against cached histories; the cache is unchanged.
+
+        Exact: equals ``forward(history + candidates)`` with ``query_time`` = the one
+        given to :meth:`prefill` (up to rounding), because targets attend to the history
+        and themselves only, and the divisor is fixed. Call it any number of times with
+        the same cache.
+
+        Args:
+            cache (ServingCache): from :meth:`prefill` (or :meth:`extend`) of this model.
+            candidates (Dict[str, torch.Tensor]): ``candidate.item_id`` [L_t],
+                ``candidate.sequence_length`` [B] (at most ``max_targets`` each),
+                ``candidate_timestamp.sequence`` [L_t].
+
+        Returns:
+            torch.Tensor: [L_t, K] logits, candidates in input order.
+        """
+        self.transducer.check_cache(cache)
+        users = cache.batch_size
+        self._check_candidates("candidates", candidates, self.max_targets, users)
+        lengths = candidates["candidate.sequence_length"]
+        features, cand = self._features({**self._no_history(users, lengths), **candidates})
+        user, _, _ = self.transducer.cached_forward(features, cache, longest(lengths), targets=True)
+        return self._head(user, cand)
+
+    @torch.no_grad()
+    def extend(self, cache: ServingCache, events: Batch) -> ServingCache:
+        """Append ``events['uih.sequence_length'][b]`` new events to user b's history.
+
+        Exact (the result equals :meth:`prefill` of the longer history, up to rounding)
+        only for a model built with ``use_time_encoding=False`` and no contextual features:
+        otherwise ``NotImplementedError``, because positions counted back from the newest
+        event and time gaps to the query time change for every cached token, and the
+        contextual tokens attend to every history token. Prefill the longer history then.
+
+        Args:
+            cache (ServingCache): from :meth:`prefill` or :meth:`extend` of this model.
+            events (Dict[str, torch.Tensor]): the new events as ``uih.*`` features; a user's
+                cached and new events together stay within ``max_uih_len``.
+
+        Returns:
+            ServingCache: the extended cache (the given one is unchanged).
+        """
+        self.transducer.check_cache(cache)
+        if self.use_time_encoding or self.contextual_seq_len > 0:
+            raise NotImplementedError(
+                "HSTURanking.extend needs use_time_encoding=False and no contextual features: "
+                "positions counted back from the newest event, time gaps to the query time "
+                "and contextual tokens (which attend to all history) change for every cached "
+                "token when history grows; prefill the longer history instead"
+            )
+        users = self._check_history("events", events, self.max_uih_len, contextual=False)
+        lengths = events["uih.sequence_length"]
+        check_batch("events['uih.sequence_length']", lengths, cache.batch_size, "the cache")
+        per_event = 2 if self.transducer.input_preprocessor.enable_interleaving else 1
+        check_appended(
+            "events['uih.sequence_length']",
+            cache.lengths,
+            lengths,
+            per_event,
+            self.max_uih_len,
+            "max_uih_len",
+        )
+        features, _ = self._features({**events, **self._no_candidates(users, lengths)})
+        _, _, new = self.transducer.cached_forward(
+            features, cache, longest(lengths), targets=False, update_cache=True
+        )
+        if new is None:
+            raise RuntimeError("the transducer returned no cache with update_cache=True")
+        return new

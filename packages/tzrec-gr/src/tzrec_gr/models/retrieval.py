@@ -1,11 +1,13 @@
 """HSTU retrieval: next-item prediction over user histories with a sampled softmax.
 
-Legend: B = batch, L = total history tokens, E = embedding width, N = negatives.
+Legend: B = batch, L = total history tokens, E = embedding width, N = negatives,
+T = candidates per user.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+import dataclasses
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -13,9 +15,19 @@ from torch import nn
 from tzrec_gr._backend import BackendArg
 from tzrec_gr._jagged import lengths_to_offsets, row_positions
 from tzrec_gr.hstu_transducer import HSTUTransducer
+from tzrec_gr.models._inputs import (
+    check_appended,
+    check_batch,
+    check_bound,
+    check_int_tensor,
+    check_item_ids,
+    check_lengths,
+    check_rows,
+)
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
 from tzrec_gr.postprocessors import L2NormPostprocessor
 from tzrec_gr.preprocessors import UIHPreprocessor
+from tzrec_gr.serving import ServingCache, longest
 from tzrec_gr.stu import STULayer, STUStack
 
 __all__ = ["HSTURetrieval"]
@@ -27,7 +39,8 @@ class HSTURetrieval(nn.Module):
     The loss is a sampled softmax (HSTU paper, retrieval): for each position with a next
     item, logits are ``cos(user_p, item_next) / temperature`` against N shared negatives
     drawn uniformly from the catalogue (a negative equal to the positive is masked out).
-    User and item embeddings are L2-normalized.
+    User and item embeddings are L2-normalized. Positions count forward from each history's
+    start; timestamps are carried but not encoded.
 
     Args:
         num_items (int): catalogue size; ids are in ``[0, num_items)``.
@@ -42,15 +55,33 @@ class HSTURetrieval(nn.Module):
         dropout_ratio (float): input and STU output dropout. Default: 0.2.
         backend (str | Backend | None): ops backend. Default: None.
         device (torch.device | None): parameter device. Default: None.
+        max_seq_len (int): the longest history the model takes (keyword only). Attention
+            divides by it, so a user's embeddings depend neither on a call's
+            ``max_seq_len`` nor on the other users of the batch, and the serving methods
+            give what ``forward`` gives. Default: 512.
+        validate_inputs (bool): also check item ids that are on a GPU (one device read per
+            call; ids on the CPU are always checked). Keyword only. Default: False.
 
     Call Args:
-        item_ids (torch.Tensor): [L] int64 history item ids.
-        lengths (torch.Tensor): [B] history lengths.
-        timestamps (torch.Tensor): [L] int64.
-        max_seq_len (int): upper bound on ``lengths``.
+        item_ids (torch.Tensor): [L] integer history item ids.
+        lengths (torch.Tensor): [B] integer history lengths, in ``[0, max_seq_len]``.
+        timestamps (torch.Tensor): [L] integer timestamps.
+        max_seq_len (int | None): an upper bound on ``lengths`` for this call, at most the
+            constructor's. Default: the constructor's.
 
     Returns:
         torch.Tensor: [L, E] L2-normalized user embedding after each history token.
+
+    Input errors are ``ValueError`` naming the argument: a float or non-1-D tensor, a
+    negative length or one above ``max_seq_len``, lengths that do not sum to
+    ``item_ids.shape[0]``, an item id outside ``[0, num_items)`` (see ``validate_inputs``),
+    a call bound above the constructor's. Every input is an integer, so no NaN can enter.
+
+    Serving (eval mode; see :meth:`prefill`, :meth:`extend`, :meth:`score`)::
+
+        cache = model.prefill(item_ids, lengths, timestamps)      # histories, once
+        scores = model.score(cache, candidate_ids)                # [B, T] cosines
+        new_rows, cache = model.extend(cache, new_ids, new_lengths, new_timestamps)
     """
 
     def __init__(
@@ -67,6 +98,9 @@ class HSTURetrieval(nn.Module):
         dropout_ratio: float = 0.2,
         backend: BackendArg = None,
         device: Optional[torch.device] = None,
+        *,
+        max_seq_len: int = 512,
+        validate_inputs: bool = False,
     ) -> None:
         super().__init__()
         if num_items <= 1:
@@ -77,10 +111,14 @@ class HSTURetrieval(nn.Module):
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if num_layers <= 0:
             raise ValueError(f"num_layers must be > 0, got {num_layers}")
+        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len <= 0:
+            raise ValueError(f"max_seq_len must be an int > 0, got {max_seq_len!r}")
         self.num_items = num_items
         self.embedding_dim = embedding_dim
         self.num_negatives = num_negatives
         self.temperature = temperature
+        self.max_seq_len = max_seq_len
+        self.validate_inputs = validate_inputs
         self.item_embeddings = nn.Embedding(num_items, embedding_dim, device=device)
         nn.init.normal_(self.item_embeddings.weight, std=0.02)
         layers = [
@@ -106,6 +144,7 @@ class HSTURetrieval(nn.Module):
             input_dropout_ratio=dropout_ratio,
             return_full_embeddings=True,
             backend=backend,
+            max_uih_len=max_seq_len,
         )
 
     def item_embedding(self, item_ids: torch.Tensor) -> torch.Tensor:
@@ -113,12 +152,19 @@ class HSTURetrieval(nn.Module):
         emb = self.item_embeddings(item_ids)
         return emb / torch.linalg.vector_norm(emb, dim=-1, keepdim=True).clamp(min=1e-6)
 
-    def _features(self, item_ids, lengths, timestamps) -> Dict[str, torch.Tensor]:
-        if item_ids.dim() != 1 or timestamps.shape != item_ids.shape:
-            raise ValueError(
-                f"item_ids and timestamps must both be [L]; got {tuple(item_ids.shape)} and "
-                f"{tuple(timestamps.shape)}"
-            )
+    def _features(
+        self,
+        item_ids: torch.Tensor,
+        lengths: torch.Tensor,
+        timestamps: torch.Tensor,
+        max_seq_len: int,
+    ) -> Dict[str, torch.Tensor]:
+        """The transducer's features, after checking the inputs."""
+        check_int_tensor("item_ids", item_ids)
+        check_int_tensor("timestamps", timestamps)
+        check_rows("timestamps", timestamps, item_ids.shape[0], "item_ids")
+        check_lengths("lengths", lengths, max_seq_len, "max_seq_len", item_ids.shape[0], "item_ids")
+        check_item_ids("item_ids", item_ids, self.num_items, self.validate_inputs)
         return {
             "uih.sequence": self.item_embeddings(item_ids),
             "uih.sequence_length": lengths,
@@ -130,34 +176,39 @@ class HSTURetrieval(nn.Module):
         item_ids: torch.Tensor,
         lengths: torch.Tensor,
         timestamps: torch.Tensor,
-        max_seq_len: int,
+        max_seq_len: Optional[int] = None,
     ) -> torch.Tensor:
-        out = self.transducer(self._features(item_ids, lengths, timestamps), max_seq_len)
+        max_seq_len = check_bound("max_seq_len", max_seq_len, self.max_seq_len)
+        features = self._features(item_ids, lengths, timestamps, max_seq_len)
+        out = self.transducer(features, max_seq_len)
         if out.full_embeddings is None:
             raise RuntimeError("the transducer must return full embeddings")
         return out.full_embeddings
+
+    @staticmethod
+    def _last_rows(full: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """[B, E] each user's last row of ``full`` (zeros for users without rows)."""
+        if full.shape[0] == 0:
+            return full.new_zeros(lengths.shape[0], full.shape[1])
+        last = (lengths_to_offsets(lengths)[1:] - 1).clamp(min=0)
+        return full[last] * (lengths > 0).unsqueeze(1).to(full.dtype)
 
     def user_embedding(
         self,
         item_ids: torch.Tensor,
         lengths: torch.Tensor,
         timestamps: torch.Tensor,
-        max_seq_len: int,
+        max_seq_len: Optional[int] = None,
     ) -> torch.Tensor:
         """[B, E] the embedding after each user's last token (zeros for empty histories)."""
-        full = self.forward(item_ids, lengths, timestamps, max_seq_len)
-        offsets = lengths_to_offsets(lengths)
-        last = (offsets[1:] - 1).clamp(min=0)
-        if full.shape[0] == 0:
-            return full.new_zeros(lengths.shape[0], self.embedding_dim)
-        return full[last] * (lengths > 0).unsqueeze(1).to(full.dtype)
+        return self._last_rows(self.forward(item_ids, lengths, timestamps, max_seq_len), lengths)
 
     def loss(
         self,
         item_ids: torch.Tensor,
         lengths: torch.Tensor,
         timestamps: torch.Tensor,
-        max_seq_len: int,
+        max_seq_len: Optional[int] = None,
         negatives: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Mean sampled-softmax loss over positions that have a next item.
@@ -180,6 +231,9 @@ class HSTURetrieval(nn.Module):
             negatives = torch.randint(
                 0, self.num_items, (self.num_negatives,), device=item_ids.device
             )
+        else:
+            check_int_tensor("negatives", negatives)
+            check_item_ids("negatives", negatives, self.num_items, self.validate_inputs)
         pos_logit = (user * self.item_embedding(next_ids).to(user.dtype)).sum(-1) / self.temperature
         neg_logit = user @ self.item_embedding(negatives).to(user.dtype).t() / self.temperature
         neg_logit = neg_logit.masked_fill(
@@ -189,3 +243,103 @@ class HSTURetrieval(nn.Module):
         per_row = torch.logsumexp(logits, dim=1) - logits[:, 0]
         weight = has_next.to(per_row.dtype)
         return (per_row * weight).sum() / weight.sum().clamp(min=1.0)
+
+    # -- serving ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def prefill(
+        self,
+        item_ids: torch.Tensor,
+        lengths: torch.Tensor,
+        timestamps: torch.Tensor,
+        max_seq_len: Optional[int] = None,
+    ) -> ServingCache:
+        """Encode B users' histories once and cache every layer's keys and values.
+
+        Arguments as in ``forward``. ``cache.user_embeddings`` is
+        ``user_embedding(item_ids, lengths, timestamps)``.
+
+        Returns:
+            ServingCache: for :meth:`extend` and :meth:`score` of this model.
+        """
+        max_seq_len = check_bound("max_seq_len", max_seq_len, self.max_seq_len)
+        self.transducer.check_cache(None)
+        features = self._features(item_ids, lengths, timestamps, max_seq_len)
+        out, cache = self.transducer.prefill(features, max_seq_len)
+        if out.full_embeddings is None:
+            raise RuntimeError("the transducer must return full embeddings")
+        users = self._last_rows(out.full_embeddings, lengths)
+        return dataclasses.replace(cache, user_embeddings=users)
+
+    @torch.no_grad()
+    def extend(
+        self,
+        cache: ServingCache,
+        item_ids: torch.Tensor,
+        lengths: torch.Tensor,
+        timestamps: torch.Tensor,
+        update_cache: bool = True,
+    ) -> Tuple[torch.Tensor, Optional[ServingCache]]:
+        """Append ``lengths[b]`` new events to user b's cached history.
+
+        Exact: the returned rows are the rows of the new events in
+        ``forward(history + events)`` and the new cache is ``prefill(history + events)``'s
+        (up to rounding), because positions count forward and the layers are causal with a
+        fixed attention divisor: no cached token depends on later ones.
+
+        Args:
+            cache (ServingCache): from :meth:`prefill` or :meth:`extend` of this model.
+            item_ids (torch.Tensor): [L'] the new events' item ids, user-major.
+            lengths (torch.Tensor): [B] new events per user (0 allowed); a user's cached and
+                new events together stay within ``max_seq_len``.
+            timestamps (torch.Tensor): [L'] their timestamps.
+            update_cache (bool): return the extended cache; False returns None and leaves
+                the cache as it was (a what-if, without copying the cache). Default: True.
+
+        Returns:
+            (torch.Tensor [L', E] the user embedding after each new event,
+            ServingCache | None).
+        """
+        self.transducer.check_cache(cache)
+        check_batch("lengths", lengths, cache.batch_size, "the cache")
+        features = self._features(item_ids, lengths, timestamps, self.max_seq_len)
+        check_appended("lengths", cache.lengths, lengths, 1, self.max_seq_len, "max_seq_len")
+        out, _, new = self.transducer.cached_forward(
+            features, cache, longest(lengths), targets=False, update_cache=update_cache
+        )
+        if new is None:
+            return out, None
+        last = self._last_rows(out, lengths)
+        users = torch.where((lengths > 0).unsqueeze(1), last, cache.user_embeddings)
+        return out, dataclasses.replace(new, user_embeddings=users)
+
+    @torch.no_grad()
+    def score(self, cache: ServingCache, candidate_ids: torch.Tensor) -> torch.Tensor:
+        """Cosine similarity of each user's embedding with candidate items.
+
+        Equals ``user_embedding(history) @ item_embedding(candidates)`` per user.
+
+        Args:
+            cache (ServingCache): from :meth:`prefill` or :meth:`extend` of this model.
+            candidate_ids (torch.Tensor): [B, T] candidates per user, or [T] shared by all.
+
+        Returns:
+            torch.Tensor: [B, T] in ``[-1, 1]``.
+        """
+        self.transducer.check_cache(cache)
+        if not isinstance(candidate_ids, torch.Tensor) or candidate_ids.dim() not in (1, 2):
+            raise ValueError(
+                "candidate_ids must be a [B, T] or [T] integer tensor, got "
+                f"{getattr(candidate_ids, 'shape', type(candidate_ids).__name__)}"
+            )
+        check_int_tensor("candidate_ids", candidate_ids, candidate_ids.dim())
+        if candidate_ids.dim() == 2:
+            check_batch("candidate_ids", candidate_ids, cache.batch_size, "the cache")
+        check_item_ids("candidate_ids", candidate_ids, self.num_items, self.validate_inputs)
+        users = cache.user_embeddings
+        if users is None:
+            raise ValueError("cache holds no user embeddings: it was not built by HSTURetrieval")
+        items = self.item_embedding(candidate_ids).to(users.dtype)
+        if items.dim() == 2:
+            return users @ items.t()
+        return torch.einsum("be,bte->bt", users, items)
