@@ -20,6 +20,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from tzrec_bench.cuda_graphs import graphed
 from tzrec_ops.ops.host_copies import to_device
 from tzrec_ops.ops.hstu_attention import delta_hstu_mha
 from tzrec_ops.ops.validation import set_value_checks
@@ -31,19 +32,6 @@ def _bench(fn: Callable[[], object]) -> float:
     import triton
 
     return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
-
-
-def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def make_calls(args: argparse.Namespace, provider: str) -> Dict[str, Callable[[], object]]:
@@ -105,7 +93,7 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, object]]:
                     call()  # autotunes and checks outside the timed window
                     row[label] = _bench(call)
                 set_value_checks(None)
-                row["graph"] = _bench(_graphed(call))
+                row["graph"] = _bench(graphed(call))
                 rows.append(row)
                 print(
                     f"{provider:>9} {form:>7} {row['eager']:9.4f} {row['eager_off']:11.4f} "

@@ -30,6 +30,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from tzrec_bench.cuda_graphs import graphed
 from tzrec_gr import STULayer, STUStack
 from tzrec_gr._jagged import lengths_to_offsets
 from tzrec_ops.ops.host_copies import to_device
@@ -53,20 +54,6 @@ def _bench_ms(fn: Callable[[], object]) -> float:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return (time.perf_counter() - start) / reps * 1e3
-
-
-def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
-    """``fn`` captured in a CUDA graph (after warm-up, so autotuning is done); returns replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def _setup_stack(provider: str, args, device) -> STUStack:
@@ -143,9 +130,9 @@ def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
         for mode, update_cache in SERVE_MODES:
             result[f"{mode}_ms"] = _bench_ms(cached_step(update_cache))
         if device.type == "cuda":
-            result["graph_full_ms"] = _bench_ms(_graphed(full_step))
+            result["graph_full_ms"] = _bench_ms(graphed(full_step))
             for mode, update_cache in SERVE_MODES:
-                result[f"graph_{mode}_ms"] = _bench_ms(_graphed(cached_step(update_cache)))
+                result[f"graph_{mode}_ms"] = _bench_ms(graphed(cached_step(update_cache)))
     return result
 
 
