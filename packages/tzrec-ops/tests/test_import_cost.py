@@ -7,11 +7,19 @@ everything. The checks look at ``sys.modules`` and the registry, not at timings 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 from typing import Dict, Optional
+
+import pytest
+
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None,
+    reason="triton is not installed (the tzrec-ops[triton] extra); its library cannot load",
+)
 
 # Records every importlib.metadata.entry_points() call from here on (the registry looks the
 # function up at call time, so the spy sees plugin discovery).
@@ -149,9 +157,11 @@ _LIBRARY = (
 )
 
 
+@needs_triton
 def test_triton_library_registers_ops_without_building_the_registry_interpreter():
     _run(*_LIBRARY, env=_env(TRITON_INTERPRET="1"))
 
 
+@needs_triton
 def test_triton_library_registers_ops_without_building_the_registry():
     _run(*_LIBRARY, env=_env(TRITON_INTERPRET=None))
