@@ -207,8 +207,9 @@ def test_plugins(session: nox.Session) -> None:
 # -- optional CPU extras: fbgemm-gpu-cpu and torchrec -------------------------------------------
 
 TORCHREC_OVERRIDES = ROOT / "constraints" / "torchrec-cpu-overrides.txt"
-# torchrec 1.8.0's requirements other than fbgemm-gpu (pip cannot override a requirement)
-TORCHREC_DEPS = ("tensordict", "torchmetrics==1.0.3", "tqdm", "pyre-extensions")
+# torchrec 1.8.0's requirements other than fbgemm-gpu (pip cannot override a requirement;
+# torchmetrics at the constraints' version, as in the overrides file)
+TORCHREC_DEPS = ("tensordict", "torchmetrics", "tqdm", "pyre-extensions")
 
 
 @nox.session(name="test-ops-fbgemm", tags=["test"])
