@@ -17,7 +17,7 @@ from typing import Iterator, Optional, Tuple
 import torch
 
 from tzrec_gr.stu import KVCache
-from tzrec_ops.ops.host_copies import host_copy, remember_host_copy, to_device
+from tzrec_ops.ops.host_copies import host_copy, remember_host_copy
 
 __all__ = ["ServingCache"]
 
@@ -31,9 +31,9 @@ def new_owner_id() -> int:
 
 def constant_lengths(value: int, batch: int, device: torch.device) -> torch.Tensor:
     """[B] int64 ``value`` on ``device``, with its host copy known (no read to check it)."""
-    values = torch.full((batch,), value, dtype=torch.int64)
-    moved = to_device(values, device)
-    return moved if moved is not values else remember_host_copy(values, values)
+    # filled on the device (no host-to-device copy, so a CUDA graph can capture it)
+    values = torch.full((batch,), value, dtype=torch.int64, device=device)
+    return remember_host_copy(values, torch.full((batch,), value, dtype=torch.int64))
 
 
 def _max(values: torch.Tensor) -> int:
