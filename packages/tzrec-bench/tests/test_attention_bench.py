@@ -1,11 +1,11 @@
-"""The attention benchmark's report of the autotuner's choices."""
+"""``tzrec-bench ops --show-configs``: the report of the autotuner's choices."""
 
 from __future__ import annotations
 
 import sys
 import types
 
-from tzrec_bench.kernels.hstu_attention import chosen_configs
+from tzrec_bench.opbench.triton_configs import chosen_configs
 
 
 def _config(num_warps, num_stages, maxnreg=None, **kwargs):

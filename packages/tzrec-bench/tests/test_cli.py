@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +26,7 @@ def _exit_code(argv, capsys):
     return exc.value.code, capsys.readouterr()
 
 
-@pytest.mark.parametrize("command", ["train", "evaluate"])
+@pytest.mark.parametrize("command", ["train", "evaluate", "ops", "run-configs"])
 def test_help_lists_and_explains_every_option(command, capsys):
     code, out = _exit_code([command, "--help"], capsys)
     assert code == 0
@@ -36,7 +39,8 @@ def test_help_lists_and_explains_every_option(command, capsys):
 
 def test_top_level_help_names_the_subcommands(capsys):
     code, out = _exit_code(["--help"], capsys)
-    assert code == 0 and "train" in out.out and "evaluate" in out.out
+    assert code == 0
+    assert all(name in out.out for name in ("train", "evaluate", "ops", "run-configs"))
     code, out = _exit_code([], capsys)
     assert code == 2 and "COMMAND" in out.err
 
@@ -92,3 +96,22 @@ def test_python_dash_m_runs_the_command():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: tzrec-bench train")
+
+
+def _readme_commands():
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    blocks = re.findall(r"```bash\n(.*?)```", readme.read_text(), re.S)
+    return [shlex.split(line.split(" # ")[0])[1:] for block in blocks
+            for line in block.splitlines() if line.startswith("tzrec-bench ")]
+
+
+def test_readme_commands_parse_and_the_cpu_ops_example_runs(tmp_path, capsys):
+    commands = _readme_commands()
+    assert {argv[0] for argv in commands} >= {"train", "evaluate", "ops", "run-configs"}
+    parser = build_parser()[0]
+    for argv in commands:
+        parser.parse_args(argv)  # exits 2 on an option the command does not have
+    cpu = [argv for argv in commands if argv[0] == "ops" and "cpu" in argv]
+    assert len(cpu) == 1
+    assert main([*cpu[0], "--csv", str(tmp_path / "ops.csv"), "--no-progress"]) == 0
+    assert "hstu_mha" in capsys.readouterr().out

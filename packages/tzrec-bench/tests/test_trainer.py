@@ -148,3 +148,18 @@ def test_ml_100k_smoke(tmp_path):
     )
     assert result.steps == 3 and result.test["count"] == 943
     assert 0.0 <= result.test["ndcg@10"] <= 1.0
+
+
+def test_steady_state_throughput_leaves_out_the_first_log_window():
+    from tzrec_bench.train.report import steady_state
+
+    first = {"step": 10, "seconds": 50.0, "tokens": 1000, "samples": 10}  # compiles
+    later = [
+        {"step": 20, "seconds": 1.0, "tokens": 3000, "samples": 30},
+        {"step": 30, "seconds": 2.0, "tokens": 3000, "samples": 30},
+    ]
+    line = steady_state([first, *later])
+    assert line == (
+        "after the first log window (compiles, warm-up): 20 steps, 2.0k tokens/s, 20 samples/s"
+    )
+    assert steady_state([first]) is None

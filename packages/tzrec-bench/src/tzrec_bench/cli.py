@@ -1,9 +1,12 @@
-"""The ``tzrec-bench`` command: ``train`` and ``evaluate`` (also ``python -m tzrec_bench``).
+"""The ``tzrec-bench`` command: ``train``, ``evaluate``, ``ops`` and ``run-configs`` (also
+``python -m tzrec_bench``).
 
     tzrec-bench train --model hstu-retrieval --data synthetic --epochs 3
     tzrec-bench train --model sasrec --data ml-100k --data-dir ../shared/data/ml-100k
     torchrun --nproc-per-node 2 -m tzrec_bench train --max-steps 100   # data-parallel
     tzrec-bench evaluate tzrec-bench-runs/run --split test
+    tzrec-bench ops --op hstu_mha --backends pytorch,triton --mode fwd,bwd
+    tzrec-bench run-configs hstu-retrieval-synthetic --repeats 3
 
 Each subcommand is a function that adds its parser and one that runs it (``SUBCOMMANDS``),
 so more subcommands slot in beside these. Bad option values exit with status 2 and a
@@ -286,12 +289,48 @@ def _run_evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     return 0
 
 
+# -- ops -----------------------------------------------------------------------------------
+
+
+def _add_ops(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from tzrec_bench.opbench.command import add_parser
+
+    return add_parser(subparsers, _HelpFormatter)
+
+
+def _run_ops(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from tzrec_bench.opbench.command import UsageError, run_command
+
+    try:
+        return run_command(args)
+    except UsageError as exc:  # one line, no usage block: the message names the option
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+# -- run-configs ---------------------------------------------------------------------------
+
+
+def _add_run_configs(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from tzrec_bench.regression.command import add_parser
+
+    return add_parser(subparsers, _HelpFormatter)
+
+
+def _run_run_configs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from tzrec_bench.regression.command import run
+
+    return run(args, parser)
+
+
 # -- entry point -----------------------------------------------------------------------------
 
 Runner = Callable[[argparse.Namespace, argparse.ArgumentParser], int]
 SUBCOMMANDS: Dict[str, Tuple[Callable[..., argparse.ArgumentParser], Runner]] = {
     "train": (_add_train, _run_train),
     "evaluate": (_add_evaluate, _run_evaluate),
+    "ops": (_add_ops, _run_ops),
+    "run-configs": (_add_run_configs, _run_run_configs),
 }
 
 
@@ -299,7 +338,8 @@ def build_parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.Argument
     """The top-level parser and each subcommand's parser."""
     parser = argparse.ArgumentParser(
         prog="tzrec-bench",
-        description="Train and evaluate tzrec-gr models and baselines on recommendation data.",
+        description="Train and evaluate tzrec-gr models and baselines on recommendation data, "
+        "check them against baselines, and time tzrec-ops ops per backend.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -21,11 +21,8 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from tzrec_bench.cuda_graphs import graphed
-from tzrec_ops.ops.host_copies import to_device
-from tzrec_ops.ops.hstu_attention import delta_hstu_mha
-from tzrec_ops.ops.validation import set_value_checks
-
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from tzrec_bench.opbench.command import DTYPES
+from tzrec_ops import delta_hstu_mha, set_value_checks, to_device
 
 
 def _bench(fn: Callable[[], object]) -> float:
@@ -38,7 +35,7 @@ def make_calls(args: argparse.Namespace, provider: str) -> Dict[str, Callable[[]
     """The split and concatenated calls over one random batch."""
     g = torch.Generator().manual_seed(args.seed)
     b, d, h, dim = args.batch, args.delta, args.heads, args.dim
-    dtype, dev = _DTYPES[args.dtype], "cuda"
+    dtype, dev = DTYPES[args.dtype], "cuda"
     cached = torch.randint(int(0.9 * args.cache_len), args.cache_len + 1, (b,), generator=g)
     cache_offsets = torch.zeros(b + 1, dtype=torch.int64)
     cache_offsets[1:] = torch.cumsum(cached, 0)
@@ -70,7 +67,7 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, object]]:
     p.add_argument("--cache-len", type=int, default=2000)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--seed", type=int, default=1001)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

@@ -31,10 +31,11 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from tzrec_bench.cuda_graphs import graphed
+from tzrec_bench.opbench.report import device_name, triton_version
+from tzrec_bench.opbench.shapes import Shape, jagged_batch
 from tzrec_gr import STULayer, STUStack
 from tzrec_gr._jagged import lengths_to_offsets
-from tzrec_ops.ops.host_copies import to_device
-from tzrec_ops.ops.validation import set_value_checks
+from tzrec_ops import set_value_checks, to_device
 
 
 def _bench_ms(fn: Callable[[], object]) -> float:
@@ -78,10 +79,11 @@ def bench_train(provider: str, args, device, dtype) -> Dict[str, float]:
     torch.manual_seed(1001)
     stack = _setup_stack(provider, args, device)
     n = args.max_seq_len
-    lengths = torch.randint(int(0.9 * n), n, (args.batch,))
-    offsets = to_device(lengths_to_offsets(lengths), device)
-    num_targets = to_device(torch.randint(1, 20, (args.batch,)), device)
-    tokens = int(lengths.sum())
+    batch = jagged_batch(Shape(args.batch, n, args.heads, args.head_dim, args.head_dim,
+                               args.embedding_dim))
+    offsets = to_device(batch.offsets, device)
+    num_targets = to_device(batch.num_targets, device)
+    tokens = batch.tokens
     x = torch.randn(tokens, args.embedding_dim, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn(tokens, args.embedding_dim, device=device, dtype=dtype)
 
@@ -159,11 +161,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True
-    import triton  # noqa: F401  (for the version line; the pytorch provider does not need it)
-
-    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(
-        f"device {gpu}, torch {torch.__version__}, triton {triton.__version__}, {args.dtype}, "
+        f"device {device_name(device)}, torch {torch.__version__}, triton {triton_version()}, "
+        f"{args.dtype}, "
         f"E {args.embedding_dim}, H {args.heads}, d {args.head_dim}, {args.layers} layers, "
         f"B {args.batch}, N {args.max_seq_len}"
     )

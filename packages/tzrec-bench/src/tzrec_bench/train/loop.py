@@ -39,7 +39,7 @@ from tzrec_bench.train.distributed import (
 from tzrec_bench.train.early_stopping import EarlyStopping
 from tzrec_bench.train.factory import build_model, make_task
 from tzrec_bench.train.plot import plot_curves
-from tzrec_bench.train.report import metrics_table, throughput_line
+from tzrec_bench.train.report import metrics_table, steady_state, throughput_line
 from tzrec_bench.train.task import Batch, Task, amp_dtype, autocast
 from tzrec_ops.registry import resolve_backend
 
@@ -58,7 +58,8 @@ class RunResult:
         best_step: the step of the best validation metric (None if never validated).
         valid: validation metrics at ``best_step``.
         test: test metrics of the best weights.
-        history: ``{"train": [{step, loss, tokens_per_s}], "valid": [{step, metrics...}]}``.
+        history: ``{"train": [{step, loss, tokens_per_s, seconds, tokens, samples}],
+            "valid": [{step, metrics...}]}`` (train: one entry per log window).
         train_seconds: time spent in training steps in this process (no evaluation).
         tokens: tokens of the global batches trained on in this process.
         out_dir: the run's folder.
@@ -340,7 +341,7 @@ class Trainer:
             disable=not (self.ctx.is_main and config.progress),
         )
         train_seconds, tokens = 0.0, 0
-        window_seconds, window_tokens = 0.0, 0
+        window_seconds, window_tokens, window_samples = 0.0, 0, 0
         while self.step < self.total_steps and not self.stopper.should_stop:
             rows = self._global_rows(self.step)
             started = time.perf_counter()
@@ -355,14 +356,17 @@ class Trainer:
             batch_tokens = self.task.tokens(rows)
             tokens += batch_tokens
             window_tokens += batch_tokens
+            window_samples += len(rows)
             bar.update(1)
             if logged:
                 rate = window_tokens / window_seconds
-                self.history["train"].append(
-                    {"step": self.step, "loss": value, "tokens_per_s": rate}
-                )
+                self.history["train"].append({
+                    "step": self.step, "loss": value, "tokens_per_s": rate,
+                    "seconds": window_seconds, "tokens": window_tokens,
+                    "samples": window_samples,
+                })
                 bar.set_postfix(loss=f"{value:.4f}", tok_s=f"{rate:.0f}")
-                window_seconds, window_tokens = 0.0, 0
+                window_seconds, window_tokens, window_samples = 0.0, 0, 0
             validated = self.step % self.eval_every == 0
             if validated:
                 self._validate()
@@ -389,6 +393,9 @@ class Trainer:
         if result.tokens:
             print(throughput_line(result.steps, result.train_seconds, result.tokens,
                                   str(self.ctx.device), backend_name(config)))
+            steady = steady_state(self.history["train"])
+            if steady:
+                print(steady)
         if config.plot:
             shown = [config.key_metric, "hr@10"] if config.task == "retrieval" else list(
                 result.test)

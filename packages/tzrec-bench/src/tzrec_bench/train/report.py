@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, Mapping
+from typing import Dict, Mapping, Optional, Sequence
 
 
 def _cell(name: str, value: float) -> str:
@@ -40,6 +40,25 @@ def throughput_line(steps: int, seconds: float, tokens: int, device: str, backen
     return (
         f"trained {steps} steps in {seconds:.1f} s: {_si(rate)} tokens/s "
         f"({device}, {backend})"
+    )
+
+
+def steady_state(windows: Sequence[Mapping[str, float]]) -> Optional[str]:
+    """Throughput over the log windows after the first, or None with fewer than two.
+
+    The first window pays the one-time costs (Triton compiles one kernel variant per new
+    shape class, autotuning, allocator warm-up), which can dominate a short GPU run.
+    """
+    later = [w for w in windows[1:] if w.get("seconds")]
+    seconds = sum(w["seconds"] for w in later)
+    if not later or seconds <= 0:
+        return None
+    tokens = sum(w["tokens"] for w in later)
+    samples = sum(w["samples"] for w in later)
+    steps = later[-1]["step"] - windows[0]["step"]
+    return (
+        f"after the first log window (compiles, warm-up): {steps} steps, {_si(tokens / seconds)} "
+        f"tokens/s, {_si(samples / seconds)} samples/s"
     )
 
 

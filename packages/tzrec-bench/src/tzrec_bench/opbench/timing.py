@@ -1,0 +1,112 @@
+"""Time one op call in one mode and measure the memory it takes.
+
+``fwd`` times the call under ``torch.no_grad``; ``bwd`` runs the forward once with autograd
+and times ``torch.autograd.grad`` of its outputs (a fixed random upstream gradient) with
+respect to the case's inputs, keeping the graph. One untimed call first (autotuning, the
+value checks' first look at the index tensors), then the timed ones:
+``triton.testing.do_bench`` medians on CUDA (warm-up 25 ms, ``rep`` ms, architecture §6) when
+triton is installed, else the median of repeated calls timed with CUDA events or, on the CPU,
+the wall clock, for at least ``rep`` ms and 3 calls. Peak memory is
+``torch.cuda.max_memory_allocated`` over the timed calls, above what was allocated before the
+forward (for ``bwd`` it includes the saved activations); on the CPU it is not measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+from tzrec_bench.opbench.cases import Case
+
+MIN_CALLS = 3
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One mode of one case: median ms, peak MiB above the inputs (None on the CPU), the
+    epoch-seconds window of the timed calls, and the bytes of the tensors it reads and
+    writes at the least (inputs and outputs; for ``bwd`` also their gradients)."""
+
+    ms: float
+    peak_mib: Optional[float]
+    window: Tuple[float, float]
+    traffic_bytes: int
+
+
+def outputs(result: Any) -> List[torch.Tensor]:
+    """The tensors an op returned (one tensor, or a tuple that may hold non-tensors)."""
+    if isinstance(result, torch.Tensor):
+        return [result]
+    return [t for t in result if isinstance(t, torch.Tensor)]
+
+
+def _bytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_ms(fn: Callable[[], object], device: torch.device, rep_ms: float) -> float:
+    """Median milliseconds of ``fn`` (see the module docstring)."""
+    if device.type == "cuda":
+        try:
+            from triton.testing import do_bench
+        except ImportError:
+            pass
+        else:
+            return float(do_bench(fn, warmup=25, rep=int(rep_ms), return_mode="median"))
+    times: List[float] = []
+    started = time.perf_counter()
+    while len(times) < MIN_CALLS or (time.perf_counter() - started) * 1e3 < rep_ms:
+        if device.type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(begin.elapsed_time(end))
+        else:
+            begin_s = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - begin_s) * 1e3)
+    return statistics.median(times)
+
+
+def measure(case: Case, mode: str, device: torch.device, rep_ms: float) -> Measurement:
+    """Times ``case`` in ``mode`` (``"fwd"`` or ``"bwd"``)."""
+    cuda = device.type == "cuda"
+    _sync(device)
+    base = torch.cuda.memory_allocated(device) if cuda else 0
+    in_bytes = _bytes(case.inputs)
+    with case.context():
+        if mode == "fwd":
+            def run() -> Any:
+                with torch.no_grad():
+                    return case.call(*case.inputs)
+
+            traffic = in_bytes + _bytes(outputs(run()))  # the untimed first call
+        else:
+            outs = [o for o in outputs(case.call(*case.inputs)) if o.requires_grad]
+            grads = [torch.randn_like(o) * 0.1 for o in outs]
+
+            def run() -> Any:
+                return torch.autograd.grad(outs, case.inputs, grads, retain_graph=True,
+                                           allow_unused=True)
+
+            run()
+            traffic = _bytes(grads) + 2 * in_bytes
+        _sync(device)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.time()
+        ms = median_ms(run, device, rep_ms)
+        window = (start, time.time())
+    peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20 if cuda else None
+    return Measurement(ms, peak, window, traffic)
