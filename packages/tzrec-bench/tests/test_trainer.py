@@ -51,6 +51,21 @@ def test_loss_decreases_and_the_metrics_table_is_printed(tmp_path, capsys, model
     assert set(summary["test"]) == set(result.test)
 
 
+@pytest.mark.parametrize("model", ["hstu-retrieval", "hstu-ranking"])
+def test_checkpoints_rebuild_the_model_without_tzrec_bench(tmp_path, model):
+    """The checkpoint names the model's class and constructor arguments (``model_config``):
+    tzrec-acc rebuilds the trained model from it alone."""
+    from tzrec_acc.checkpoint import load_model
+
+    train(_config(tmp_path, model=model, max_steps=2))
+    best = checkpoint.load(tmp_path / "run" / checkpoint.BEST)
+    assert best["model_config"]["kwargs"]["max_seq_len" if model == "hstu-retrieval"
+                                          else "max_uih_len"] == TINY["max_seq_len"]
+    rebuilt = load_model(tmp_path / "run" / checkpoint.BEST).state_dict()
+    assert rebuilt.keys() == best["model"].keys()
+    assert all(torch.equal(rebuilt[k], best["model"][k].cpu()) for k in rebuilt)
+
+
 def test_the_plot_is_written_or_skipped_with_the_extra_to_install(tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib")
     train(_config(tmp_path, max_steps=2, plot=True))

@@ -3,7 +3,7 @@ arguments) and the task it trains on."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -17,14 +17,14 @@ from tzrec_bench.train.retrieval import RetrievalTask
 from tzrec_bench.train.task import Task
 from tzrec_gr.models import HSTURanking, HSTURetrieval
 
-Builder = Callable[[TrainConfig, int, Sequence[int], Optional[torch.device]], nn.Module]
+#: (model class, its constructor arguments except ``device``: plain values that JSON holds)
+Spec = Tuple[type, Dict[str, Any]]
 
 
-def _hstu_retrieval(config: TrainConfig, num_items: int, task_bits: Sequence[int],
-                    device: Optional[torch.device]) -> nn.Module:
-    return HSTURetrieval(
-        num_items,
-        config.embedding_dim,
+def _hstu_retrieval(config: TrainConfig, num_items: int, task_bits: Sequence[int]) -> Spec:
+    return HSTURetrieval, dict(
+        num_items=num_items,
+        embedding_dim=config.embedding_dim,
         max_seq_len=config.max_seq_len,  # attention scaling fixed to the trained bound
         num_heads=config.num_heads,
         num_layers=config.num_layers,
@@ -32,31 +32,27 @@ def _hstu_retrieval(config: TrainConfig, num_items: int, task_bits: Sequence[int
         temperature=config.temperature,
         dropout_ratio=config.dropout,
         backend=config.backend,
-        device=device,
     )
 
 
-def _sasrec(config: TrainConfig, num_items: int, task_bits: Sequence[int],
-            device: Optional[torch.device]) -> nn.Module:
-    return SASRec(
-        num_items,
-        config.embedding_dim,
-        config.max_seq_len,
+def _sasrec(config: TrainConfig, num_items: int, task_bits: Sequence[int]) -> Spec:
+    return SASRec, dict(
+        num_items=num_items,
+        embedding_dim=config.embedding_dim,
+        max_seq_len=config.max_seq_len,
         num_heads=config.num_heads,
         num_layers=config.num_layers,
         dropout_ratio=config.dropout,
         num_negatives=config.num_negatives,
         temperature=config.temperature,
-        device=device,
     )
 
 
-def _hstu_ranking(config: TrainConfig, num_items: int, task_bits: Sequence[int],
-                  device: Optional[torch.device]) -> nn.Module:
-    return HSTURanking(
-        num_items,
-        config.embedding_dim,
-        config.embedding_dim,
+def _hstu_ranking(config: TrainConfig, num_items: int, task_bits: Sequence[int]) -> Spec:
+    return HSTURanking, dict(
+        num_items=num_items,
+        item_embedding_dim=config.embedding_dim,
+        embedding_dim=config.embedding_dim,
         task_bitmasks=list(task_bits),
         action_weights=[int(a) for a in Action],  # every feedback bit of the history
         max_uih_len=config.max_seq_len,
@@ -65,15 +61,30 @@ def _hstu_ranking(config: TrainConfig, num_items: int, task_bits: Sequence[int],
         num_layers=config.num_layers,
         dropout_ratio=config.dropout,
         backend=config.backend,
-        device=device,
     )
 
 
-MODELS: Dict[str, Builder] = {
+MODELS: Dict[str, Callable[[TrainConfig, int, Sequence[int]], Spec]] = {
     "hstu-retrieval": _hstu_retrieval,
     "sasrec": _sasrec,
     "hstu-ranking": _hstu_ranking,
 }
+
+
+def model_config(
+    config: TrainConfig, num_items: int, task_bits: Sequence[int] = ()
+) -> Dict[str, Any]:
+    """``{"model": class name, "kwargs": constructor arguments}`` of ``config.model``: what
+    checkpoints store so that a model is rebuilt without this package (``tzrec-acc``).
+
+    Args:
+        config (TrainConfig): the run's settings.
+        num_items (int): catalogue size.
+        task_bits (Sequence[int]): the ranking model's label bit per task (ignored by the
+            retrieval models).
+    """
+    cls, kwargs = MODELS[config.model](config, num_items, task_bits)
+    return {"model": cls.__name__, "kwargs": kwargs}
 
 
 def build_model(
@@ -82,16 +93,10 @@ def build_model(
     task_bits: Sequence[int] = (),
     device: Optional[torch.device] = None,
 ) -> nn.Module:
-    """The model ``config.model`` for a catalogue of ``num_items``.
-
-    Args:
-        config (TrainConfig): the run's settings.
-        num_items (int): catalogue size.
-        task_bits (Sequence[int]): the ranking model's label bit per task (ignored by the
-            retrieval models).
-        device (torch.device | None): where the parameters are made.
-    """
-    return MODELS[config.model](config, num_items, task_bits, device)
+    """The model ``config.model`` for a catalogue of ``num_items`` (arguments as in
+    :func:`model_config`), with its parameters on ``device``."""
+    cls, kwargs = MODELS[config.model](config, num_items, task_bits)
+    return cls(**kwargs, device=device)
 
 
 def make_task(config: TrainConfig, dataset: SequenceDataset, ctx: DistContext) -> Task:

@@ -37,7 +37,7 @@ from tzrec_bench.train.distributed import (
     shard,
 )
 from tzrec_bench.train.early_stopping import EarlyStopping
-from tzrec_bench.train.factory import build_model, make_task
+from tzrec_bench.train.factory import build_model, make_task, model_config
 from tzrec_bench.train.plot import plot_curves
 from tzrec_bench.train.report import metrics_table, steady_state, throughput_line
 from tzrec_bench.train.task import Batch, Task, amp_dtype, autocast
@@ -237,8 +237,8 @@ class Trainer:
             if self.ctx.is_main:
                 checkpoint.save(
                     self.out_dir / checkpoint.BEST,
-                    {"config": self.config.to_dict(), "step": self.step,
-                     "metrics": metrics, "model": self.best_state},
+                    {"config": self.config.to_dict(), "model_config": self._model_config(),
+                     "step": self.step, "metrics": metrics, "model": self.best_state},
                 )
         if improved:
             note = "new best"
@@ -250,6 +250,10 @@ class Trainer:
 
     # -- checkpoints -------------------------------------------------------------------
 
+    def _model_config(self) -> Dict[str, Any]:
+        """The model's class and constructor arguments (rebuilt from them by tzrec-acc)."""
+        return model_config(self.config, self.task.num_items, self.task.task_bits)
+
     def _save_checkpoint(self) -> None:
         rng = gather_objects(checkpoint.capture_rng(), self.ctx)  # a collective: every rank
         if self.ctx.is_main:
@@ -257,6 +261,7 @@ class Trainer:
                 self.out_dir / checkpoint.CHECKPOINT,
                 {
                     "config": self.config.to_dict(),
+                    "model_config": self._model_config(),
                     "step": self.step,
                     "world_size": self.ctx.world_size,
                     "model": self.model.state_dict(),

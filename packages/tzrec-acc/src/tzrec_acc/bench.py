@@ -1,0 +1,305 @@
+"""``python -m tzrec_acc.bench``: what export and quantization buy for the HSTU ranking model.
+
+Three comparisons, each printed with the device, torch / triton versions and shapes:
+
+1. the full forward (B users, ~``history`` events each, ``new`` candidates each): eager
+   against its AOTInductor package, loaded in this process;
+2. the packaged cached serving step (``new`` candidates scored against a ``history``-event
+   cache: ``HSTURanking.score``) against the packaged full forward of the same users;
+3. int8 dense layers + int8 embedding tables against float, in eager mode on the CPU (torch's
+   dynamic int8 linear runs there only): latency and the metric change. The metric is the
+   AUC of the first task; its labels are the float model's own decisions (logit above the
+   median) on synthetic data, so the float AUC is 1 and the change measures how much
+   quantization reorders candidates. With ``--movielens DIR`` (MovieLens-100K's ``u.data``
+   or ``u.data.gz``) the labels are ratings >= 4 of each user's last ``new`` ratings, the
+   history their earlier ones; pass a trained model with ``--model`` for a meaningful AUC.
+
+GPU figures of the issue: ``--device cuda --backend triton --dtype bf16 --batch 64
+--history 2000 --new 8`` (the default model: 3 layers, E = 512, 4 heads). CPU test sizes:
+``--batch 2 --history 16 --new 4 --dim 16 --layers 1 --repeats 2``.
+
+An AOTInductor package links the C++ compiler's libstdc++; the script restarts itself once
+with it preloaded (see tzrec-ops' README, "Compile and export").
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = ["main"]
+
+_PRELOADED = "TZREC_ACC_BENCH_PRELOADED"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tzrec_acc.bench", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--backend", default="pytorch", help="tzrec-ops backend (triton on a GPU)")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
+    p.add_argument("--batch", type=int, default=8, help="B users")
+    p.add_argument("--history", type=int, default=256, help="the longest history")
+    p.add_argument("--new", type=int, default=8, help="candidates per user")
+    p.add_argument("--dim", type=int, default=512, help="E")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--items", type=int, default=10000, help="catalogue size")
+    p.add_argument("--repeats", type=int, default=20, help="timed calls (median reported)")
+    p.add_argument("--model", help="a checkpoint / state dict to use instead of a fresh model")
+    p.add_argument("--config", help="the model config of a plain state dict")
+    p.add_argument("--movielens", help="MovieLens-100K folder (with u.data) for the metric")
+    p.add_argument("--skip-quant", action="store_true", help="skip comparison 3")
+    p.add_argument("--workdir", help="where packages are written (default: a temporary one)")
+    return p
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_ms(run: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    for _ in range(3):
+        run()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        run()
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _versions(device: torch.device) -> str:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+    return (
+        f"device {device} ({name or platform.machine()}), torch {torch.__version__}, "
+        f"triton {triton_version}, python {platform.python_version()}"
+    )
+
+
+def _model(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
+    from tzrec_acc.checkpoint import load_model
+    from tzrec_gr.models import HSTURanking
+
+    if args.model:
+        return load_model(args.model, args.config, args.backend).to(device).eval()
+    torch.manual_seed(0)
+    model = HSTURanking(
+        args.items,
+        args.dim,
+        args.dim,
+        [1, 2],
+        [1, 2, 4, 8],
+        num_heads=args.heads,
+        num_layers=args.layers,
+        dropout_ratio=0.0,
+        backend=args.backend,
+        device=device,
+        max_uih_len=args.history,
+        max_targets=args.new,
+        use_time_encoding=True,
+    )
+    return model.eval()
+
+
+def _package(module: torch.nn.Module, call: Tuple[Any, ...], shapes: Any, path: str) -> Any:
+    from tzrec_acc import aot
+
+    program = aot.export(module, call, shapes)
+    aot.compile_package(program, path)
+    return torch._inductor.aoti_load_package(path)
+
+
+def _forward_and_step(
+    args: argparse.Namespace, model: torch.nn.Module, device: torch.device, workdir: str
+) -> List[str]:
+    from tzrec_acc import aot, gr
+    from tzrec_acc.precision import HalfPrecision
+
+    lines = []
+    step, step_call, step_shapes = gr.serving_step(model, args.history, args.new, args.batch)
+    (features,) = gr.sample_inputs(model, args.batch, args.history, args.new, 0, device)
+    query_time = step_call[4]
+    features["query_time"] = query_time  # the cache's time anchor, for the same logits
+    full_call, full_shapes = (features,), gr.dynamic_shapes(model, (features,), args.batch)
+    # export from the varied example; time every user with exactly ``new`` candidates
+    candidates = _candidates(model, args.batch, args.new, query_time)
+    timed_full = ({**features, **candidates, "query_time": query_time},)
+    timed_step = (*step_call[:-1], candidates)
+    if args.dtype != "fp32":
+        model, step = (
+            HalfPrecision(model, args.dtype).eval(),
+            HalfPrecision(step, args.dtype).eval(),
+        )
+        full_shapes, step_shapes = (tuple(full_shapes),), (tuple(step_shapes),)
+    with torch.no_grad():
+        eager = _median_ms(lambda: model(*timed_full), device, args.repeats)
+        full_pkg = _package(model, full_call, full_shapes, os.path.join(workdir, "full.pt2"))
+        step_pkg = _package(step, step_call, step_shapes, os.path.join(workdir, "step.pt2"))
+        for name, want, got in (
+            ("full forward", model(*timed_full), full_pkg(*timed_full)),
+            ("serving step", step(*timed_step), step_pkg(*timed_step)),
+        ):
+            parity = aot.parity(aot.flat_outputs(want), aot.flat_outputs(got))
+            lines.append(f"parity, {name} package vs eager: {parity}")
+        full_ms = _median_ms(lambda: full_pkg(*timed_full), device, args.repeats)
+        step_ms = _median_ms(lambda: step_pkg(*timed_step), device, args.repeats)
+    lines += [
+        f"1. full forward: eager {eager:.3f} ms, AOTInductor package {full_ms:.3f} ms "
+        f"({eager / full_ms:.2f}x)",
+        f"2. serving step ({args.new} candidates vs a {args.history}-event cache): package "
+        f"{step_ms:.3f} ms vs packaged full forward {full_ms:.3f} ms ({full_ms / step_ms:.2f}x)",
+    ]
+    return lines
+
+
+def _candidates(
+    model: torch.nn.Module, users: int, new: int, query_time: torch.Tensor
+) -> Dict[str, torch.Tensor]:
+    """``new`` candidates for each of ``users`` users, shown at ``query_time``."""
+    device = query_time.device
+    return {
+        "candidate.item_id": torch.randint(0, model.num_items, (users * new,), device=device),
+        "candidate.sequence_length": torch.full((users,), new, device=device),
+        "candidate_timestamp.sequence": query_time.repeat_interleave(new),
+    }
+
+
+def _auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    from tzrec_acc._extras import require
+
+    metrics = require("torchmetrics.functional", "tzrec-acc[bench]", "the benchmark's AUC")
+    return float(metrics.auroc(scores.float(), labels.long(), task="binary"))
+
+
+def _ratings_file(folder: str) -> pathlib.Path:
+    """MovieLens-100K's ``u.data`` (or ``u.data.gz``) in ``folder``."""
+    for name in ("u.data", "u.data.gz"):
+        if (pathlib.Path(folder) / name).is_file():
+            return pathlib.Path(folder) / name
+    raise FileNotFoundError(f"no MovieLens-100K ratings (u.data or u.data.gz) in {folder}")
+
+
+def _movielens(folder: str, model: torch.nn.Module, users: int, new: int) -> Tuple[Any, ...]:
+    """A ranking batch of the first ``users`` users with more than ``new`` ratings: their
+    last ``new`` ratings as candidates (labels: rating >= 4), earlier ones as history."""
+    path = _ratings_file(folder)
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    rows = torch.tensor([[int(x) for x in line.split()] for line in text.splitlines()])
+    rows = rows[torch.argsort(rows[:, 0] * 10**10 + rows[:, 3])]  # by user, then time
+    parts: Dict[str, List[torch.Tensor]] = {}
+    labels = []
+    for user in rows[:, 0].unique().tolist():
+        mine = rows[rows[:, 0] == user]
+        if mine.shape[0] <= new:
+            continue
+        hist, cand = mine[:-new][-model.max_uih_len :], mine[-new:]
+        for key, value in (
+            ("uih.item_id", hist[:, 1] % model.num_items),
+            ("uih.sequence_length", torch.tensor([hist.shape[0]])),
+            ("uih_action.sequence", 1 << (hist[:, 2] - 1)),  # one action bit per rating
+            ("uih_timestamp.sequence", hist[:, 3]),
+            ("candidate.item_id", cand[:, 1] % model.num_items),
+            ("candidate.sequence_length", torch.tensor([new])),
+            ("candidate_timestamp.sequence", cand[:, 3]),
+        ):
+            parts.setdefault(key, []).append(value)
+        labels.append(cand[:, 2] >= 4)
+        if len(labels) == users:
+            break
+    return ({k: torch.cat(v) for k, v in parts.items()},), torch.cat(labels)
+
+
+def _quantized(args: argparse.Namespace) -> List[str]:
+    from tzrec_acc import gr, quant
+
+    cpu = torch.device("cpu")
+    reference = _model(argparse.Namespace(**{**vars(args), "backend": "pytorch"}), cpu)
+    quantized = _model(argparse.Namespace(**{**vars(args), "backend": "pytorch"}), cpu)
+    quant.quantize_dense(quant.quantize_embeddings(quantized, "int8"))
+    if args.movielens:
+        batch, labels = _movielens(args.movielens, reference, args.batch, args.new)
+        source = f"MovieLens-100K ({args.batch} users, labels: rating >= 4)"
+    else:
+        batch = gr.sample_inputs(reference, args.batch, args.history, args.new, seed=5)
+        with torch.no_grad():
+            logits = reference(*batch)[:, 0]
+        labels = logits > logits.median()
+        source = "synthetic (labels: the float model's logit above its median)"
+    report = quant.compare(
+        reference, quantized, [batch], lambda out, y: _auc(out[:, 0], y), [labels], args.repeats
+    )
+    return [
+        f"3. int8 dense + int8 embeddings (CPU, eager), {source}: "
+        f"{report['ms_float']:.3f} ms float vs {report['ms_quant']:.3f} ms int8 "
+        f"({report['ms_float'] / report['ms_quant']:.2f}x); AUC {report['metric_float']:.4f} -> "
+        f"{report['metric_quant']:.4f} (change {report['metric_change']:+.4f}); "
+        f"max |logit diff| {report['max_abs_diff']:.3g}"
+    ]
+
+
+def _preload_and_restart(argv: Sequence[str]) -> None:
+    """Re-run this script with the compiler's libstdc++ preloaded (once)."""
+    from tzrec_ops.testing.aoti import compiler_libstdcxx
+
+    preload = compiler_libstdcxx()
+    if os.environ.get(_PRELOADED) or not preload:
+        return
+    env = dict(os.environ, **{_PRELOADED: "1"})
+    env["LD_PRELOAD"] = " ".join(filter(None, [preload, env.get("LD_PRELOAD")]))
+    os.execve(sys.executable, [sys.executable, "-m", "tzrec_acc.bench", *argv], env)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    for name in ("batch", "history", "new", "repeats"):
+        if getattr(args, name) < 1:
+            print(f"error: --{name} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
+            return 2
+    if args.movielens:
+        try:
+            _ratings_file(args.movielens)  # before minutes of compiling
+        except FileNotFoundError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    _preload_and_restart(argv)
+    device = torch.device(args.device)
+    model = _model(args, device)
+    print(_versions(device))
+    print(
+        f"HSTURanking: E={args.dim}, {args.heads} heads, {args.layers} layers, "
+        f"backend {args.backend}, {args.dtype}; B={args.batch}, histories of "
+        f"{args.history} events (lengths in [0.9, 1] of it), {args.new} candidates per user"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for line in _forward_and_step(args, model, device, args.workdir or tmp):
+            print(line)
+    if not args.skip_quant:
+        for line in _quantized(args):
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Rebuild a tzrec-gr model from a saved file, without importing tzrec-bench.
+
+Two sources:
+
+* a checkpoint of tzrec-bench's trainer (``checkpoint.pt`` or ``best.pt``): a ``torch.save``
+  dict with ``format`` 1, ``model_config`` (the model's class and constructor arguments, as
+  the trainer built it) and ``model`` (the state dict);
+* a state dict file plus a model config file (JSON or TOML) of the same form::
+
+      {"model": "HSTURanking", "kwargs": {"num_items": 1000, "item_embedding_dim": 32, ...}}
+
+  with ``kwargs`` the model's constructor arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any, Dict, Mapping, Optional, Union
+
+import torch
+from torch import nn
+
+from tzrec_acc._extras import require
+
+__all__ = ["CHECKPOINT_FORMAT", "load_model", "model_from_config"]
+
+CHECKPOINT_FORMAT = 1
+CLASSES = ("HSTURanking", "HSTURetrieval")
+
+PathLike = Union[str, pathlib.Path]
+
+
+def _build(name: str, kwargs: Mapping[str, Any]) -> nn.Module:
+    if name not in CLASSES:
+        raise ValueError(f"model must be one of {', '.join(CLASSES)}, got {name!r}")
+    models = require("tzrec_gr.models", "tzrec-acc[gr]", "rebuilding tzrec-gr models")
+    from tzrec_ops import BackendError
+
+    try:
+        return getattr(models, name)(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"the config's kwargs do not fit {name}: {exc}") from exc
+    except BackendError as exc:  # an unknown or unavailable ops backend
+        raise ValueError(f"cannot build {name}: {exc}") from exc
+
+
+def _read_config(path: PathLike) -> Dict[str, Any]:
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no model config at {path}")
+    if path.suffix == ".toml":
+        try:
+            import tomllib
+        except ImportError as exc:  # Python 3.10
+            raise ValueError(f"{path}: TOML configs need Python 3.11; use JSON") from exc
+        config = tomllib.loads(path.read_text())
+    elif path.suffix == ".json":
+        config = json.loads(path.read_text())
+    else:
+        raise ValueError(f"the model config must be a .json or .toml file, got {path}")
+    if not isinstance(config.get("model"), str) or not isinstance(config.get("kwargs"), dict):
+        raise ValueError(
+            f"{path} must hold 'model' (one of {', '.join(CLASSES)}) and 'kwargs' (a table "
+            f"of constructor arguments), got keys {sorted(config)}"
+        )
+    return config
+
+
+def model_from_config(config: Mapping[str, Any], backend: Optional[str] = None) -> nn.Module:
+    """A fresh model from ``{"model": class name, "kwargs": {...}}`` (``backend`` overrides)."""
+    kwargs = dict(config["kwargs"])
+    if backend is not None:
+        kwargs["backend"] = backend
+    return _build(config["model"], kwargs)
+
+
+def load_model(
+    path: PathLike, config: Optional[PathLike] = None, backend: Optional[str] = None
+) -> nn.Module:
+    """The model saved at ``path``, in eval mode on the CPU.
+
+    Args:
+        path: a tzrec-bench checkpoint, or a state dict file when ``config`` is given.
+        config: a JSON/TOML model config for a plain state dict.
+        backend: the ops backend to build with (e.g. ``"pytorch"`` to export on the CPU a
+            model trained with the triton backend). Default: the saved one.
+
+    Raises:
+        FileNotFoundError, ValueError: a missing file, a file of another kind, an
+            unsupported model or a state dict that does not fit it.
+    """
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint or state dict at {path}")
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if config is not None:
+        spec = _read_config(config)
+        state = payload
+        model = model_from_config(spec, backend)
+    else:
+        if not isinstance(payload, dict) or "format" not in payload or "model" not in payload:
+            raise ValueError(
+                f"{path} is not a tzrec-bench checkpoint (a dict with 'format', 'model_config' "
+                "and 'model'); for a plain state dict pass a model config too (--config)"
+            )
+        if payload.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(
+                f"{path}: checkpoint format {payload.get('format')!r}, expected {CHECKPOINT_FORMAT}"
+            )
+        spec = payload.get("model_config")
+        if not isinstance(spec, dict):
+            raise ValueError(
+                f"{path} has no model_config (written by an older tzrec-bench): save its "
+                "'model' state dict and pass a model config (--config)"
+            )
+        state = payload["model"]
+        model = model_from_config(spec, backend)
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} must hold a state dict, got {type(state).__name__}")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise ValueError(f"the state dict in {path} does not fit the model: {exc}") from exc
+    return model.eval()

@@ -1,0 +1,374 @@
+"""What export needs to know about tzrec-gr's models, in one place.
+
+Legend: B = users, T = cached tokens, L_u / L_t = history / candidate tokens.
+
+* :func:`model_kind` names the supported models (``HSTURanking``, ``HSTURetrieval``);
+* :func:`sample_inputs` makes a synthetic batch a model takes (for parity checks, the CLI's
+  ``run`` and the benchmarks);
+* :func:`dynamic_shapes` gives ``torch.export`` a dynamic users dim and dynamic token dims;
+* :class:`RankingServingStep` / :class:`RetrievalServingStep` are the cached serving forms
+  (``HSTURanking.score`` / ``HSTURetrieval.extend(update_cache=False)``) as modules over
+  plain tensors, so that they export: a :class:`~tzrec_gr.serving.ServingCache` is a Python
+  object and the models' own methods read the new tokens' longest length on the host,
+  which an exported graph cannot; the steps use the model's bound instead (the new tokens
+  are padded to it inside the graph, which changes no output).
+
+tzrec-gr is imported by the functions that need it (``tzrec-acc[gr]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+from torch.export import Dim
+
+from tzrec_acc._extras import require
+
+__all__ = [
+    "SUPPORTED_MODELS",
+    "RankingServingStep",
+    "RetrievalServingStep",
+    "dynamic_shapes",
+    "model_kind",
+    "sample_inputs",
+    "serving_step",
+]
+
+SUPPORTED_MODELS = ("HSTURanking", "HSTURetrieval")
+HISTORY_KEYS = (
+    "uih.item_id",
+    "uih.sequence_length",
+    "uih_action.sequence",
+    "uih_timestamp.sequence",
+)
+CANDIDATE_KEYS = ("candidate.item_id", "candidate.sequence_length", "candidate_timestamp.sequence")
+
+Args = Tuple[Any, ...]
+
+
+def _models() -> Any:
+    return require("tzrec_gr.models", "tzrec-acc[gr]", "exporting tzrec-gr models")
+
+
+def model_kind(model: nn.Module) -> str:
+    """``"ranking"`` or ``"retrieval"``; TypeError for any other model."""
+    models = _models()
+    if isinstance(model, models.HSTURanking):
+        return "ranking"
+    if isinstance(model, models.HSTURetrieval):
+        return "retrieval"
+    raise TypeError(
+        f"model must be one of tzrec_gr.models.{', '.join(SUPPORTED_MODELS)}, "
+        f"got {type(model).__module__}.{type(model).__qualname__}"
+    )
+
+
+def _lengths(users: int, longest: int, generator: torch.Generator) -> torch.Tensor:
+    """[B] lengths uniform in [ceil(0.9 * longest), longest] (all ``longest`` when small)."""
+    low = max(0, -(-9 * longest // 10))
+    return torch.randint(low, longest + 1, (users,), generator=generator)
+
+
+def _new_lengths(users: int, most: int, generator: torch.Generator) -> torch.Tensor:
+    """[B] lengths uniform in [1, most], the first user's ``most - 1``: an example batch
+    where every user has ``most`` would let torch.export specialize the padded serving
+    path away (and tie the token count to the users)."""
+    lengths = torch.randint(1, most + 1, (users,), generator=generator)
+    lengths[0] = most - 1
+    return lengths
+
+
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def sample_inputs(
+    model: nn.Module,
+    batch: int = 4,
+    history: Optional[int] = None,
+    candidates: Optional[int] = None,
+    seed: int = 0,
+    device: Optional[torch.device] = None,
+) -> Args:
+    """A synthetic batch for ``model`` (the positional arguments of its ``forward``).
+
+    Args:
+        model: an ``HSTURanking`` or ``HSTURetrieval``.
+        batch: B users.
+        history: the longest history; lengths are uniform in [0.9 * history, history].
+            Default: the model's bound.
+        candidates: ranking only, the most candidates per user (lengths uniform in
+            [1, candidates], the first user's ``candidates - 1``). Default: the model's
+            ``max_targets``.
+        seed: the generator's seed (the same seed gives the same batch).
+        device: where the tensors go. Default: the CPU.
+    """
+    kind = model_kind(model)
+    bound = model.max_uih_len if kind == "ranking" else model.max_seq_len
+    history = bound if history is None else history
+    _check_positive("batch", batch)
+    _check_positive("history", history)
+    if history > bound:
+        raise ValueError(f"history ({history}) must be <= the model's bound ({bound})")
+    gen = torch.Generator().manual_seed(seed)
+    lengths = _lengths(batch, history, gen)
+    total = int(lengths.sum())
+    ids = torch.randint(0, model.num_items, (total,), generator=gen)
+    timestamps = 1_000_000 + torch.cumsum(torch.randint(30, 4000, (total,), generator=gen), 0)
+    if kind == "retrieval":
+        return tuple(t.to(device) for t in (ids, lengths, timestamps))
+    candidates = model.max_targets if candidates is None else candidates
+    _check_positive("candidates", candidates)
+    if candidates > model.max_targets:
+        raise ValueError(
+            f"candidates ({candidates}) must be <= the model's max_targets ({model.max_targets})"
+        )
+    targets = _new_lengths(batch, candidates, gen)
+    n = int(targets.sum())
+    pre = model.transducer.input_preprocessor
+    features = {
+        "uih.item_id": ids,
+        "uih.sequence_length": lengths,
+        "uih_action.sequence": torch.randint(0, 256, (total,), generator=gen),
+        "uih_timestamp.sequence": timestamps,
+        "candidate.item_id": torch.randint(0, model.num_items, (n,), generator=gen),
+        "candidate.sequence_length": targets,
+        "candidate_timestamp.sequence": torch.full((n,), int(timestamps.max()) + 600),
+    }
+    width = pre.contextual_seq_len() * pre.contextual_feature_dim
+    if width:
+        features["contextual"] = torch.randn(batch, width, generator=gen)
+    return ({k: v.to(device) for k, v in features.items()},)
+
+
+def _dims(model: nn.Module, max_batch: int) -> Tuple[Dim, Dim, Dim]:
+    """(users, history tokens, candidate tokens), bounded by the model's bounds."""
+    _check_positive("max_batch", max_batch)
+    kind = model_kind(model)
+    per_user = model.max_uih_len if kind == "ranking" else model.max_seq_len
+    # a dim's upper bound must be at least 2 for torch.export to keep it symbolic
+    users = Dim("users", min=1, max=max(2, max_batch))
+    history = Dim("history_tokens", max=max(2, max_batch * per_user))
+    targets = model.max_targets if kind == "ranking" else 1
+    return users, history, Dim("candidate_tokens", max=max(2, max_batch * targets))
+
+
+def dynamic_shapes(model: nn.Module, args: Args, max_batch: int = 256) -> Any:
+    """``dynamic_shapes`` for ``torch.export.export(model, args, ...)``: a dynamic number of
+    users (1 to ``max_batch``) and of history and candidate tokens (up to the model's
+    per-user bounds times ``max_batch``)."""
+    users, history, targets = _dims(model, max_batch)
+    if model_kind(model) == "retrieval":
+        return ({0: history}, {0: users}, {0: history})
+    (features,) = args
+    shapes: Dict[str, Any] = {}
+    for key in features:
+        if key.endswith("sequence_length") or key == "query_time":
+            shapes[key] = {0: users}
+        elif key == "contextual":
+            shapes[key] = {0: users, 1: Dim.STATIC}
+        elif key.startswith("candidate"):
+            shapes[key] = {0: targets}
+        else:
+            shapes[key] = {0: history}
+    return (shapes,)
+
+
+# ------------------------------------------------------------------ cached serving forms
+
+
+def _cache_tensors(cache: Any) -> Tuple[List[torch.Tensor], List[torch.Tensor], torch.Tensor]:
+    ks = [kv.k for kv in cache.kv_caches]
+    vs = [kv.v for kv in cache.kv_caches]
+    return ks, vs, cache.kv_caches[0].offsets
+
+
+class _ServingStep(nn.Module):
+    """Rebuilds a :class:`~tzrec_gr.serving.ServingCache` from plain tensors."""
+
+    def __init__(self, model: nn.Module, bound: int) -> None:
+        super().__init__()
+        if model.training:
+            raise ValueError("model must be in eval mode for serving; call model.eval() first")
+        self.model = model
+        # an upper bound on every user's cached tokens (the contextual prefix included)
+        self.cache_bound = bound + model.transducer.input_preprocessor.contextual_seq_len()
+        self.eval()
+
+    def _cache(
+        self,
+        ks: List[torch.Tensor],
+        vs: List[torch.Tensor],
+        offsets: torch.Tensor,
+        lengths: torch.Tensor,
+        query_time: Optional[torch.Tensor],
+        contextual: Optional[torch.Tensor],
+    ) -> Any:
+        serving = require("tzrec_gr.serving", "tzrec-acc[gr]", "exporting tzrec-gr models")
+        stu = require("tzrec_gr.stu", "tzrec-acc[gr]", "exporting tzrec-gr models")
+        kv = tuple(stu.KVCache(k, v, offsets, self.cache_bound) for k, v in zip(ks, vs))
+        return serving.ServingCache(
+            kv,
+            lengths,
+            self.cache_bound,
+            query_time,
+            contextual,
+            None,  # user embeddings: neither step reads them
+            self.model.transducer._owner,
+        )
+
+
+class RankingServingStep(_ServingStep):
+    """``HSTURanking.score(cache, candidates)`` over plain tensors.
+
+    Call Args:
+        ks, vs (List[torch.Tensor]): each STU layer's cached keys / values [T, H * A].
+        offsets (torch.Tensor): [B + 1] int64 offsets of the cached tokens.
+        lengths (torch.Tensor): [B] int64 cached tokens per user.
+        query_time (torch.Tensor | None): [B] the cache's time anchor.
+        contextual (torch.Tensor | None): [B, C * Fc] the cache's contextual features.
+        candidates (Dict[str, torch.Tensor]): ``candidate.*`` features as for ``score``.
+
+    Returns:
+        torch.Tensor: [L_t, K] logits, as ``score`` gives.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model, model.max_uih_len)
+
+    @staticmethod
+    def inputs(cache: Any, candidates: Dict[str, torch.Tensor]) -> Args:
+        """The call arguments for a cache from ``prefill`` and a candidate batch."""
+        ks, vs, offsets = _cache_tensors(cache)
+        return ks, vs, offsets, cache.lengths, cache.query_time, cache.contextual, candidates
+
+    def forward(
+        self,
+        ks: List[torch.Tensor],
+        vs: List[torch.Tensor],
+        offsets: torch.Tensor,
+        lengths: torch.Tensor,
+        query_time: Optional[torch.Tensor],
+        contextual: Optional[torch.Tensor],
+        candidates: Dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        model = self.model
+        cache = self._cache(ks, vs, offsets, lengths, query_time, contextual)
+        users = lengths.shape[0]
+        features, cand = model._features({**model._no_history(users, lengths), **candidates})
+        user, _, _ = model.transducer.cached_forward(
+            features, cache, model.max_targets, targets=True
+        )
+        return model._head(user, cand)
+
+
+class RetrievalServingStep(_ServingStep):
+    """``HSTURetrieval.extend(cache, ..., update_cache=False)[0]`` over plain tensors: the
+    user embedding after each new event, the cache unchanged.
+
+    Call Args:
+        ks, vs, offsets, lengths: the cache, as for :class:`RankingServingStep`.
+        query_time (torch.Tensor | None): the cache's time anchor.
+        item_ids (torch.Tensor): [L'] the new events' items.
+        new_lengths (torch.Tensor): [B] new events per user.
+        timestamps (torch.Tensor): [L'] their timestamps.
+
+    Returns:
+        torch.Tensor: [L', E].
+    """
+
+    def __init__(self, model: nn.Module, max_new: int) -> None:
+        _check_positive("max_new", max_new)
+        super().__init__(model, model.max_seq_len)
+        self.max_new = max_new
+
+    @staticmethod
+    def inputs(
+        cache: Any, item_ids: torch.Tensor, lengths: torch.Tensor, timestamps: torch.Tensor
+    ) -> Args:
+        """The call arguments for a cache from ``prefill`` and a batch of new events."""
+        ks, vs, offsets = _cache_tensors(cache)
+        return ks, vs, offsets, cache.lengths, cache.query_time, item_ids, lengths, timestamps
+
+    def forward(
+        self,
+        ks: List[torch.Tensor],
+        vs: List[torch.Tensor],
+        offsets: torch.Tensor,
+        lengths: torch.Tensor,
+        query_time: Optional[torch.Tensor],
+        item_ids: torch.Tensor,
+        new_lengths: torch.Tensor,
+        timestamps: torch.Tensor,
+    ) -> torch.Tensor:
+        model = self.model
+        cache = self._cache(ks, vs, offsets, lengths, query_time, None)
+        features = model._features(item_ids, new_lengths, timestamps, model.max_seq_len)
+        out, _, _ = model.transducer.cached_forward(
+            features, cache, self.max_new, targets=False, update_cache=False
+        )
+        return out
+
+
+def serving_step(
+    model: nn.Module, history: int, new: int, batch: int = 4, seed: int = 0, max_batch: int = 256
+) -> Tuple[nn.Module, Args, Any]:
+    """The cached serving form of ``model``, call arguments for it and their dynamic shapes.
+
+    The cache holds ``history``-event histories (``model.prefill`` of a sample batch); the
+    step scores ``new`` candidates per user (ranking) or runs ``new`` appended events per
+    user (retrieval).
+
+    Returns:
+        (the step module, its call arguments, ``dynamic_shapes`` for ``torch.export``).
+    """
+    kind = model_kind(model)
+    step: nn.Module
+    _check_positive("new", new)
+    device = next(model.parameters()).device
+    args = sample_inputs(model, batch, history, new if kind == "ranking" else None, seed, device)
+    users, tokens, news = _dims(model, max_batch)
+    kv_dims = [{0: tokens}] * len(model.transducer.stu.stu_layers)
+    cache_dims = (kv_dims, kv_dims, {0: users + 1}, {0: users})
+    if kind == "ranking":
+        (features,) = args
+        history_part = {k: v for k, v in features.items() if k in (*HISTORY_KEYS, "contextual")}
+        query_time = features["candidate_timestamp.sequence"].max().repeat(batch)
+        cache = model.prefill(history_part, query_time)
+        candidates = {k: features[k] for k in CANDIDATE_KEYS}
+        step = RankingServingStep(model)
+        call = RankingServingStep.inputs(cache, candidates)
+        shapes = (
+            *cache_dims,
+            None if cache.query_time is None else {0: users},
+            None if cache.contextual is None else {0: users, 1: Dim.STATIC},
+            {k: {0: users} if k.endswith("length") else {0: news} for k in CANDIDATE_KEYS},
+        )
+        return step, call, shapes
+    if history + new > model.max_seq_len:
+        raise ValueError(
+            f"history + new ({history} + {new}) must be <= the model's max_seq_len "
+            f"({model.max_seq_len})"
+        )
+    ids, lengths, timestamps = args
+    cache = model.prefill(ids, lengths, timestamps)
+    gen = torch.Generator().manual_seed(seed + 1)
+    new_lengths = _new_lengths(batch, new, gen)
+    total = int(new_lengths.sum())
+    new_ids = torch.randint(0, model.num_items, (total,), generator=gen)
+    new_ts = int(timestamps.max()) + torch.arange(1, total + 1) * 60
+    new_lengths, new_ids, new_ts = (t.to(device) for t in (new_lengths, new_ids, new_ts))
+    step = RetrievalServingStep(model, new)
+    call = RetrievalServingStep.inputs(cache, new_ids, new_lengths, new_ts)
+    new_tokens = Dim("new_tokens", max=max(2, max_batch * new))
+    shapes = (
+        *cache_dims,
+        None if cache.query_time is None else {0: users},
+        {0: new_tokens},
+        {0: users},
+        {0: new_tokens},
+    )
+    return step, call, shapes
