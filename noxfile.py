@@ -183,25 +183,47 @@ for _short, _dist in PACKAGES.items():
     _make_test_session(_short, _dist)
 
 
-@nox.session(name="test-plugins", tags=["test"])
+@nox.session(name="test-plugins", tags=["test"], reuse_venv=False)
 def test_plugins(session: nox.Session) -> None:
-    """The example backend plugin and tzrec-ops installed as wheels; its tests and tests/.
+    """The example backend as a third party ships it: built as a wheel, installed with
+    tzrec-ops into a fresh environment, then seen by ``python -m tzrec_ops info``, picked by
+    name and by ``TZREC_OPS_BACKEND`` (tests/test_plugin_install.py), and held to tzrec-ops'
+    conformance suite (``pytest --tzrec-backend compiled``) and its own tests.
 
     tests/ holds the tests across packages, so tzrec-gr and tzrec-acc come along (editable).
     """
+    wheels = pathlib.Path(session.create_tmp()) / "wheels"
+    shutil.rmtree(wheels, ignore_errors=True)
+    if session.venv_backend == "uv":
+        session.run("uv", "build", "--wheel", "--out-dir", str(wheels), str(EXAMPLE_PLUGIN),
+                    *_index_args(session), external=True)
+    else:
+        _install(session, "build")
+        session.run("python", "-m", "build", "--wheel", "--outdir", str(wheels),
+                    str(EXAMPLE_PLUGIN))
+    (wheel,) = wheels.glob("tzrec_ops_compiled-*.whl")
     _install(
         session,
         _package_path("tzrec-ops", "test"),
-        str(EXAMPLE_PLUGIN),
+        str(wheel),
         "-e",
         _package_path("tzrec-gr"),
         "-e",
         _package_path("tzrec-acc"),
         *TEST_TOOLS,
         "nox",  # tests/test_noxfile.py loads this file
-        reinstall=("tzrec-ops", "tzrec-ops-backend-example", "tzrec-gr", "tzrec-acc"),
+        reinstall=("tzrec-ops", "tzrec-ops-compiled", "tzrec-gr", "tzrec-acc"),
     )
-    _pytest(session, str(EXAMPLE_PLUGIN / "tests"), str(ROOT / "tests"), f"--rootdir={ROOT}")
+    # Inductor's compiled kernels outlive the fresh environment (the C++ builds are most of
+    # the suite's time); a cache entry is keyed on the code and the compiler flags
+    session.env["TORCHINDUCTOR_CACHE_DIR"] = str(ROOT / ".nox" / "inductor-cache")
+    _pytest(session, str(ROOT / "tests"), f"--rootdir={ROOT}")
+    # the suite and the package's own tests, from the example's folder (its conftest loads
+    # the conformance plugin); the installed wheel is what they import
+    with session.chdir(EXAMPLE_PLUGIN):
+        session.run("pytest", "tests", "--tzrec-backend", "compiled", "-ra", "-p",
+                    "no:cacheprovider", f"--junitxml={REPORTS / 'test-plugins-suite.xml'}",
+                    *session.posargs)
 
 
 # -- optional CPU extras: fbgemm-gpu-cpu and torchrec -------------------------------------------
@@ -309,26 +331,49 @@ def _source_of(session: nox.Session, dist: str, version: Version) -> str:
     return str(target / "packages" / dist)
 
 
-@nox.session(name="compat-gr-ops-min", tags=["compat"])
-def compat_gr_ops_min(session: nox.Session) -> None:
-    """tzrec-gr's tests against the lowest tzrec-ops version tzrec-gr declares."""
-    minimum = _lower_bound("tzrec-gr", "tzrec-ops")
-    ops_source = _source_of(session, "tzrec-ops", minimum)
-    _install(
-        session,
-        ops_source,
-        "-e",
-        _package_path("tzrec-gr", "test"),
-        *TEST_TOOLS,
-        reinstall=("tzrec-ops", "tzrec-gr"),
+def _compat_session(short: str, dist: str, ops: str) -> None:
+    """Session ``compat-<short>-ops-<ops>``: ``dist``'s tests against tzrec-ops ``ops``."""
+
+    @nox.session(name=f"compat-{short}-ops-{ops}", tags=["compat"])
+    def _session(session: nox.Session) -> None:
+        if ops == "min":
+            version = _lower_bound(dist, "tzrec-ops")
+            ops_source = _source_of(session, "tzrec-ops", version)
+        else:
+            version = Version(_pyproject("tzrec-ops")["version"])
+            ops_source = _package_path("tzrec-ops")
+        # the other tzrec packages dist declares come from this tree, editable
+        others = [d for d in _siblings(dist) if d != "tzrec-ops"]
+        args = [a for d in others for a in ("-e", _package_path(d))]
+        _install(
+            session,
+            ops_source,  # not editable: installed as a user gets it
+            *args,
+            "-e",
+            _package_path(dist, "test"),
+            *TEST_TOOLS,
+            reinstall=("tzrec-ops", dist, *others),
+        )
+        installed = session.run(
+            "python", "-c", "import importlib.metadata as m; print(m.version('tzrec-ops'))",
+            silent=True,
+        ).strip()
+        if Version(installed) != version:
+            session.error(f"expected tzrec-ops {version} in the environment, found {installed}")
+        _pytest(session, str(ROOT / "packages" / dist / "tests"), parallel=dist in PARALLEL)
+
+    which = "the lowest tzrec-ops version it declares" if ops == "min" else (
+        "this tree's tzrec-ops, installed from source (not editable)"
     )
-    installed = session.run(
-        "python", "-c", "import importlib.metadata as m; print(m.version('tzrec-ops'))",
-        silent=True,
-    ).strip()
-    if Version(installed) != minimum:
-        session.error(f"expected tzrec-ops {minimum} in the environment, found {installed}")
-    _pytest(session, str(ROOT / "packages" / "tzrec-gr" / "tests"), parallel=True)
+    _session.__doc__ = f"{dist}'s tests against {which}."
+
+
+# every package that depends on tzrec-ops, against both ends of the range it accepts
+COMPAT_SESSIONS = []
+for _short in ("gr", "acc"):
+    for _ops in ("min", "current"):
+        _compat_session(_short, PACKAGES[_short], _ops)
+        COMPAT_SESSIONS.append(f"compat-{_short}-ops-{_ops}")
 
 
 # -- lint, demo, CI ---------------------------------------------------------------------------
@@ -375,13 +420,13 @@ CI_SESSIONS = (
     "test-plugins",
     "test-ops-fbgemm",
     "test-gr-torchrec",
-    "compat-gr-ops-min",
+    *COMPAT_SESSIONS,
     "demo",
 )
 
 
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
-    """What CI runs: lint, every test session, the compat check and the demo (queued)."""
+    """What CI runs: lint, every test session, the compat checks and the demo (queued)."""
     for name in CI_SESSIONS:
         session.notify(name)

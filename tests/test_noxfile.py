@@ -45,6 +45,19 @@ def test_session_names_ci_and_the_readme_use_exist(noxfile):
     assert "python3 -m nox -s tests" in (ROOT / ".ci" / "run").read_text()
 
 
+def test_ci_runs_every_dependent_against_both_ends_of_its_tzrec_ops_range(noxfile):
+    dependents = [
+        short
+        for short, dist in noxfile.PACKAGES.items()
+        if dist != "tzrec-ops" and "tzrec-ops" in noxfile._siblings(dist)
+        and short != "bench"  # an application, not a library others build on
+    ]
+    assert dependents == ["gr", "acc"]
+    for short in dependents:
+        for end in ("min", "current"):
+            assert f"compat-{short}-ops-{end}" in noxfile.CI_SESSIONS
+
+
 def test_siblings_come_from_the_declared_dependencies(noxfile):
     assert noxfile._siblings("tzrec-ops") == []
     assert noxfile._siblings("tzrec-gr") == ["tzrec-ops"]

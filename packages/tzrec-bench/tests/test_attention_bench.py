@@ -31,3 +31,17 @@ def test_chosen_configs_names_tiles_and_query_halves(monkeypatch):
     kernels._fwd_kernel.best_config = _config(4, 4, maxnreg=128, BLOCK_M=64, BLOCK_N=16,
                                               Q_SPLITS=1)
     assert chosen_configs() == "fwd 64x16 w4 s4 r128; dkdv 64x64 w4 s2"
+
+
+def test_backward_kernel_benchmark_times_both_kernels_and_restores_the_choice(capsys):
+    import os
+
+    from tzrec_bench.kernels import attention_backward
+
+    assert attention_backward.main(
+        ["--backends", "pytorch", "--seq-lens", "16", "--batch", "2", "--heads", "1",
+         "--dim", "8", "--dtype", "fp32", "--rep-ms", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[5] for line in lines[1:3]] == ["two_pass:", "one_pass:"]
+    assert "one-pass / two-pass speed" in lines[3]
+    assert attention_backward.BACKWARD_ENV not in os.environ

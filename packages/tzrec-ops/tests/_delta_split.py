@@ -37,32 +37,3 @@ def split_cached(inp: AttentionInputs, delta: int) -> Tuple[torch.Tensor, ...]:
         delta_v,
         new_rows,
     )
-
-
-def delta_without_split_form(
-    max_seq_len,
-    alpha,
-    delta_q,
-    k,
-    v,
-    seq_offsets,
-    num_targets=None,
-    max_attn_len=0,
-    contextual_seq_len=0,
-    scaling_seqlen=-1,
-):  # type: ignore[no-untyped-def]
-    """A third-party ``delta_hstu_mha`` written before ``delta_k``/``delta_v`` existed."""
-    from tzrec_ops.backends.pytorch.hstu_attention import delta_hstu_mha
-
-    return delta_hstu_mha(
-        max_seq_len,
-        alpha,
-        delta_q,
-        k,
-        v,
-        seq_offsets,
-        num_targets,
-        max_attn_len,
-        contextual_seq_len,
-        scaling_seqlen,
-    )

@@ -13,3 +13,6 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+
+# --tzrec-backend NAME runs the conformance suite against NAME (see test_conformance.py)
+pytest_plugins = ["tzrec_ops.testing.conformance"]

@@ -187,7 +187,9 @@ def test_split_takes_the_left_total_from_the_host_copy(monkeypatch):
     seen = {}
 
     def fake_backend(op: str, backend: Any, **call: Any) -> Any:
-        return lambda *args: seen.update(total_len_left=args[2], total_len_right=args[3])
+        return lambda **args: seen.update(
+            total_len_left=args["total_len_left"], total_len_right=args["total_len_right"]
+        )
 
     monkeypatch.setattr(jagged, "select_backend", fake_backend)
     left = HC.to_device(torch.tensor([0, 2, 5]), "meta")

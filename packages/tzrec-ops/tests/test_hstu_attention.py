@@ -1071,9 +1071,9 @@ def test_split_form_is_a_call_option_backends_can_reject():
         delta_hstu_mha(**_good_split(), backend=record)
 
 
-def test_split_kv_option_only_with_the_split_form(monkeypatch, fresh_registry):
-    """The old call form's options are unchanged (no split_kv key), so a third-party
-    backend sees exactly what it saw before, and its implementation gets no new keywords."""
+def test_split_kv_option_says_which_form(monkeypatch, fresh_registry):
+    """Both forms pass ``split_kv`` (its declared call key), False for the concatenated one,
+    and the implementation gets every declared argument by keyword (None when not given)."""
     from tzrec_ops import registry
 
     seen = []
@@ -1086,36 +1086,12 @@ def test_split_kv_option_only_with_the_split_form(monkeypatch, fresh_registry):
     monkeypatch.setattr(registry, "_choose", spy)
     delta_hstu_mha(**_good_delta(), backend="pytorch")
     delta_hstu_mha(**_good_split(), backend="pytorch")
-    assert "split_kv" not in seen[0] and seen[1]["split_kv"] is True
-
-
-def test_backend_without_the_new_keywords_is_skipped_not_broken(monkeypatch):
-    """A plugin whose delta_hstu_mha predates delta_k/delta_v (and whose ``supports`` accepts
-    any call) keeps serving the old form, is passed over for the split form in automatic
-    selection, and gets a clear error when requested for it."""
-    from tzrec_ops import registry
-
-    old = Backend(
-        "old_plugin", 100, {"delta_hstu_mha": "_delta_split:delta_without_split_form"}
-    )
-    monkeypatch.setattr(registry, "backends", lambda: [old, registry.get_backend("pytorch")])
-    monkeypatch.setattr(registry, "_env_request", lambda op: None)
-    expected = delta_hstu_mha(**_good_split(), backend="pytorch")
-    torch.testing.assert_close(delta_hstu_mha(**_good_split()), expected, rtol=0, atol=0)
-    assert delta_hstu_mha(**_good_delta(), backend=old).shape == (4, 2, 6)
-    with pytest.raises(
-        BackendError,
-        match=(
-            r"backend 'old_plugin' \(requested by backend=\) cannot run delta_hstu_mha: its "
-            r"delta_hstu_mha implementation does not accept delta_k, delta_v"
-        ),
-    ):
-        delta_hstu_mha(**_good_split(), backend=old)
+    assert seen[0]["split_kv"] is False and seen[1]["split_kv"] is True
 
 
 def test_triton_accepts_the_split_form():
     pytest.importorskip("triton")
-    from tzrec_ops.backends.triton.plugin import call_rejection, tma_call_rejection
+    from tzrec_ops.backends.triton.refusals import call_rejection, tma_call_rejection
 
     call = {"dtype": torch.bfloat16, "split_kv": True}
     assert call_rejection("delta_hstu_mha", call) is None

@@ -270,7 +270,7 @@ def test_preprocess_and_attention_backend_resolution():
     fake = Backend(
         name="fake_fused", priority=-100, ops={"hstu_preprocess_and_attention": "unused:unused"}
     )
-    fake._cache["impl:hstu_preprocess_and_attention"] = lambda *args: (
+    fake._cache["impl:hstu_preprocess_and_attention"] = lambda **args: (
         calls.append(len(args)) or "fused"
     )
     inputs = [t.detach() for t in _pa_inputs([3, 2], 1, 2, 2, 4, torch.float32)]

@@ -165,3 +165,22 @@ def test_eager_path_materializes_the_gradient_of_an_unused_output():
     attn(preprocess_and_attention_op.op, *slow).sum().backward()
     for a, b in zip(fast, slow):
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+
+
+def test_autotune_keys_of_symbolic_sizes_add_no_guard():
+    """Under ``torch.export``'s dynamic dims a row count is a SymInt: its autotune key comes
+    from the example value without specializing the graph (no guard on the size)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tzrec_ops.backends.triton._kernel_utils import quantize_rows
+
+    keys = []
+
+    def f(x):
+        keys.append(quantize_rows(x.shape[0]))
+        return x * 2
+
+    graph = make_fx(f, tracing_mode="symbolic")(torch.ones(40))
+    assert keys == [32]
+    assert not graph.shape_env.guards
+    assert [quantize_rows(n) for n in (0, 1, 33, 64)] == [1, 1, 32, 64]

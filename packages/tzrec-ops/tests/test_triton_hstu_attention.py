@@ -85,6 +85,22 @@ def check_against_oracle(
         _compare(got.grad, want.grad, dtype, True, f"d{name}")
 
 
+@contextlib.contextmanager
+def backward_kernel(one_pass):
+    """The one-pass backward (atomic dQ, opt-in) or the default two-pass one."""
+    from tzrec_ops.backends.triton.hstu_attention import BACKWARD_ENV
+
+    before = os.environ.get(BACKWARD_ENV)
+    os.environ[BACKWARD_ENV] = "one_pass" if one_pass else "two_pass"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[BACKWARD_ENV]
+        else:
+            os.environ[BACKWARD_ENV] = before
+
+
 def _inputs(case, heads, attn_dim, hidden_dim, dtype, seed=0, extra_len=0):
     return make_attention_inputs(
         case.lengths, heads, attn_dim, hidden_dim, dtype=dtype, seed=seed,
@@ -109,17 +125,19 @@ def _inputs(case, heads, attn_dim, hidden_dim, dtype, seed=0, extra_len=0):
     extra_len=st.sampled_from([0, 7]),
     sort_by_length=st.booleans(),
     dtype=st.sampled_from(DTYPES),
+    one_pass=st.booleans(),
 )
 def test_interpreter_matches_oracle(
     case, attn_dim, hidden_dim, causal, max_attn_len, contextual_seq_len, scaling_seqlen,
-    extra_len, sort_by_length, dtype,
+    extra_len, sort_by_length, dtype, one_pass,
 ):
     inputs = _inputs(case, 2, attn_dim, hidden_dim, dtype, extra_len=extra_len)
-    check_against_oracle(
-        inputs, "triton", dtype, causal=causal, max_attn_len=max_attn_len,
-        contextual_seq_len=contextual_seq_len, scaling_seqlen=scaling_seqlen,
-        sort_by_length=sort_by_length,
-    )
+    with backward_kernel(one_pass):
+        check_against_oracle(
+            inputs, "triton", dtype, causal=causal, max_attn_len=max_attn_len,
+            contextual_seq_len=contextual_seq_len, scaling_seqlen=scaling_seqlen,
+            sort_by_length=sort_by_length,
+        )
 
 
 EDGE_CASES = {
@@ -135,16 +153,18 @@ EDGE_CASES = {
 @pytest.mark.parametrize("name", sorted(EDGE_CASES))
 @pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("causal", [True, False])
-def test_interpreter_edge_cases(name, offsets_dtype, causal):
+@pytest.mark.parametrize("one_pass", [False, True], ids=["two_pass", "one_pass"])
+def test_interpreter_edge_cases(name, offsets_dtype, causal, one_pass):
     spec = EDGE_CASES[name]
     inputs = make_attention_inputs(
         spec["lengths"], 2, 16, 24, seed=3, layout="fused", num_targets=spec["num_targets"],
         offsets_dtype=offsets_dtype,
     )
-    check_against_oracle(
-        inputs, "triton", torch.float32, causal=causal, max_attn_len=spec.get("w", 0),
-        contextual_seq_len=spec.get("ctx", 0),
-    )
+    with backward_kernel(one_pass):
+        check_against_oracle(
+            inputs, "triton", torch.float32, causal=causal, max_attn_len=spec.get("w", 0),
+            contextual_seq_len=spec.get("ctx", 0),
+        )
 
 
 @CPU
@@ -304,17 +324,52 @@ def test_interpreter_delta_forms_with_query_halves(name):
 
 
 @CPU
-def test_interpreter_backward_is_deterministic():
+def test_interpreter_backward_kernels_agree_and_two_pass_is_reproducible(monkeypatch):
+    """The default two-pass backward (a dQ pass, no atomics) gives the same bits every run;
+    the opt-in one-pass backward (no dQ pass) gives the same values, and
+    ``torch.use_deterministic_algorithms(True)`` turns it back into the two-pass one."""
+    from tzrec_ops.backends.triton import hstu_attention as impl
+
+    launched = []
+    tuned = impl._tuned
+    monkeypatch.setattr(impl, "_tuned", lambda name: launched.append(name) or tuned(name))
     inputs = make_attention_inputs((40, 25), 2, 16, 16, seed=8, num_targets=(3, 1))
-    grads = []
-    for _ in range(2):
+    grads, kernels = [], []
+    for one_pass, deterministic in ((False, False), (False, False), (True, False), (True, True)):
+        launched.clear()
         ins = inputs.to(torch.float32, requires_grad=True)
-        out = hstu_mha(inputs.max_seq_len, 0.5, ins.q, ins.k, ins.v, inputs.seq_offsets,
-                       num_targets=inputs.num_targets, contextual_seq_len=2, backend="triton")
-        out.backward(torch.ones_like(out))
+        before = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(deterministic)
+        try:
+            with backward_kernel(one_pass):
+                out = hstu_mha(inputs.max_seq_len, 0.5, ins.q, ins.k, ins.v,
+                               inputs.seq_offsets, num_targets=inputs.num_targets,
+                               contextual_seq_len=2, backend="triton")
+                out.backward(torch.ones_like(out))
+        finally:
+            torch.use_deterministic_algorithms(before)
         grads.append([t.grad.clone() for t in (ins.q, ins.k, ins.v)])
-    for first, second in zip(*grads):
+        kernels.append([name for name in launched if name.startswith("_bwd")])
+    two_pass, one_pass = ["_bwd_dkdv_kernel", "_bwd_dq_kernel"], ["_bwd_dkdv_kernel"]
+    assert kernels == [two_pass, two_pass, one_pass, two_pass]
+    for first, second in zip(grads[0], grads[1]):
         assert torch.equal(first, second)
+    for reproducible, atomic in zip(grads[0], grads[2]):
+        torch.testing.assert_close(atomic, reproducible, atol=1e-5, rtol=1e-5)
+
+
+@CPU
+def test_backward_kernel_choice_must_be_known(monkeypatch):
+    from tzrec_ops.backends.triton import hstu_attention as impl
+
+    monkeypatch.setenv(impl.BACKWARD_ENV, "fast")
+    inputs = make_attention_inputs((5,), 1, 16, 16, seed=1)
+    ins = inputs.to(torch.float32, requires_grad=True)
+    out = hstu_mha(inputs.max_seq_len, 0.5, ins.q, ins.k, ins.v, inputs.seq_offsets,
+                   backend="triton")
+    with pytest.raises(ValueError, match="TZREC_OPS_TRITON_ATTENTION_BACKWARD must be "
+                                         "one_pass or two_pass, got 'fast'"):
+        out.backward(torch.ones_like(out))
 
 
 @CPU
@@ -361,7 +416,7 @@ def test_unsupported_options_rejected_before_launch(monkeypatch, fresh_registry,
 
 
 def test_tma_backend_takes_bfloat16_attention_only():
-    from tzrec_ops.backends.triton.plugin import tma_call_rejection
+    from tzrec_ops.backends.triton.refusals import tma_call_rejection
 
     for dtype in (torch.float16, torch.float32):
         for op in ("hstu_mha", "delta_hstu_mha"):
@@ -390,10 +445,11 @@ def test_backend_function_rejects_options_itself():
     args = _small()
     args.pop("seq_offsets")
     offsets = _small()["seq_offsets"]
-    with pytest.raises(ValueError, match=r"dropout_pr must be 0.0 on the triton backends, got 0.1"):
+    refused = r"hstu_mha on the triton backends: dropout_pr=0.1 is not supported"
+    with pytest.raises(ValueError, match=refused):
         impl.hstu_mha(args["max_seq_len"], 0.5, args["q"], args["k"], args["v"], offsets,
                       dropout_pr=0.1)
-    with pytest.raises(ValueError, match=r"min_full_attn_seq_len must be 0"):
+    with pytest.raises(ValueError, match=r"min_full_attn_seq_len=2 is not supported \(needs 0\)"):
         impl.hstu_mha(8, 0.5, args["q"], args["k"], args["v"], offsets, min_full_attn_seq_len=2)
     # eval mode turns dropout off, so it is accepted
     out = impl.hstu_mha(8, 0.5, args["q"], args["k"], args["v"], offsets, dropout_pr=0.1,
@@ -550,11 +606,14 @@ GPU_SWEEP = [(torch.bfloat16, option) for option in sorted(GPU_OPTIONS)] + [
     [("triton", d, o) for d, o in GPU_SWEEP]
     + [("triton_tma", d, o) for d, o in GPU_SWEEP if d == torch.bfloat16],
 )
-def test_gpu_matches_oracle(backend, dtype, option):
+@pytest.mark.parametrize("one_pass", [False, True], ids=["two_pass", "one_pass"])
+def test_gpu_matches_oracle(backend, dtype, option, one_pass):
     opts = dict(GPU_OPTIONS[option])
     targets = opts.pop("targets", False)
     inputs = _gpu_inputs(_gpu_lengths(8, 1024), 128, 128, dtype, targets=targets)
-    check_against_oracle(inputs, backend, dtype, sort_by_length=True, alpha=1 / 128, **opts)
+    with backward_kernel(one_pass):
+        check_against_oracle(inputs, backend, dtype, sort_by_length=True, alpha=1 / 128,
+                             **opts)
 
 
 @pytest.mark.gpu

@@ -1,4 +1,5 @@
-"""``python -m tzrec_ops info``: versions, backends and failed plugins."""
+"""``python -m tzrec_ops info``: versions, backends and failed plugins;
+``python -m tzrec_ops contract``: the op table of the plugin contract (the README's)."""
 
 from __future__ import annotations
 
@@ -73,9 +74,14 @@ def info_lines() -> List[str]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tzrec_ops")
-    parser.add_argument("command", choices=["info"], help="what to print")
-    parser.parse_args(argv)
-    print("\n".join(info_lines()))
+    parser.add_argument("command", choices=["info", "contract"], help="what to print")
+    args = parser.parse_args(argv)
+    if args.command == "contract":
+        from tzrec_ops.contract import contract_markdown
+
+        print(contract_markdown(), end="")
+    else:
+        print("\n".join(info_lines()))
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The whole plugin contract of tzrec-ops.
+"""The plugin hooks of tzrec-ops (the ops each backend may implement are declared in
+:mod:`tzrec_ops.contract`).
 
 A backend plugin is a plain module that implements one or both hooks below with
 ``@tzrec_ops.hookimpl`` and is announced by an entry point in the ``tzrec_ops`` group::
@@ -19,7 +20,7 @@ import pluggy
 if TYPE_CHECKING:
     import torch
 
-    from tzrec_ops.registry import Backend
+    from tzrec_ops.contract import Backend
 
 PROJECT_NAME = "tzrec_ops"
 
@@ -38,10 +39,12 @@ def tzrec_ops_register_backends() -> List["Backend"]:
     ``python -m tzrec_ops info`` or on ``tzrec_ops.registry.backends()``).
 
     Returns:
-        A list of :class:`tzrec_ops.registry.Backend` records. Each record names the ops it
-        implements as ``"module:function"`` strings, so that announcing a backend imports
-        none of its kernels. Backend names must be unique across all plugins; a duplicate
-        is an error.
+        A list of :class:`tzrec_ops.contract.Backend` records (also importable as
+        ``tzrec_ops.Backend``). Each record names the ops it implements as
+        ``"module:function"`` strings, so that announcing a backend imports none of its
+        kernels; each function takes its op's declared arguments by keyword
+        (:data:`tzrec_ops.contract.OPS`). Backend names must be unique across all plugins;
+        a duplicate is an error.
     """
 
 

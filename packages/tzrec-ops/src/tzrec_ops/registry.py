@@ -14,6 +14,9 @@ Plugins are discovered lazily, once, through the ``tzrec_ops`` entry-point group
 that fails to import is skipped with a warning naming its distribution and version
 (``TZREC_OPS_STRICT_PLUGINS=1`` makes that an error).
 
+The ``Backend`` record and the op declarations are :mod:`tzrec_ops.contract`'s (re-exported
+here).
+
 Eager calls remember their choice per (op, request, call options, ``TZREC_OPS_BACKEND``
 value), so a repeated call costs a dict lookup; :func:`reset_registry` forgets the choices.
 A backend's ``supports`` and ``automatic`` checks must therefore depend only on the call and
@@ -23,9 +26,7 @@ on process state fixed before the first op call (plus the registry, which a rese
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.metadata
-import inspect
 import os
 import sys
 import threading
@@ -39,7 +40,6 @@ from typing import (
     List,
     Mapping,
     Optional,
-    Sequence,
     Tuple,
     Union,
 )
@@ -48,115 +48,29 @@ import pluggy
 import torch
 
 from tzrec_ops import hookspecs
+from tzrec_ops.contract import Availability, Backend, BackendError, Supports
+
+__all__ = [
+    "Availability",
+    "Backend",
+    "BackendError",
+    "PluginLoadError",
+    "Supports",
+    "backends",
+    "find_implementation",
+    "get_backend",
+    "get_registry",
+    "reset_registry",
+    "resolve_backend",
+    "select_backend",
+]
 
 BACKEND_ENV = "TZREC_OPS_BACKEND"
 STRICT_PLUGINS_ENV = "TZREC_OPS_STRICT_PLUGINS"
 
-Availability = Callable[[], Optional[str]]
-Supports = Callable[[str, Mapping[str, Any]], Optional[str]]
-
-
-class BackendError(RuntimeError):
-    """A backend was requested that does not exist or cannot run the call."""
-
 
 class PluginLoadError(RuntimeError):
     """A plugin failed to load (raised only in strict mode or on a registry conflict)."""
-
-
-def _always_available() -> Optional[str]:
-    return None
-
-
-def _supports_every_call(op: str, call: Mapping[str, Any]) -> Optional[str]:
-    return None
-
-
-@dataclasses.dataclass(frozen=True)
-class Backend:
-    """One implementation of some or all tzrec ops.
-
-    Args:
-        name: unique backend name, used by ``backend=`` and ``TZREC_OPS_BACKEND``.
-        priority: higher wins in automatic selection.
-        ops: op name -> ``"module:function"`` of the implementation. The function takes the
-            public op's arguments (without ``backend``), already validated.
-        availability: returns ``None`` if the backend can run on this machine, else a human
-            reason ("triton is not installed (pip install 'tzrec-ops[triton]')"). Called once.
-        supports: ``supports(op, call)`` returns ``None`` if the backend can run this call,
-            else a reason. ``call`` holds ``device``, ``dtype`` and the op's options. When a
-            call passes keyword arguments added to an op after its first version, ``call``
-            names them in ``keyword_args`` and a backend whose implementation does not accept
-            them is rejected automatically (older plugins are skipped, not broken).
-        description: one line for ``python -m tzrec_ops info``.
-        automatic: returns ``None`` if automatic selection may pick this backend, else a
-            reason (e.g. the Triton CPU interpreter serves explicit requests only).
-    """
-
-    name: str
-    priority: int
-    ops: Mapping[str, str]
-    availability: Availability = _always_available
-    supports: Supports = _supports_every_call
-    description: str = ""
-    automatic: Availability = _always_available
-    _cache: Dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
-
-    def unavailable_reason(self) -> Optional[str]:
-        """Why this backend cannot run on this machine, or ``None`` if it can (cached)."""
-        if "availability" not in self._cache:
-            try:
-                reason = self.availability()
-            except Exception as exc:  # a broken check must not take the host down
-                reason = f"availability check raised {exc!r}"
-            self._cache["availability"] = reason
-        return self._cache["availability"]
-
-    def rejection(self, op: str, call: Mapping[str, Any]) -> Optional[str]:
-        """Why this backend cannot run ``op`` for ``call``, or ``None`` if it can."""
-        if op not in self.ops:
-            return f"does not implement {op}"
-        reason = self.unavailable_reason()
-        if reason is not None:
-            return f"unavailable: {reason}"
-        try:
-            reason = self.supports(op, call)
-        except Exception as exc:
-            return f"supports check raised {exc!r}"
-        if reason is None and call.get("keyword_args"):
-            reason = self._keyword_rejection(op, call["keyword_args"])
-        return reason
-
-    def _keyword_rejection(self, op: str, names: Sequence[str]) -> Optional[str]:
-        """Why ``op``'s implementation cannot take the keywords ``names`` (cached: this runs
-        on every call of the op form that passes them)."""
-        key = f"keywords:{op}:{','.join(names)}"
-        if key not in self._cache:
-            self._cache[key] = self._inspect_keywords(op, names)
-        return self._cache[key]
-
-    def _inspect_keywords(self, op: str, names: Sequence[str]) -> Optional[str]:
-        try:
-            params = inspect.signature(self.implementation(op)).parameters.values()
-        except Exception as exc:  # a broken plugin must not take the host down
-            return f"its {op} implementation could not be inspected: {exc!r}"
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            return None
-        accepted = {p.name for p in params if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
-        missing = [name for name in names if name not in accepted]
-        if missing:
-            return f"its {op} implementation does not accept {', '.join(missing)}"
-        return None
-
-    def implementation(self, op: str) -> Callable[..., Any]:
-        """Import (once) and return the function implementing ``op``."""
-        key = "impl:" + op
-        if key not in self._cache:
-            if op not in self.ops:
-                raise BackendError(f"backend {self.name!r} does not implement {op}")
-            module_name, _, attr = self.ops[op].partition(":")
-            self._cache[key] = getattr(importlib.import_module(module_name), attr)
-        return self._cache[key]
 
 
 @dataclasses.dataclass(frozen=True)

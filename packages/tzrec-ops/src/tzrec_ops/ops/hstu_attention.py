@@ -228,22 +228,22 @@ def hstu_mha(
         attn_func=attn_func is not None,
     )
     return impl(
-        max_seq_len,
-        alpha,
-        q,
-        k,
-        v,
-        seq_offsets,
-        causal,
-        dropout_pr,
-        training,
-        num_targets,
-        max_attn_len,
-        contextual_seq_len,
-        min_full_attn_seq_len,
-        sort_by_length,
-        attn_func,
-        scaling_seqlen,
+        max_seq_len=max_seq_len,
+        alpha=alpha,
+        q=q,
+        k=k,
+        v=v,
+        seq_offsets=seq_offsets,
+        causal=causal,
+        dropout_pr=dropout_pr,
+        training=training,
+        num_targets=num_targets,
+        max_attn_len=max_attn_len,
+        contextual_seq_len=contextual_seq_len,
+        min_full_attn_seq_len=min_full_attn_seq_len,
+        sort_by_length=sort_by_length,
+        attn_func=attn_func,
+        scaling_seqlen=scaling_seqlen,
     )
 
 
@@ -305,7 +305,7 @@ def delta_hstu_mha(
       equals the concatenated call's (targets still count from the end of the full
       sequence), but the cache is read in place: nothing of size ``[L, H, *]`` is copied.
       A backend runs this form only if its ``supports`` check accepts the call option
-      ``split_kv=True``.
+      ``split_kv=True`` (the concatenated form passes ``split_kv=False``).
 
     Args:
         max_seq_len: N, an upper bound on every FULL sequence length n_b (> 0).
@@ -380,10 +380,8 @@ def delta_hstu_mha(
         num_targets=num_targets,
     )
 
-    # the split form is a call option, so a backend whose ``supports`` does not accept
-    # ``split_kv``, or whose implementation lacks the new keywords, is never picked for it
-    # (and the old call form's options are unchanged)
-    options = {"split_kv": True, "keyword_args": ("delta_k", "delta_v")} if split else {}
+    # the split form is a call option: a backend that cannot read the cache in place refuses
+    # it in ``supports`` and still serves the concatenated form
     impl = select_backend(
         "delta_hstu_mha",
         backend,
@@ -392,19 +390,19 @@ def delta_hstu_mha(
         num_targets=num_targets is not None,
         max_attn_len=max_attn_len,
         contextual_seq_len=contextual_seq_len,
-        **options,
+        split_kv=split,
     )
-    new_kv = {"delta_k": delta_k, "delta_v": delta_v} if split else {}
     return impl(
-        max_seq_len,
-        alpha,
-        delta_q,
-        k,
-        v,
-        seq_offsets,
-        num_targets,
-        max_attn_len,
-        contextual_seq_len,
-        scaling_seqlen,
-        **new_kv,
+        max_seq_len=max_seq_len,
+        alpha=alpha,
+        delta_q=delta_q,
+        k=k,
+        v=v,
+        seq_offsets=seq_offsets,
+        num_targets=num_targets,
+        max_attn_len=max_attn_len,
+        contextual_seq_len=contextual_seq_len,
+        scaling_seqlen=scaling_seqlen,
+        delta_k=delta_k,
+        delta_v=delta_v,
     )

@@ -132,7 +132,14 @@ def concat_2D_jagged(
     impl = select_backend(
         "concat_2D_jagged", backend, device=values_left.device, dtype=values_left.dtype
     )
-    return impl(values_left, values_right, max_len_left, max_len_right, offsets_left, offsets_right)
+    return impl(
+        values_left=values_left,
+        values_right=values_right,
+        max_len_left=max_len_left,
+        max_len_right=max_len_right,
+        offsets_left=offsets_left,
+        offsets_right=offsets_right,
+    )
 
 
 def split_2D_jagged(
@@ -209,14 +216,14 @@ def split_2D_jagged(
     _check_split_lengths(max_seq_len, offsets_left, offsets_right, max_len_left, max_len_right)
     impl = select_backend("split_2D_jagged", backend, device=values.device, dtype=values.dtype)
     return impl(
-        max_seq_len,
-        values,
-        total_len_left,
-        total_len_right,
-        max_len_left,
-        max_len_right,
-        offsets_left,
-        offsets_right,
+        max_seq_len=max_seq_len,
+        values=values,
+        total_len_left=total_len_left,
+        total_len_right=total_len_right,
+        max_len_left=max_len_left,
+        max_len_right=max_len_right,
+        offsets_left=offsets_left,
+        offsets_right=offsets_right,
     )
 
 
@@ -299,4 +306,6 @@ def jagged_dense_bmm_broadcast_add(
     impl = select_backend(
         "jagged_dense_bmm_broadcast_add", backend, device=jagged.device, dtype=jagged.dtype
     )
-    return impl(max_seq_len, seq_offsets, jagged, dense, bias)
+    return impl(
+        max_seq_len=max_seq_len, seq_offsets=seq_offsets, jagged=jagged, dense=dense, bias=bias
+    )

@@ -84,7 +84,7 @@ def layer_norm(
     """
     check_norm_input(x, weight, bias, eps)
     impl = select_backend("layer_norm", backend, device=x.device, dtype=x.dtype)
-    return impl(x, weight, bias, eps)
+    return impl(x=x, weight=weight, bias=bias, eps=eps)
 
 
 def rms_norm(
@@ -97,7 +97,7 @@ def rms_norm(
     """RMS norm over the last dimension: ``x / sqrt(mean(x^2) + eps) * weight``, [L, D]."""
     check_norm_input(x, weight, None, eps)
     impl = select_backend("rms_norm", backend, device=x.device, dtype=x.dtype)
-    return impl(x, weight, eps)
+    return impl(x=x, weight=weight, eps=eps)
 
 
 def swish_layer_norm(
@@ -111,7 +111,7 @@ def swish_layer_norm(
     """``x * sigmoid(layer_norm(x, weight, bias))``: [L, D] -> [L, D]."""
     check_norm_input(x, weight, bias, eps)
     impl = select_backend("swish_layer_norm", backend, device=x.device, dtype=x.dtype)
-    return impl(x, weight, bias, eps)
+    return impl(x=x, weight=weight, bias=bias, eps=eps)
 
 
 def layer_norm_mul_dropout(
@@ -152,7 +152,17 @@ def layer_norm_mul_dropout(
         dropout_ratio=dropout_ratio if training else 0.0,
         concat_ux=concat_ux,
     )
-    return impl(x, u, weight, bias, eps, dropout_ratio, training, concat_ux, seed)
+    return impl(
+        x=x,
+        u=u,
+        weight=weight,
+        bias=bias,
+        eps=eps,
+        dropout_ratio=dropout_ratio,
+        training=training,
+        concat_ux=concat_ux,
+        seed=seed,
+    )
 
 
 def group_norm_mul_dropout(
@@ -191,4 +201,15 @@ def group_norm_mul_dropout(
         dropout_ratio=dropout_ratio if training else 0.0,
         concat_ux=concat_ux,
     )
-    return impl(x, u, weight, bias, eps, dropout_ratio, training, num_heads, concat_ux, seed)
+    return impl(
+        x=x,
+        u=u,
+        weight=weight,
+        bias=bias,
+        eps=eps,
+        dropout_ratio=dropout_ratio,
+        training=training,
+        num_heads=num_heads,
+        concat_ux=concat_ux,
+        seed=seed,
+    )

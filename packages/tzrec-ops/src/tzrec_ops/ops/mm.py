@@ -48,4 +48,4 @@ def addmm(
             f"got {list(input.shape)}"
         )
     impl = select_backend("addmm", backend, device=mat1.device, dtype=mat1.dtype)
-    return impl(input, mat1, mat2)
+    return impl(input=input, mat1=mat1, mat2=mat2)

@@ -4,28 +4,26 @@ from __future__ import annotations
 
 from typing import List
 
+from tzrec_ops.contract import Backend, op_table
 from tzrec_ops.hookspecs import hookimpl
-from tzrec_ops.registry import Backend
 
-_MODULE = "tzrec_ops.backends.pytorch"
+_PACKAGE = "tzrec_ops.backends.pytorch"
 
-# op name -> implementing module (each module defines a function named like the op)
-_OPS = {
-    "hstu_mha": "hstu_attention",
-    "delta_hstu_mha": "hstu_attention",
-    "addmm": "mm",
-    "layer_norm": "layer_norm",
-    "rms_norm": "layer_norm",
-    "swish_layer_norm": "layer_norm",
-    "layer_norm_mul_dropout": "layer_norm",
-    "group_norm_mul_dropout": "layer_norm",
-    "concat_2D_jagged": "jagged",
-    "split_2D_jagged": "jagged",
-    "jagged_dense_bmm_broadcast_add": "jagged",
-    "add_positional_embeddings": "position",
-    "add_timestamp_positional_embeddings": "position",
-    "hstu_compute_uqvk": "hstu_compute",
-    "hstu_compute_output": "hstu_compute",
+# implementing module -> the ops it defines (each function is named like its op); every op
+# but the fast path hstu_preprocess_and_attention, which runs unfused here
+_MODULES = {
+    "hstu_attention": ("hstu_mha", "delta_hstu_mha"),
+    "mm": ("addmm",),
+    "layer_norm": (
+        "layer_norm",
+        "rms_norm",
+        "swish_layer_norm",
+        "layer_norm_mul_dropout",
+        "group_norm_mul_dropout",
+    ),
+    "jagged": ("concat_2D_jagged", "split_2D_jagged", "jagged_dense_bmm_broadcast_add"),
+    "position": ("add_positional_embeddings", "add_timestamp_positional_embeddings"),
+    "hstu_compute": ("hstu_compute_uqvk", "hstu_compute_output"),
 }
 
 
@@ -35,7 +33,7 @@ def tzrec_ops_register_backends() -> List[Backend]:
         Backend(
             name="pytorch",
             priority=0,
-            ops={op: f"{_MODULE}.{module}:{op}" for op, module in _OPS.items()},
+            ops=op_table(_PACKAGE, _MODULES),
             description="reference implementation in plain torch; any device, any dtype",
         )
     ]

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
 import torch
 import triton
 import triton.language as tl
 
-from tzrec_ops.backends.triton.plugin import interpreting
+from tzrec_ops.backends.triton.refusals import interpreting
 from tzrec_ops.ops.utils import prev_power_of_2
 
 AUTOTUNE_ENV = "TZREC_OPS_TRITON_AUTOTUNE"
@@ -39,8 +39,14 @@ def input_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def quantize_rows(n: int) -> int:
-    """Autotune key for a row count: the largest power of two <= ``n`` (1 for ``n == 0``)."""
+def quantize_rows(n: Union[int, torch.SymInt]) -> int:
+    """Autotune key for a row count: the largest power of two <= ``n`` (1 for ``n == 0``).
+
+    A symbolic size (``torch.export`` with dynamic dims, ``torch.compile(dynamic=True)``) is
+    keyed on its example value without a guard: ``int()`` would specialize the traced graph
+    to that value, and the key only chooses among configs that are all correct."""
+    if isinstance(n, torch.SymInt):
+        n = n.node.hint if n.node.has_hint() else 1
     return prev_power_of_2(max(int(n), 1))
 
 

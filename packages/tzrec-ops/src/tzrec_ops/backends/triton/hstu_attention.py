@@ -18,11 +18,12 @@ Decisions:
   strides. TMA needs 16-byte aligned row/head strides and storage offsets; a tensor that is
   not aligned (e.g. an odd slice of a fused buffer) is read through pointers instead, in the
   same kernel, so the results never depend on alignment. The plugin offers ``triton_tma``
-  for bfloat16 attention only (see ``plugin.tma_call_rejection``).
+  for bfloat16 attention only (see ``refusals.tma_call_rejection``).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -31,12 +32,13 @@ import triton
 from tzrec_ops.backends.triton import _attention_kernels as kernels
 from tzrec_ops.backends.triton import autotune
 from tzrec_ops.backends.triton._eager import launchable, triton_library_op
+from tzrec_ops.backends.triton._kernel_utils import quantize_rows
 from tzrec_ops.backends.triton.length_order import length_order
+from tzrec_ops.backends.triton.refusals import reject_unsupported_attention as _reject_unsupported
 from tzrec_ops.ops.utils import (
     autotune_max_seq_len,
     cdiv,
     next_power_of_2,
-    prev_power_of_2,
     switch_to_contiguous_if_needed,
 )
 
@@ -130,6 +132,23 @@ def _sort_indices(seq_offsets: torch.Tensor, sort_by_length: bool) -> torch.Tens
     return length_order(seq_offsets) if sort_by_length else seq_offsets
 
 
+BACKWARD_ENV = "TZREC_OPS_TRITON_ATTENTION_BACKWARD"
+
+
+def _one_pass_backward() -> bool:
+    """Whether the backward adds dQ with atomics inside the dK/dV pass: only when
+    ``TZREC_OPS_TRITON_ATTENTION_BACKWARD=one_pass`` and deterministic algorithms are off.
+
+    The two-pass kernel is the default because it measured faster as well as reproducible
+    (H100, torch 2.11, triton 3.6, bf16, B=512, H=4, A=V=128, autotuned, same run: one-pass
+    0.80x the two-pass speed at N=256, 0.91x at 1024, 0.96x at 4096, with 28-39% more peak
+    memory for its fp32 dQ buffer; on an H200 earlier, 342 vs 359 TFLOP/s at N=4096)."""
+    choice = os.environ.get(BACKWARD_ENV, "two_pass")
+    if choice not in ("one_pass", "two_pass"):
+        raise ValueError(f"{BACKWARD_ENV} must be one_pass or two_pass, got {choice!r}")
+    return choice == "one_pass" and not torch.are_deterministic_algorithms_enabled()
+
+
 def _inv_scale(max_seq_len: int, scaling_seqlen: int) -> float:
     return 1.0 / (max_seq_len if scaling_seqlen == -1 else scaling_seqlen)
 
@@ -195,7 +214,7 @@ def hstu_attention_fwd(
         delta_k.stride(0), delta_k.stride(1), delta_v.stride(0), delta_v.stride(1),
         out.stride(0), out.stride(1),
         float(alpha), _inv_scale(max_seq_len, scaling_seqlen), max_attn_len, contextual_seq_len,
-        heads, delta_size, prev_power_of_2(batch), autotune_max_seq_len(grid_rows),
+        heads, delta_size, quantize_rows(batch), autotune_max_seq_len(grid_rows),
         DIM_Q=dim_q, DIM_V=dim_v, CAUSAL=causal, HAS_TARGETS=num_targets is not None,
         HAS_CONTEXTUAL=contextual_seq_len > 0, HAS_MAX_ATTN_LEN=max_attn_len > 0,
         SORT_BY_LENGTH=sort_by_length and not is_delta, IS_DELTA=is_delta,
@@ -224,11 +243,14 @@ def hstu_attention_bwd(
     enable_tma: bool,
     grads: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the dK/dV pass, then the dQ pass; returns ``(dq, dk, dv)`` shaped like q, k, v:
-    new contiguous tensors, or ``grads`` (views with unit last stride, e.g. column slices of
-    one fused gradient buffer) written in place. No atomics: the result is bitwise
-    reproducible. (Adding dQ with fp32 atomics inside the dK/dV pass was measured slower on an
-    H200: 342 vs 359 TFLOP/s at N=4096.)"""
+    """Launch the backward; returns ``(dq, dk, dv)`` shaped like q, k, v: new contiguous
+    tensors, or ``grads`` (views with unit last stride, e.g. column slices of one fused
+    gradient buffer) written in place.
+
+    Two passes (the default): dK/dV, then a dQ pass without atomics, bitwise reproducible.
+    One pass (see :func:`_one_pass_backward`): the dK/dV programs also add dQ into an fp32
+    buffer of ``tokens x H x A`` with atomics, then dQ is scaled into the input dtype; the
+    order of the additions varies, so dQ may differ in the last bits from run to run."""
     dout, q, k, v = (switch_to_contiguous_if_needed(t) for t in (dout, q, k, v))
     seq_offsets = seq_offsets.contiguous()
     total, heads, dim_q = q.shape
@@ -249,7 +271,7 @@ def hstu_attention_bwd(
         FAST_SILU=_fast_silu(q.dtype), BLOCK_D_Q=_block_d(dim_q), BLOCK_D_V=_block_d(dim_v),
     )
     scalars = (float(alpha), _inv_scale(max_seq_len, scaling_seqlen), max_attn_len,
-               contextual_seq_len, heads, prev_power_of_2(batch),
+               contextual_seq_len, heads, quantize_rows(batch),
                autotune_max_seq_len(max_seq_len))
 
     def grid_n(meta):
@@ -260,12 +282,22 @@ def hstu_attention_bwd(
 
     wide = max(dim_q, dim_v) > 128
     suffix = "_wide" if wide else ""
+    one_pass = _one_pass_backward()
+    # the two-pass kernel never reads DQ_ACC: dq stands in (the autotuner zeroes it between
+    # timed candidates, and the dQ pass then writes all of it)
+    dq_acc = dq
+    if one_pass:
+        dq_acc = torch.zeros((total, heads, dim_q), dtype=torch.float32, device=q.device)
     launchable(_tuned("_bwd_dkdv_kernel" + suffix))[grid_n](
-        q, k, v, dout, dk, dv, seq_offsets, targets, sort_idx,
+        q, k, v, dout, dk, dv, dq_acc, seq_offsets, targets, sort_idx,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        *scalars, **flags,
+        dq_acc.stride(0), dq_acc.stride(1), *scalars, ATOMIC_DQ=one_pass, **flags,
     )
+    if one_pass:
+        # the kernels carry twice the SiLU derivative: halve once, with the other factors
+        dq.copy_(dq_acc.mul_(0.5 * float(alpha) * _inv_scale(max_seq_len, scaling_seqlen)))
+        return dq, dk, dv
     launchable(_tuned("_bwd_dq_kernel" + suffix))[grid_m](
         q, k, v, dout, dq, seq_offsets, targets, sort_idx,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -388,22 +420,6 @@ _hstu_mha_tma_op, _delta_hstu_mha_tma_op = _define(tma=True)
 # ---------------------------------------------------------------------------------------------
 # backend functions (the public signatures minus ``backend``)
 # ---------------------------------------------------------------------------------------------
-
-
-def _reject_unsupported(
-    dropout_pr: float,
-    training: bool,
-    min_full_attn_seq_len: int,
-    attn_func: Optional[torch.Tensor],
-) -> None:
-    if training and dropout_pr > 0.0:
-        raise ValueError(f"dropout_pr must be 0.0 on the triton backends, got {dropout_pr}")
-    if min_full_attn_seq_len > 0:
-        raise ValueError(
-            f"min_full_attn_seq_len must be 0 on the triton backends, got {min_full_attn_seq_len}"
-        )
-    if attn_func is not None:
-        raise ValueError("attn_func (arbitrary masks) is not supported on the triton backends")
 
 
 def _mha(op, max_seq_len, alpha, q, k, v, seq_offsets, causal, dropout_pr, training,

@@ -39,6 +39,7 @@ from tzrec_ops.backends.triton.layer_norm import (
     norm_forward,
 )
 from tzrec_ops.backends.triton.mm import addmm_fwd, matmul
+from tzrec_ops.backends.triton.refusals import raise_if_refused
 from tzrec_ops.backends.triton.silu import silu_backward
 from tzrec_ops.ops.utils import switch_to_contiguous_if_needed
 
@@ -432,10 +433,9 @@ def hstu_preprocess_and_attention(
     Returns ``k = v = None``: the fused path keeps them inside uvqk. ``prefill=True`` and
     ``attn_func`` are served by the unfused path of the public op, never here.
     """
-    if prefill:
-        raise ValueError("the fused triton hstu_preprocess_and_attention needs prefill=False")
-    if attn_func is not None:
-        raise ValueError("attn_func (arbitrary masks) is not supported on the triton backends")
+    raise_if_refused(
+        "hstu_preprocess_and_attention", prefill=prefill, attn_func=attn_func is not None
+    )
     u, attn, *_ = preprocess_and_attention_op(
         switch_to_contiguous_if_needed(x),
         norm_weight,
