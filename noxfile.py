@@ -391,7 +391,8 @@ DEMO_OUT = ROOT / ".nox" / "demo-run"
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: HSTU retrieval trained on the synthetic data set, then a few ops.
+    """The main job: HSTU retrieval trained on the synthetic data set, a short kernel
+    benchmark, then a few ops.
 
     About a minute of training on a 2-core CPU (early stopping usually ends it before the
     30 epochs); prints the metrics table and the throughput, writes the curves and the
@@ -407,6 +408,12 @@ def demo(session: nox.Session) -> None:
     session.run(
         "tzrec-bench", "train", "--model", "hstu-retrieval", "--data", "synthetic",
         "--max-seq-len", "100", "--epochs", "30", "--out-dir", str(DEMO_OUT), *session.posargs,
+    )
+    # a short kernel benchmark: attention and layer norm on every available backend
+    session.run(
+        "tzrec-bench", "ops", "--op", "hstu_mha,layer_norm", "--seq-lens", "128", "--batch",
+        "16", "--heads", "2", "--dim", "32", "--embedding", "64", "--rep", "50", "--no-csv",
+        "--no-progress",
     )
     session.run("python", str(ROOT / "examples" / "quickstart.py"))
 
