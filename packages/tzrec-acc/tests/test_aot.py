@@ -44,18 +44,20 @@ def test_ranking_serving_step_equals_score_and_exports():
         torch.testing.assert_close(program.module()(*other), step(*other))
 
 
-def test_retrieval_serving_step_equals_extend():
+def test_retrieval_serving_step_equals_extend_and_exports():
     model = retrieval()
-    step, args, _ = gr.serving_step(model, history=6, new=3, batch=3)
-    ks, vs, offsets, lengths, query_time, ids, new_lengths, timestamps = args
+    step, args, shapes = gr.serving_step(model, history=6, new=3, batch=3)
+    ks, vs, offsets, lengths, ids, new_lengths, timestamps = args
     cache_args = gr.sample_inputs(model, 3, 6, seed=0)
     cache = model.prefill(*cache_args)
     want, _ = model.extend(cache, ids, new_lengths, timestamps, update_cache=False)
     with torch.no_grad():
         torch.testing.assert_close(step(*args), want)
-    program = aot.export(step, args)  # static shapes; see the README on dynamic ones
-    with torch.no_grad():
-        torch.testing.assert_close(program.module()(*args), want)
+    program = aot.export(step, args, shapes)
+    for batch, seed in [(5, 1), (1, 2)]:
+        _, other, _ = gr.serving_step(model, history=6, new=3, batch=batch, seed=seed)
+        with torch.no_grad():
+            torch.testing.assert_close(program.module()(*other), step(*other))
 
 
 def test_parity_reports_each_output():

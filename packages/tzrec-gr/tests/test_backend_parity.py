@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 
+import tzrec_ops
 from tzrec_gr import STULayer, STUStack
 from tzrec_gr._jagged import lengths_to_offsets
 from tzrec_gr.stu import _LAYER_OPS
@@ -22,9 +23,8 @@ from tzrec_gr.stu import _LAYER_OPS
 def _triton_missing_ops():
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed"
-    from tzrec_ops.backends.triton.plugin import _OPS
-
-    missing = [op for op in _LAYER_OPS if op not in _OPS]
+    ops = tzrec_ops.get_backend("triton").ops
+    missing = [op for op in _LAYER_OPS if op not in ops]
     return f"triton backend lacks {', '.join(missing)}" if missing else None
 
 
@@ -37,7 +37,7 @@ def _stacks(e, h, d, layers, device, dtype):
     ).to(dtype)
     tri = copy.deepcopy(ref)
     for layer in tri.stu_layers:
-        layer._backend = __import__("tzrec_ops").get_backend("triton")
+        layer._backend = tzrec_ops.get_backend("triton")
     return ref, tri
 
 
@@ -145,11 +145,9 @@ def test_stack_triton_matches_float64_oracle_gpu():
     torch.manual_seed(0)
     lengths = torch.randint(900, 1024, (16,))
     tri, _ = _stacks(512, 4, 128, 2, "cuda", torch.bfloat16)
-    for layer in tri.stu_layers:
-        layer._backend = __import__("tzrec_ops").get_backend("triton")
     oracle = copy.deepcopy(tri).double()
     for layer in oracle.stu_layers:
-        layer._backend = __import__("tzrec_ops").get_backend("pytorch")
+        layer._backend = tzrec_ops.get_backend("pytorch")
     offsets = lengths_to_offsets(lengths).cuda()
     targets = (lengths // 4).clamp(min=1).cuda()
     x = torch.randn(int(lengths.sum()), 512, device="cuda", dtype=torch.bfloat16)
@@ -183,12 +181,11 @@ def test_cached_forward_triton_matches_float64_oracle_gpu(update_cache):
     n = int(lengths.max())
     tri, _ = _stacks(512, 4, 128, 2, "cuda", torch.bfloat16)
     for layer in tri.stu_layers:
-        layer._backend = __import__("tzrec_ops").get_backend("triton")
         layer.scaling_seqlen = 2048
     tri.eval()
     oracle = copy.deepcopy(tri).double()
     for layer in oracle.stu_layers:
-        layer._backend = __import__("tzrec_ops").get_backend("pytorch")
+        layer._backend = tzrec_ops.get_backend("pytorch")
     offsets = lengths_to_offsets(lengths).cuda()
     targets = torch.randint(1, delta + 1, (64,)).cuda()
     x = torch.randn(int(lengths.sum()), 512, device="cuda", dtype=torch.bfloat16)

@@ -136,3 +136,14 @@ def test_suite_fails_a_refusal_without_reason():
         conformance_suite.test_matches_float64_oracle(
             mute, CPU, CASES["layer_norm"][0], torch.bfloat16
         )
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_declared_module_defines_the_public_op(op):
+    assert getattr(tzrec_ops, op).__module__ == f"tzrec_ops.ops.{OPS[op].module}"
+
+
+def test_mirrored_op_table_follows_the_declared_modules():
+    table = contract.mirrored_op_table("pkg", fast_paths=False)
+    assert table == {n: f"pkg.{s.module}:{n}" for n, s in OPS.items() if not s.fast_path}
+    assert set(contract.mirrored_op_table("pkg")) == set(OPS)

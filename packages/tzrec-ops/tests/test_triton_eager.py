@@ -115,6 +115,16 @@ def test_eager_path_skips_the_dispatcher_and_tracing_uses_the_op():
         assert layer_norm_op(x, w, b, 1e-5)[0].grad_fn is None
 
 
+def test_parameters_take_the_eager_path():
+    # modules pass their nn.Parameter weights straight to the ops
+    x, w, b = _inputs(3)
+    weight, bias = torch.nn.Parameter(w.detach()), torch.nn.Parameter(b.detach())
+    y = layer_norm_op(x, weight, bias, 1e-5)[0]
+    assert "EagerAutograd" in type(y.grad_fn).__name__
+    y.sum().backward()
+    assert weight.grad is not None and bias.grad is not None
+
+
 def test_eager_path_materializes_the_gradient_of_an_unused_output():
     """The fused op returns (u, attn, saved values...); with u unused its gradient arrives as
     None and the eager path must treat it as zeros, exactly like the registered op."""

@@ -221,7 +221,7 @@ class TraceableRanking(nn.Module):
         if contextual is not None:
             features["contextual"] = mark_dense("contextual", contextual)
         out = model.transducer(features, model.max_uih_len, model.max_targets)
-        return model._head(out.candidate_embeddings, cand)
+        return model.head(out.candidate_embeddings, cand)
 
 
 class TraceableRetrieval(nn.Module):

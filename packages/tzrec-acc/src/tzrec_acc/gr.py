@@ -7,11 +7,12 @@ Legend: B = users, T = cached tokens, L_u / L_t = history / candidate tokens.
   ``run`` and the benchmarks);
 * :func:`dynamic_shapes` gives ``torch.export`` a dynamic users dim and dynamic token dims;
 * :class:`RankingServingStep` / :class:`RetrievalServingStep` are the cached serving forms
-  (``HSTURanking.score`` / ``HSTURetrieval.extend(update_cache=False)``) as modules over
-  plain tensors, so that they export: a :class:`~tzrec_gr.serving.ServingCache` is a Python
-  object and the models' own methods read the new tokens' longest length on the host,
-  which an exported graph cannot; the steps use the model's bound instead (the new tokens
-  are padded to it inside the graph, which changes no output).
+  (``HSTURanking.score`` / ``HSTURetrieval.extend(update_cache=False)``) as modules, so
+  that they export: their ``forward`` is the model's pure step over the cache's tensors
+  (``HSTURanking.score_step``, ``HSTURetrieval.event_embeddings_step``) at the model's
+  bounds, where the methods over a ``ServingCache`` read the new tokens' longest length on
+  the host (the new tokens are padded to the bound inside the graph, which changes no
+  output).
 
 tzrec-gr is imported by the functions that need it (``tzrec-acc[gr]``).
 """
@@ -180,52 +181,27 @@ def dynamic_shapes(model: nn.Module, args: Args, max_batch: int = 256) -> Any:
 # ------------------------------------------------------------------ cached serving forms
 
 
-def _cache_tensors(cache: Any) -> Tuple[List[torch.Tensor], List[torch.Tensor], torch.Tensor]:
-    ks = [kv.k for kv in cache.kv_caches]
-    vs = [kv.v for kv in cache.kv_caches]
-    return ks, vs, cache.kv_caches[0].offsets
-
-
 class _ServingStep(nn.Module):
-    """Rebuilds a :class:`~tzrec_gr.serving.ServingCache` from plain tensors."""
+    """A model's pure serving step as a module (what ``torch.export`` takes)."""
 
-    def __init__(self, model: nn.Module, bound: int) -> None:
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
         if model.training:
             raise ValueError("model must be in eval mode for serving; call model.eval() first")
         self.model = model
-        # an upper bound on every user's cached tokens (the contextual prefix included)
-        self.cache_bound = bound + model.transducer.input_preprocessor.contextual_seq_len()
         self.eval()
 
-    def _cache(
-        self,
-        ks: List[torch.Tensor],
-        vs: List[torch.Tensor],
-        offsets: torch.Tensor,
-        lengths: torch.Tensor,
-        query_time: Optional[torch.Tensor],
-        contextual: Optional[torch.Tensor],
-    ) -> Any:
-        serving = require("tzrec_gr.serving", "tzrec-acc[gr]", "exporting tzrec-gr models")
-        stu = require("tzrec_gr.stu", "tzrec-acc[gr]", "exporting tzrec-gr models")
-        kv = tuple(stu.KVCache(k, v, offsets, self.cache_bound) for k, v in zip(ks, vs))
-        return serving.ServingCache(
-            kv,
-            lengths,
-            self.cache_bound,
-            query_time,
-            contextual,
-            None,  # user embeddings: neither step reads them
-            self.model.transducer._owner,
-        )
+    @staticmethod
+    def _cache_inputs(cache: Any) -> Args:
+        return cache.keys, cache.values, cache.offsets, cache.lengths
 
 
 class RankingServingStep(_ServingStep):
-    """``HSTURanking.score(cache, candidates)`` over plain tensors.
+    """``HSTURanking.score(cache, candidates)`` over plain tensors
+    (``HSTURanking.score_step`` with the candidates padded to ``max_targets``).
 
     Call Args:
-        ks, vs (List[torch.Tensor]): each STU layer's cached keys / values [T, H * A].
+        keys, values (List[torch.Tensor]): each STU layer's cached keys / values [T, H * A].
         offsets (torch.Tensor): [B + 1] int64 offsets of the cached tokens.
         lengths (torch.Tensor): [B] int64 cached tokens per user.
         query_time (torch.Tensor | None): [B] the cache's time anchor.
@@ -236,44 +212,35 @@ class RankingServingStep(_ServingStep):
         torch.Tensor: [L_t, K] logits, as ``score`` gives.
     """
 
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model, model.max_uih_len)
-
-    @staticmethod
-    def inputs(cache: Any, candidates: Dict[str, torch.Tensor]) -> Args:
+    @classmethod
+    def inputs(cls, cache: Any, candidates: Dict[str, torch.Tensor]) -> Args:
         """The call arguments for a cache from ``prefill`` and a candidate batch."""
-        ks, vs, offsets = _cache_tensors(cache)
-        return ks, vs, offsets, cache.lengths, cache.query_time, cache.contextual, candidates
+        return (*cls._cache_inputs(cache), cache.query_time, cache.contextual, candidates)
 
     def forward(
         self,
-        ks: List[torch.Tensor],
-        vs: List[torch.Tensor],
+        keys: List[torch.Tensor],
+        values: List[torch.Tensor],
         offsets: torch.Tensor,
         lengths: torch.Tensor,
         query_time: Optional[torch.Tensor],
         contextual: Optional[torch.Tensor],
         candidates: Dict[str, torch.Tensor],
     ) -> torch.Tensor:
-        model = self.model
-        cache = self._cache(ks, vs, offsets, lengths, query_time, contextual)
-        users = lengths.shape[0]
-        features, cand = model._features({**model._no_history(users, lengths), **candidates})
-        user, _, _ = model.transducer.cached_forward(
-            features, cache, model.max_targets, targets=True
+        return self.model.score_step(
+            keys, values, offsets, lengths, query_time, contextual, candidates
         )
-        return model._head(user, cand)
 
 
 class RetrievalServingStep(_ServingStep):
-    """``HSTURetrieval.extend(cache, ..., update_cache=False)[0]`` over plain tensors: the
-    user embedding after each new event, the cache unchanged.
+    """``HSTURetrieval.extend(cache, ..., update_cache=False)[0]`` over plain tensors
+    (``HSTURetrieval.event_embeddings_step`` with the new events padded to ``max_new``):
+    the user embedding after each new event, the cache unchanged.
 
     Call Args:
-        ks, vs, offsets, lengths: the cache, as for :class:`RankingServingStep`.
-        query_time (torch.Tensor | None): the cache's time anchor.
+        keys, values, offsets, lengths: the cache, as for :class:`RankingServingStep`.
         item_ids (torch.Tensor): [L'] the new events' items.
-        new_lengths (torch.Tensor): [B] new events per user.
+        new_lengths (torch.Tensor): [B] new events per user, at most ``max_new``.
         timestamps (torch.Tensor): [L'] their timestamps.
 
     Returns:
@@ -282,35 +249,64 @@ class RetrievalServingStep(_ServingStep):
 
     def __init__(self, model: nn.Module, max_new: int) -> None:
         _check_positive("max_new", max_new)
-        super().__init__(model, model.max_seq_len)
+        super().__init__(model)
         self.max_new = max_new
 
-    @staticmethod
+    @classmethod
     def inputs(
-        cache: Any, item_ids: torch.Tensor, lengths: torch.Tensor, timestamps: torch.Tensor
+        cls, cache: Any, item_ids: torch.Tensor, lengths: torch.Tensor, timestamps: torch.Tensor
     ) -> Args:
         """The call arguments for a cache from ``prefill`` and a batch of new events."""
-        ks, vs, offsets = _cache_tensors(cache)
-        return ks, vs, offsets, cache.lengths, cache.query_time, item_ids, lengths, timestamps
+        return (*cls._cache_inputs(cache), item_ids, lengths, timestamps)
 
     def forward(
         self,
-        ks: List[torch.Tensor],
-        vs: List[torch.Tensor],
+        keys: List[torch.Tensor],
+        values: List[torch.Tensor],
         offsets: torch.Tensor,
         lengths: torch.Tensor,
-        query_time: Optional[torch.Tensor],
         item_ids: torch.Tensor,
         new_lengths: torch.Tensor,
         timestamps: torch.Tensor,
     ) -> torch.Tensor:
-        model = self.model
-        cache = self._cache(ks, vs, offsets, lengths, query_time, None)
-        features = model._features(item_ids, new_lengths, timestamps, model.max_seq_len)
-        out, _, _ = model.transducer.cached_forward(
-            features, cache, self.max_new, targets=False, update_cache=False
+        return self.model.event_embeddings_step(
+            keys, values, offsets, lengths, item_ids, new_lengths, timestamps, self.max_new
         )
-        return out
+
+
+def _ranking_request(
+    model: nn.Module, args: Args, users: Dim, candidates: Dim
+) -> Tuple[nn.Module, Any, Args, Any]:
+    """(step, cache of the sample's histories, the candidates, the dims of the step's
+    arguments after the cache's tensors) for ranking."""
+    (features,) = args
+    history = {k: v for k, v in features.items() if k in (*HISTORY_KEYS, "contextual")}
+    batch = features["uih.sequence_length"].shape[0]
+    query_time = features["candidate_timestamp.sequence"].max().repeat(batch)
+    cache = model.prefill(history, query_time)
+    request = {k: features[k] for k in CANDIDATE_KEYS}
+    shapes = (
+        None if cache.query_time is None else {0: users},
+        None if cache.contextual is None else {0: users, 1: Dim.STATIC},
+        {k: {0: users} if k.endswith("length") else {0: candidates} for k in CANDIDATE_KEYS},
+    )
+    return RankingServingStep(model), cache, (request,), shapes
+
+
+def _retrieval_request(
+    model: nn.Module, args: Args, users: Dim, events: Dim, new: int, seed: int
+) -> Tuple[nn.Module, Any, Args, Any]:
+    """(step, cache of the sample's histories, ``new`` events per user at most, their dims)
+    for retrieval."""
+    ids, lengths, timestamps = args
+    cache = model.prefill(ids, lengths, timestamps)
+    gen = torch.Generator().manual_seed(seed + 1)
+    new_lengths = _new_lengths(lengths.shape[0], new, gen)
+    total = int(new_lengths.sum())
+    new_ids = torch.randint(0, model.num_items, (total,), generator=gen)
+    new_ts = int(timestamps.max()) + torch.arange(1, total + 1) * 60
+    request = tuple(t.to(ids.device) for t in (new_ids, new_lengths, new_ts))
+    return RetrievalServingStep(model, new), cache, request, ({0: events}, {0: users}, {0: events})
 
 
 def serving_step(
@@ -326,49 +322,22 @@ def serving_step(
         (the step module, its call arguments, ``dynamic_shapes`` for ``torch.export``).
     """
     kind = model_kind(model)
-    step: nn.Module
     _check_positive("new", new)
-    device = next(model.parameters()).device
-    args = sample_inputs(model, batch, history, new if kind == "ranking" else None, seed, device)
-    users, tokens, news = _dims(model, max_batch)
-    kv_dims = [{0: tokens}] * len(model.transducer.stu.stu_layers)
-    cache_dims = (kv_dims, kv_dims, {0: users + 1}, {0: users})
-    if kind == "ranking":
-        (features,) = args
-        history_part = {k: v for k, v in features.items() if k in (*HISTORY_KEYS, "contextual")}
-        query_time = features["candidate_timestamp.sequence"].max().repeat(batch)
-        cache = model.prefill(history_part, query_time)
-        candidates = {k: features[k] for k in CANDIDATE_KEYS}
-        step = RankingServingStep(model)
-        call = RankingServingStep.inputs(cache, candidates)
-        shapes = (
-            *cache_dims,
-            None if cache.query_time is None else {0: users},
-            None if cache.contextual is None else {0: users, 1: Dim.STATIC},
-            {k: {0: users} if k.endswith("length") else {0: news} for k in CANDIDATE_KEYS},
-        )
-        return step, call, shapes
-    if history + new > model.max_seq_len:
+    if kind == "retrieval" and history + new > model.max_seq_len:
         raise ValueError(
             f"history + new ({history} + {new}) must be <= the model's max_seq_len "
             f"({model.max_seq_len})"
         )
-    ids, lengths, timestamps = args
-    cache = model.prefill(ids, lengths, timestamps)
-    gen = torch.Generator().manual_seed(seed + 1)
-    new_lengths = _new_lengths(batch, new, gen)
-    total = int(new_lengths.sum())
-    new_ids = torch.randint(0, model.num_items, (total,), generator=gen)
-    new_ts = int(timestamps.max()) + torch.arange(1, total + 1) * 60
-    new_lengths, new_ids, new_ts = (t.to(device) for t in (new_lengths, new_ids, new_ts))
-    step = RetrievalServingStep(model, new)
-    call = RetrievalServingStep.inputs(cache, new_ids, new_lengths, new_ts)
-    new_tokens = Dim("new_tokens", max=max(2, max_batch * new))
-    shapes = (
-        *cache_dims,
-        None if cache.query_time is None else {0: users},
-        {0: new_tokens},
-        {0: users},
-        {0: new_tokens},
-    )
-    return step, call, shapes
+    device = next(model.parameters()).device
+    args = sample_inputs(model, batch, history, new if kind == "ranking" else None, seed, device)
+    users, tokens, news = _dims(model, max_batch)
+    if kind == "ranking":
+        step, cache, request, request_shapes = _ranking_request(model, args, users, news)
+    else:
+        new_events = Dim("new_tokens", max=max(2, max_batch * new))
+        step, cache, request, request_shapes = _retrieval_request(
+            model, args, users, new_events, new, seed
+        )
+    kv_dims = [{0: tokens}] * len(cache.keys)
+    shapes = (kv_dims, kv_dims, {0: users + 1}, {0: users}, *request_shapes)
+    return step, step.inputs(cache, *request), shapes

@@ -7,7 +7,7 @@ C = contextual prefix length, N = new tokens of a serving call.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
@@ -271,6 +271,47 @@ class HSTUTransducer(nn.Module):
                 "model that built it"
             )
 
+    def cache_from_tensors(
+        self,
+        keys: List[torch.Tensor],
+        values: List[torch.Tensor],
+        offsets: torch.Tensor,
+        lengths: torch.Tensor,
+        max_len: int,
+        *,
+        query_time: Optional[torch.Tensor] = None,
+        contextual: Optional[torch.Tensor] = None,
+        user_embeddings: Optional[torch.Tensor] = None,
+    ) -> ServingCache:
+        """A :class:`~tzrec_gr.serving.ServingCache` of this transducer from its tensors
+        (``cache.keys``, ``cache.values``, ``cache.offsets``, ``cache.lengths``...): what a
+        serving step over plain tensors, such as an exported one, rebuilds.
+
+        Args:
+            keys, values (List[torch.Tensor]): each STU layer's cached keys / values.
+            offsets (torch.Tensor): [B + 1] int64 offsets of the cached tokens.
+            lengths (torch.Tensor): [B] int64 cached tokens per user.
+            max_len (int): an upper bound on ``lengths`` (attention pads to it).
+            query_time, contextual, user_embeddings: as in ``ServingCache``.
+        """
+        layers = len(self.stu.stu_layers)
+        if len(keys) != layers or len(values) != layers:
+            raise ValueError(
+                f"keys and values must hold one tensor per STU layer ({layers}), got "
+                f"{len(keys)} and {len(values)}"
+            )
+        # in a trace this compare also records that both B are one size: as two symbols,
+        # sizes derived from both (new tokens per user) would not simplify
+        if offsets.dim() != 1 or offsets.shape[0] != lengths.shape[0] + 1:
+            raise ValueError(
+                f"offsets must be [B + 1] = [{lengths.shape[0] + 1}] for lengths [B], got "
+                f"shape {tuple(offsets.shape)}"
+            )
+        kv = tuple(KVCache(k, v, offsets, max_len) for k, v in zip(keys, values))
+        return ServingCache(
+            kv, lengths, max_len, query_time, contextual, user_embeddings, self._owner
+        )
+
     @torch.no_grad()
     def prefill(
         self,
@@ -350,6 +391,7 @@ class HSTUTransducer(nn.Module):
         *,
         targets: bool,
         update_cache: bool = False,
+        max_cached_len: Optional[int] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor, Optional[ServingCache]]:
         """Run only the new tokens of each sample against ``cache``.
 
@@ -377,6 +419,10 @@ class HSTUTransducer(nn.Module):
             targets (bool): candidates (True) or appended history events (False).
             update_cache (bool): also return the cache with the new tokens appended; only
                 with ``targets=False``. Default: False.
+            max_cached_len (int | None): with ``update_cache``, an upper bound on every
+                user's cached tokens after the call (the new cache's ``max_len``). None
+                takes the largest from the lengths' host copy (no device read when it is
+                known); a traced call (``torch.export``) must give it. Default: None.
 
         Returns:
             (out [N, E] the postprocessed outputs of the new tokens, offsets [B + 1] of them,
@@ -411,15 +457,19 @@ class HSTUTransducer(nn.Module):
         delta = pre.max_seq_len - c
         if delta == 0:
             return x, new_offsets, cache if update_cache else None
+        lengths = None
+        if update_cache:
+            lengths = mirror(torch.add, cache.lengths, new_lengths.to(torch.int64))
+            if max_cached_len is None:
+                max_cached_len = longest(lengths)
         out, kv_caches = self._run_cached(
-            x, new_lengths, new_offsets, cache, delta, targets, update_cache
+            x, new_offsets, cache, delta, targets, lengths, max_cached_len
         )
         out = self._postprocess(out, timestamps)
         if kv_caches is None:
             return out, new_offsets, None
-        lengths = mirror(torch.add, cache.lengths, new_lengths.to(torch.int64))
         new_cache = dataclasses.replace(
-            cache, kv_caches=tuple(kv_caches), lengths=lengths, max_len=longest(lengths)
+            cache, kv_caches=tuple(kv_caches), lengths=lengths, max_len=max_cached_len
         )
         return out, new_offsets, new_cache
 
@@ -443,15 +493,17 @@ class HSTUTransducer(nn.Module):
     def _run_cached(
         self,
         x: torch.Tensor,
-        new_lengths: torch.Tensor,
         new_offsets: torch.Tensor,
         cache: ServingCache,
         delta: int,
         targets: bool,
-        update_cache: bool,
+        kept: Optional[torch.Tensor],
+        max_kept: Optional[int],
     ) -> Tuple[torch.Tensor, Optional[List[KVCache]]]:
         """The STU stack over ``delta`` rows per sample: the new rows, zero-padded at the end
-        of each sample (the cache is trimmed back to the real rows)."""
+        of each sample. ``kept`` (None: no cache update) are the cached lengths after the
+        call, at most ``max_kept``; the new cache is trimmed back to them."""
+        update_cache = kept is not None
         batch, rows = cache.batch_size, x.shape[0]
         padded = rows != batch * delta
         if padded:
@@ -461,20 +513,31 @@ class HSTUTransducer(nn.Module):
         num_targets = None
         if targets:
             num_targets = constant_lengths(delta, batch, x.device)
-        trim: Dict[str, Any] = {}
-        if padded and update_cache:
-            kept = mirror(torch.add, cache.lengths, new_lengths.to(torch.int64))
-            trim = {
-                "kv_caching_lengths": kept,
-                "max_kv_caching_len": longest(kept),
-                "total_kv_caching_len": cache.kv_caches[0].k.shape[0] + rows,
-            }
         out, kv_caches = self.stu.cached_forward(
-            x, cache.kv_caches, num_targets, update_cache=update_cache, **trim
+            x, cache.kv_caches, num_targets, update_cache=update_cache
         )
         if padded:
             out = out.index_select(0, slots)
+            if kv_caches is not None and kept is not None and max_kept is not None:
+                total = cache.kv_caches[0].k.shape[0] + rows
+                kv_caches = self._drop_padding(kv_caches, kept, max_kept, total)
         return out, kv_caches
+
+    @staticmethod
+    def _drop_padding(
+        caches: List[KVCache], kept: torch.Tensor, max_kept: int, total: int
+    ) -> List[KVCache]:
+        """Each layer's ``[cache_b ; padded new rows_b]`` cut to its first ``kept[b]`` rows
+        (``total`` in all), by one gather index shared by the layers. (A jagged split into
+        kept and dropped rows would size a tensor by the dropped padding, which a trace
+        with dynamic shapes cannot keep symbolic.)"""
+        offsets = lengths_to_offsets(kept)
+        sample, pos = row_positions(offsets, total)
+        index = caches[0].offsets.to(torch.int64)[sample] + pos
+        return [
+            KVCache(c.k.index_select(0, index), c.v.index_select(0, index), offsets, max_kept)
+            for c in caches
+        ]
 
     def _replay_on_timestamps(
         self, pre: PreprocessorOutput, new_offsets: torch.Tensor, total_kept: int

@@ -6,13 +6,18 @@ Like :class:`~tzrec_gr.stu.KVCache`, a :class:`ServingCache` is a value: the mod
 transducer's serving methods take one and return a new one, and never change it in place.
 Keeping an old cache (to score several candidate sets against one history), rolling forward
 to the new one, or dropping it is the caller's choice.
+
+Its tensors (``keys``, ``values``, ``offsets``, ``lengths``, ``query_time``, ``contextual``,
+``user_embeddings``) are what the models' pure serving steps (``score_step``,
+``extend_step``...) take and return: functions of plain tensors that ``torch.export``
+can record, and that the methods over a cache call.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 
@@ -77,3 +82,18 @@ class ServingCache:
     def batch_size(self) -> int:
         """B, the number of users."""
         return self.lengths.shape[0]
+
+    @property
+    def keys(self) -> List[torch.Tensor]:
+        """Each STU layer's cached keys [sum_b lengths[b], H * A]."""
+        return [kv.k for kv in self.kv_caches]
+
+    @property
+    def values(self) -> List[torch.Tensor]:
+        """Each STU layer's cached values [sum_b lengths[b], H * V]."""
+        return [kv.v for kv in self.kv_caches]
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        """[B + 1] int64 offsets of the cached tokens (every layer's)."""
+        return self.kv_caches[0].offsets

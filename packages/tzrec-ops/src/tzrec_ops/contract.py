@@ -10,13 +10,16 @@ Every op is declared once here, with
   ``device`` and ``dtype``, with what each value means;
 * ``grads``: the arguments it differentiates (empty: forward only, the output never requires
   grad);
+* ``module``: the module of :mod:`tzrec_ops.ops` that defines the public op; the built-in
+  backends keep its implementation in their module of the same name;
 * ``fast_path``: the public op falls back to other ops when no backend accepts the call, so a
   backend may leave it out without losing any call.
 
 The public functions dispatch with exactly these names (``tests/test_contract.py`` checks it
-with a recording backend), the built-in plugins build their op tables from :data:`OPS`, and
-the hook contract in the tzrec-ops README is :func:`contract_markdown`'s output (a test
-compares them). A change here is a change of the plugin contract: see the README.
+with a recording backend), the built-in plugins build their op tables from :data:`OPS`
+(:func:`mirrored_op_table`), and the hook contract in the tzrec-ops README is
+:func:`contract_markdown`'s output (a test compares them). A change here is a change of the
+plugin contract: see the README.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class OpSpec:
     options: Mapping[str, str]
     grads: Tuple[str, ...]
     summary: str
+    module: str
     fast_path: bool = False
 
     def call_keys(self) -> Tuple[str, ...]:
@@ -78,6 +82,7 @@ _SPECS = (
         },
         ("q", "k", "v"),
         "jagged HSTU attention [L, H, V]",
+        module="hstu_attention",
     ),
     OpSpec(
         "delta_hstu_mha",
@@ -93,15 +98,16 @@ _SPECS = (
         },
         (),
         "cached attention of each sequence's last D queries [B * D, H, V]",
+        module="hstu_attention",
     ),
     OpSpec("addmm", ("input", "mat1", "mat2"), {}, ("input", "mat1", "mat2"),
-           "input + mat1 @ mat2"),
+           "input + mat1 @ mat2", module="mm"),
     OpSpec("layer_norm", ("x", "weight", "bias", "eps"), {}, ("x", "weight", "bias"),
-           "layer norm over the last dim"),
+           "layer norm over the last dim", module="layer_norm"),
     OpSpec("rms_norm", ("x", "weight", "eps"), {}, ("x", "weight"),
-           "RMS norm over the last dim"),
+           "RMS norm over the last dim", module="layer_norm"),
     OpSpec("swish_layer_norm", ("x", "weight", "bias", "eps"), {}, ("x", "weight", "bias"),
-           "x * sigmoid(layer_norm(x))"),
+           "x * sigmoid(layer_norm(x))", module="layer_norm"),
     OpSpec(
         "layer_norm_mul_dropout",
         ("x", "u", "weight", "bias", "eps", "dropout_ratio", "training", "concat_ux", "seed"),
@@ -111,6 +117,7 @@ _SPECS = (
         },
         ("x", "u", "weight", "bias"),
         "dropout(u * layer_norm(x))",
+        module="layer_norm",
     ),
     OpSpec(
         "group_norm_mul_dropout",
@@ -124,6 +131,7 @@ _SPECS = (
         },
         ("x", "u", "weight", "bias"),
         "dropout(u * group_norm(x)), one group per head",
+        module="layer_norm",
     ),
     OpSpec(
         "concat_2D_jagged",
@@ -134,6 +142,7 @@ _SPECS = (
         {},
         ("values_left", "values_right"),
         "per sequence, left rows then right rows",
+        module="jagged",
     ),
     OpSpec(
         "split_2D_jagged",
@@ -144,6 +153,7 @@ _SPECS = (
         {},
         ("values",),
         "inverse of concat_2D_jagged",
+        module="jagged",
     ),
     OpSpec(
         "jagged_dense_bmm_broadcast_add",
@@ -151,6 +161,7 @@ _SPECS = (
         {},
         ("jagged", "dense", "bias"),
         "per sequence b: jagged_b @ dense[b] + bias[b]",
+        module="jagged",
     ),
     OpSpec(
         "add_positional_embeddings",
@@ -161,6 +172,7 @@ _SPECS = (
         {},
         ("position_embeddings_weight", "seq_embeddings"),
         "alpha * x + position table row",
+        module="position",
     ),
     OpSpec(
         "add_timestamp_positional_embeddings",
@@ -176,6 +188,7 @@ _SPECS = (
         },
         ("position_embeddings_weight", "timestamp_embeddings_weight", "seq_embeddings"),
         "alpha * x + position row + time-bucket row",
+        module="position",
     ),
     OpSpec(
         "hstu_compute_uqvk",
@@ -190,6 +203,7 @@ _SPECS = (
         },
         ("x", "norm_weight", "norm_bias", "uvqk_weight", "uvqk_bias"),
         "STU input projection: (SiLU(u), q, k, v)",
+        module="hstu_compute",
     ),
     OpSpec(
         "hstu_compute_output",
@@ -206,6 +220,7 @@ _SPECS = (
         },
         ("attn", "u", "x", "norm_weight", "norm_bias", "output_weight"),
         "STU output block: x + dropout(u * norm(attn)) @ W",
+        module="hstu_compute",
     ),
     OpSpec(
         "hstu_preprocess_and_attention",
@@ -224,6 +239,7 @@ _SPECS = (
         ("x", "norm_weight", "norm_bias", "uvqk_weight", "uvqk_bias"),
         "fused hstu_compute_uqvk + hstu_mha, returns (u, attn, None, None); never called "
         "with prefill=True",
+        module="hstu_compute",
         fast_path=True,
     ),
 )
@@ -241,6 +257,18 @@ def op_table(package: str, modules: Mapping[str, Iterable[str]]) -> Dict[str, st
                 raise ValueError(f"{op!r} is not a tzrec_ops op; declared ops: {sorted(OPS)}")
             table[op] = f"{package}.{module}:{op}"
     return table
+
+
+def mirrored_op_table(package: str, *, fast_paths: bool = True) -> Dict[str, str]:
+    """A :attr:`Backend.ops` table for a backend ``package`` laid out like
+    :mod:`tzrec_ops.ops`, as the built-in backends are: ``{op: "package.<module>:op"}`` for
+    every declared op, ``module`` being the op's :attr:`OpSpec.module`; without the
+    ``fast_path`` ops when ``fast_paths`` is False."""
+    return {
+        name: f"{package}.{spec.module}:{name}"
+        for name, spec in OPS.items()
+        if fast_paths or not spec.fast_path
+    }
 
 
 def _always_available() -> Optional[str]:

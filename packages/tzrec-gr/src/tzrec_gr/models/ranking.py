@@ -6,7 +6,7 @@ K = number of tasks, C = contextual features.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -113,6 +113,11 @@ class HSTURanking(nn.Module):
 
         cache = model.prefill(history, query_time)     # histories, once
         logits = model.score(cache, candidates)        # any number of candidate sets
+
+    :meth:`score_step` and :meth:`extend_step` are the same steps as functions of the cache's
+    tensors, which ``torch.export`` can record (``score`` and ``extend`` check their inputs
+    and call them). The public pieces of the model: :meth:`embed_features` (item ids to
+    embeddings), ``transducer`` and :meth:`head` (candidate logits).
     """
 
     def __init__(
@@ -188,6 +193,8 @@ class HSTURanking(nn.Module):
         )
         c = preprocessor.contextual_seq_len()
         self.contextual_seq_len = c
+        # the most tokens a user's cache holds: C prefix plus the (interleaved) history
+        self.max_cached_len = preprocessor.max_output_len(max_uih_len, 0)
         layers = [
             STULayer(
                 e,
@@ -290,15 +297,25 @@ class HSTURanking(nn.Module):
 
     # -- model -----------------------------------------------------------------------------
 
-    def _features(self, batch: Batch) -> Tuple[Batch, torch.Tensor]:
-        """The transducer's features (item ids embedded) and the candidates' embeddings."""
+    def embed_features(self, batch: Batch) -> Tuple[Batch, torch.Tensor]:
+        """The transducer's features and the candidates' item embeddings.
+
+        Args:
+            batch (Dict[str, torch.Tensor]): features as ``forward`` takes them (unchecked).
+
+        Returns:
+            (``batch`` plus ``uih.sequence`` [L_u, Du] and ``candidate.sequence`` [L_t, Du],
+            the item embeddings of the ids; the candidates' embeddings [L_t, Du]).
+        """
         features = dict(batch)
         features["uih.sequence"] = self.item_embeddings(batch["uih.item_id"])
         cand = self.item_embeddings(batch["candidate.item_id"])
         features["candidate.sequence"] = cand
         return features, cand
 
-    def _head(self, user: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    def head(self, user: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+        """[L_t, K] logits from the candidates' user embeddings [L_t, E] (the transducer's
+        ``candidate_embeddings``) and item embeddings [L_t, Du]."""
         item = self.item_tower(cand.to(user.dtype))
         return self.task_head(user * item)
 
@@ -314,9 +331,9 @@ class HSTURanking(nn.Module):
         self._check_candidates("batch", batch, max_targets, users)
         query_time = batch.get(_QUERY_TIME)
         self._check_query_time(f"batch[{_QUERY_TIME!r}]", query_time, users)
-        features, cand = self._features(batch)
+        features, cand = self.embed_features(batch)
         out = self.transducer(features, max_uih_len, max_targets, query_time=query_time)
-        return self._head(out.candidate_embeddings, cand)
+        return self.head(out.candidate_embeddings, cand)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Weighted sum over tasks of the mean binary cross-entropy.
@@ -390,7 +407,7 @@ class HSTURanking(nn.Module):
             )
         self._check_query_time("query_time", query_time, users)
         lengths = history["uih.sequence_length"]
-        features, _ = self._features({**history, **self._no_candidates(users, lengths)})
+        features, _ = self.embed_features({**history, **self._no_candidates(users, lengths)})
         _, cache = self.transducer.prefill(features, max_uih_len, query_time=query_time)
         return cache
 
@@ -413,12 +430,67 @@ class HSTURanking(nn.Module):
             torch.Tensor: [L_t, K] logits, candidates in input order.
         """
         self.transducer.check_cache(cache)
-        users = cache.batch_size
-        self._check_candidates("candidates", candidates, self.max_targets, users)
-        lengths = candidates["candidate.sequence_length"]
-        features, cand = self._features({**self._no_history(users, lengths), **candidates})
-        user, _, _ = self.transducer.cached_forward(features, cache, longest(lengths), targets=True)
-        return self._head(user, cand)
+        self._check_candidates("candidates", candidates, self.max_targets, cache.batch_size)
+        return self.score_step(
+            cache.keys,
+            cache.values,
+            cache.offsets,
+            cache.lengths,
+            cache.query_time,
+            cache.contextual,
+            candidates,
+            longest(candidates["candidate.sequence_length"]),
+            cache.max_len,
+        )
+
+    def score_step(
+        self,
+        keys: List[torch.Tensor],
+        values: List[torch.Tensor],
+        offsets: torch.Tensor,
+        lengths: torch.Tensor,
+        query_time: Optional[torch.Tensor],
+        contextual: Optional[torch.Tensor],
+        candidates: Batch,
+        max_candidates: Optional[int] = None,
+        max_cached_len: Optional[int] = None,
+    ) -> torch.Tensor:
+        """:meth:`score` as a function of plain tensors, which ``torch.export`` can record.
+
+        The cache comes as its tensors: ``cache.keys``, ``.values``, ``.offsets``,
+        ``.lengths``, ``.query_time``, ``.contextual``. Nothing is checked, nothing read on
+        the host and nothing changed: :meth:`score` checks its arguments and calls this.
+
+        Args:
+            keys, values (List[torch.Tensor]): each STU layer's cached keys / values.
+            offsets (torch.Tensor): [B + 1] offsets of the cached tokens.
+            lengths (torch.Tensor): [B] cached tokens per user.
+            query_time (torch.Tensor | None): [B] the cache's time anchor.
+            contextual (torch.Tensor | None): [B, C * Fc] the cache's contextual features.
+            candidates (Dict[str, torch.Tensor]): as for :meth:`score`.
+            max_candidates (int | None): an upper bound on candidates per user; each user's
+                are padded to it (which changes no output). Default: ``max_targets``.
+            max_cached_len (int | None): an upper bound on ``lengths``. Default:
+                ``max_cached_len`` of the model.
+
+        Returns:
+            torch.Tensor: [L_t, K] logits, candidates in input order.
+        """
+        cache = self.transducer.cache_from_tensors(
+            keys,
+            values,
+            offsets,
+            lengths,
+            self.max_cached_len if max_cached_len is None else max_cached_len,
+            query_time=query_time,
+            contextual=contextual,
+        )
+        users = lengths.shape[0]
+        like = candidates["candidate.sequence_length"]
+        features, cand = self.embed_features({**self._no_history(users, like), **candidates})
+        max_new = self.max_targets if max_candidates is None else max_candidates
+        user, _, _ = self.transducer.cached_forward(features, cache, max_new, targets=True)
+        return self.head(user, cand)
 
     @torch.no_grad()
     def extend(self, cache: ServingCache, events: Batch) -> ServingCache:
@@ -439,6 +511,82 @@ class HSTURanking(nn.Module):
             ServingCache: the extended cache (the given one is unchanged).
         """
         self.transducer.check_cache(cache)
+        self._check_extendable()
+        self._check_history("events", events, self.max_uih_len, contextual=False)
+        lengths = events["uih.sequence_length"]
+        check_batch("events['uih.sequence_length']", lengths, cache.batch_size, "the cache")
+        check_appended(
+            "events['uih.sequence_length']",
+            cache.lengths,
+            lengths,
+            self._tokens_per_event(),
+            self.max_uih_len,
+            "max_uih_len",
+        )
+        keys, values, offsets, new_lengths = self.extend_step(
+            cache.keys,
+            cache.values,
+            cache.offsets,
+            cache.lengths,
+            events,
+            longest(lengths),
+            cache.max_len,
+        )
+        return self.transducer.cache_from_tensors(
+            keys,
+            values,
+            offsets,
+            new_lengths,
+            longest(new_lengths),
+            query_time=cache.query_time,
+            contextual=cache.contextual,
+        )
+
+    def extend_step(
+        self,
+        keys: List[torch.Tensor],
+        values: List[torch.Tensor],
+        offsets: torch.Tensor,
+        lengths: torch.Tensor,
+        events: Batch,
+        max_events: Optional[int] = None,
+        max_cached_len: Optional[int] = None,
+    ) -> Tuple[List[torch.Tensor], List[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """:meth:`extend` as a function of plain tensors, which ``torch.export`` can record.
+
+        The cache comes as its tensors (see :meth:`score_step`) and the extended one goes
+        back as new tensors; nothing is checked, read on the host or changed in place.
+
+        Args:
+            keys, values, offsets, lengths: the cache, as for :meth:`score_step`.
+            events (Dict[str, torch.Tensor]): as for :meth:`extend`.
+            max_events (int | None): an upper bound on new events per user. Default:
+                ``max_uih_len``.
+            max_cached_len (int | None): an upper bound on ``lengths``. Default: the
+                model's ``max_cached_len``.
+
+        Returns:
+            (keys, values, offsets [B + 1], lengths [B]) of the extended cache.
+        """
+        self._check_extendable()
+        before = self.max_cached_len if max_cached_len is None else max_cached_len
+        cache = self.transducer.cache_from_tensors(keys, values, offsets, lengths, before)
+        max_new = self.max_uih_len if max_events is None else max_events
+        after = min(before + self._tokens_per_event() * max_new, self.max_cached_len)
+        users = lengths.shape[0]
+        like = events["uih.sequence_length"]
+        features, _ = self.embed_features({**events, **self._no_candidates(users, like)})
+        _, _, new = self.transducer.cached_forward(
+            features, cache, max_new, targets=False, update_cache=True, max_cached_len=after
+        )
+        if new is None:
+            raise RuntimeError("the transducer returned no cache with update_cache=True")
+        return new.keys, new.values, new.offsets, new.lengths
+
+    def _tokens_per_event(self) -> int:
+        return 2 if self.transducer.input_preprocessor.enable_interleaving else 1
+
+    def _check_extendable(self) -> None:
         if self.use_time_encoding or self.contextual_seq_len > 0:
             raise NotImplementedError(
                 "HSTURanking.extend needs use_time_encoding=False and no contextual features: "
@@ -446,22 +594,3 @@ class HSTURanking(nn.Module):
                 "and contextual tokens (which attend to all history) change for every cached "
                 "token when history grows; prefill the longer history instead"
             )
-        users = self._check_history("events", events, self.max_uih_len, contextual=False)
-        lengths = events["uih.sequence_length"]
-        check_batch("events['uih.sequence_length']", lengths, cache.batch_size, "the cache")
-        per_event = 2 if self.transducer.input_preprocessor.enable_interleaving else 1
-        check_appended(
-            "events['uih.sequence_length']",
-            cache.lengths,
-            lengths,
-            per_event,
-            self.max_uih_len,
-            "max_uih_len",
-        )
-        features, _ = self._features({**events, **self._no_candidates(users, lengths)})
-        _, _, new = self.transducer.cached_forward(
-            features, cache, longest(lengths), targets=False, update_cache=True
-        )
-        if new is None:
-            raise RuntimeError("the transducer returned no cache with update_cache=True")
-        return new

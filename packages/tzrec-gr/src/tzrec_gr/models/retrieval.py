@@ -7,7 +7,7 @@ T = candidates per user.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -31,6 +31,11 @@ from tzrec_gr.serving import ServingCache, longest
 from tzrec_gr.stu import STULayer, STUStack
 
 __all__ = ["HSTURetrieval"]
+
+# extend_step: (rows [L', E], keys, values, offsets [B + 1], lengths [B], users [B, E])
+ExtendStepOutput = Tuple[
+    torch.Tensor, List[torch.Tensor], List[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor
+]
 
 
 class HSTURetrieval(nn.Module):
@@ -82,6 +87,10 @@ class HSTURetrieval(nn.Module):
         cache = model.prefill(item_ids, lengths, timestamps)      # histories, once
         scores = model.score(cache, candidate_ids)                # [B, T] cosines
         new_rows, cache = model.extend(cache, new_ids, new_lengths, new_timestamps)
+
+    :meth:`extend_step`, :meth:`event_embeddings_step` and :meth:`score_step` are the same
+    steps as functions of the cache's tensors, which ``torch.export`` can record (the
+    methods over a cache check their inputs and call them).
     """
 
     def __init__(
@@ -118,6 +127,8 @@ class HSTURetrieval(nn.Module):
         self.num_negatives = num_negatives
         self.temperature = temperature
         self.max_seq_len = max_seq_len
+        # the most tokens a user's cache holds (one per event)
+        self.max_cached_len = max_seq_len
         self.validate_inputs = validate_inputs
         self.item_embeddings = nn.Embedding(num_items, embedding_dim, device=device)
         nn.init.normal_(self.item_embeddings.weight, std=0.02)
@@ -152,19 +163,25 @@ class HSTURetrieval(nn.Module):
         emb = self.item_embeddings(item_ids)
         return emb / torch.linalg.vector_norm(emb, dim=-1, keepdim=True).clamp(min=1e-6)
 
-    def _features(
+    def _check_history(
         self,
         item_ids: torch.Tensor,
         lengths: torch.Tensor,
         timestamps: torch.Tensor,
         max_seq_len: int,
-    ) -> Dict[str, torch.Tensor]:
-        """The transducer's features, after checking the inputs."""
+    ) -> None:
+        """Checks a history (or new events) with at most ``max_seq_len`` events per user."""
         check_int_tensor("item_ids", item_ids)
         check_int_tensor("timestamps", timestamps)
         check_rows("timestamps", timestamps, item_ids.shape[0], "item_ids")
         check_lengths("lengths", lengths, max_seq_len, "max_seq_len", item_ids.shape[0], "item_ids")
         check_item_ids("item_ids", item_ids, self.num_items, self.validate_inputs)
+
+    def embed_features(
+        self, item_ids: torch.Tensor, lengths: torch.Tensor, timestamps: torch.Tensor
+    ) -> Dict[str, torch.Tensor]:
+        """The transducer's features of a history (unchecked): ``uih.sequence`` [L, E]
+        (the ids' embeddings), ``uih.sequence_length`` [B], ``uih_timestamp.sequence`` [L]."""
         return {
             "uih.sequence": self.item_embeddings(item_ids),
             "uih.sequence_length": lengths,
@@ -179,7 +196,8 @@ class HSTURetrieval(nn.Module):
         max_seq_len: Optional[int] = None,
     ) -> torch.Tensor:
         max_seq_len = check_bound("max_seq_len", max_seq_len, self.max_seq_len)
-        features = self._features(item_ids, lengths, timestamps, max_seq_len)
+        self._check_history(item_ids, lengths, timestamps, max_seq_len)
+        features = self.embed_features(item_ids, lengths, timestamps)
         out = self.transducer(features, max_seq_len)
         if out.full_embeddings is None:
             raise RuntimeError("the transducer must return full embeddings")
@@ -264,7 +282,8 @@ class HSTURetrieval(nn.Module):
         """
         max_seq_len = check_bound("max_seq_len", max_seq_len, self.max_seq_len)
         self.transducer.check_cache(None)
-        features = self._features(item_ids, lengths, timestamps, max_seq_len)
+        self._check_history(item_ids, lengths, timestamps, max_seq_len)
+        features = self.embed_features(item_ids, lengths, timestamps)
         out, cache = self.transducer.prefill(features, max_seq_len)
         if out.full_embeddings is None:
             raise RuntimeError("the transducer must return full embeddings")
@@ -302,16 +321,112 @@ class HSTURetrieval(nn.Module):
         """
         self.transducer.check_cache(cache)
         check_batch("lengths", lengths, cache.batch_size, "the cache")
-        features = self._features(item_ids, lengths, timestamps, self.max_seq_len)
+        self._check_history(item_ids, lengths, timestamps, self.max_seq_len)
         check_appended("lengths", cache.lengths, lengths, 1, self.max_seq_len, "max_seq_len")
+        tensors = (cache.keys, cache.values, cache.offsets, cache.lengths)
+        events = (item_ids, lengths, timestamps)
+        bounds = (longest(lengths), cache.max_len)
+        if not update_cache:
+            return self.event_embeddings_step(*tensors, *events, *bounds), None
+        out, keys, values, offsets, new_lengths, users = self.extend_step(
+            *tensors, self._user_embeddings(cache), *events, *bounds
+        )
+        new = self.transducer.cache_from_tensors(
+            keys, values, offsets, new_lengths, longest(new_lengths), user_embeddings=users
+        )
+        return out, new
+
+    def _cache(
+        self,
+        keys: List[torch.Tensor],
+        values: List[torch.Tensor],
+        offsets: torch.Tensor,
+        lengths: torch.Tensor,
+        max_cached_len: Optional[int],
+    ) -> ServingCache:
+        bound = self.max_cached_len if max_cached_len is None else max_cached_len
+        return self.transducer.cache_from_tensors(keys, values, offsets, lengths, bound)
+
+    def event_embeddings_step(
+        self,
+        keys: List[torch.Tensor],
+        values: List[torch.Tensor],
+        offsets: torch.Tensor,
+        lengths: torch.Tensor,
+        item_ids: torch.Tensor,
+        new_lengths: torch.Tensor,
+        timestamps: torch.Tensor,
+        max_events: Optional[int] = None,
+        max_cached_len: Optional[int] = None,
+    ) -> torch.Tensor:
+        """``extend(cache, ..., update_cache=False)[0]`` as a function of plain tensors,
+        which ``torch.export`` can record: the user embedding after each new event, the
+        cache unchanged. Nothing is checked or read on the host.
+
+        Args:
+            keys, values (List[torch.Tensor]): each STU layer's cached keys / values
+                (``cache.keys``, ``cache.values``).
+            offsets (torch.Tensor): [B + 1] ``cache.offsets``.
+            lengths (torch.Tensor): [B] ``cache.lengths``.
+            item_ids, new_lengths, timestamps: the new events, as ``extend``'s ``item_ids``,
+                ``lengths`` and ``timestamps``.
+            max_events (int | None): an upper bound on new events per user; each user's
+                are padded to it (which changes no output). Default: ``max_seq_len``.
+            max_cached_len (int | None): an upper bound on ``lengths``. Default: the
+                model's ``max_cached_len``.
+
+        Returns:
+            torch.Tensor: [L', E].
+        """
+        cache = self._cache(keys, values, offsets, lengths, max_cached_len)
+        features = self.embed_features(item_ids, new_lengths, timestamps)
+        max_new = self.max_seq_len if max_events is None else max_events
+        out, _, _ = self.transducer.cached_forward(features, cache, max_new, targets=False)
+        return out
+
+    def extend_step(
+        self,
+        keys: List[torch.Tensor],
+        values: List[torch.Tensor],
+        offsets: torch.Tensor,
+        lengths: torch.Tensor,
+        user_embeddings: torch.Tensor,
+        item_ids: torch.Tensor,
+        new_lengths: torch.Tensor,
+        timestamps: torch.Tensor,
+        max_events: Optional[int] = None,
+        max_cached_len: Optional[int] = None,
+    ) -> ExtendStepOutput:
+        """:meth:`extend` as a function of plain tensors, which ``torch.export`` can record:
+        the cache comes as its tensors and the extended one goes back as new tensors;
+        nothing is checked, read on the host or changed in place.
+
+        Args: as for :meth:`event_embeddings_step`, plus ``user_embeddings`` [B, E]
+        (``cache.user_embeddings``).
+
+        Returns:
+            (rows [L', E] the user embedding after each new event, then the extended cache's
+            keys, values, offsets [B + 1], lengths [B] and user embeddings [B, E]).
+        """
+        before = self.max_cached_len if max_cached_len is None else max_cached_len
+        cache = self._cache(keys, values, offsets, lengths, before)
+        features = self.embed_features(item_ids, new_lengths, timestamps)
+        max_new = self.max_seq_len if max_events is None else max_events
+        after = min(before + max_new, self.max_cached_len)
         out, _, new = self.transducer.cached_forward(
-            features, cache, longest(lengths), targets=False, update_cache=update_cache
+            features, cache, max_new, targets=False, update_cache=True, max_cached_len=after
         )
         if new is None:
-            return out, None
-        last = self._last_rows(out, lengths)
-        users = torch.where((lengths > 0).unsqueeze(1), last, cache.user_embeddings)
-        return out, dataclasses.replace(new, user_embeddings=users)
+            raise RuntimeError("the transducer returned no cache with update_cache=True")
+        last = self._last_rows(out, new_lengths)
+        users = torch.where((new_lengths > 0).unsqueeze(1), last, user_embeddings)
+        return out, new.keys, new.values, new.offsets, new.lengths, users
+
+    @staticmethod
+    def _user_embeddings(cache: ServingCache) -> torch.Tensor:
+        if cache.user_embeddings is None:
+            raise ValueError("cache holds no user embeddings: it was not built by HSTURetrieval")
+        return cache.user_embeddings
 
     @torch.no_grad()
     def score(self, cache: ServingCache, candidate_ids: torch.Tensor) -> torch.Tensor:
@@ -336,10 +451,15 @@ class HSTURetrieval(nn.Module):
         if candidate_ids.dim() == 2:
             check_batch("candidate_ids", candidate_ids, cache.batch_size, "the cache")
         check_item_ids("candidate_ids", candidate_ids, self.num_items, self.validate_inputs)
-        users = cache.user_embeddings
-        if users is None:
-            raise ValueError("cache holds no user embeddings: it was not built by HSTURetrieval")
-        items = self.item_embedding(candidate_ids).to(users.dtype)
+        return self.score_step(self._user_embeddings(cache), candidate_ids)
+
+    def score_step(
+        self, user_embeddings: torch.Tensor, candidate_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`score` as a function of plain tensors (unchecked): [B, T] cosines of
+        ``user_embeddings`` [B, E] (``cache.user_embeddings``) with the candidates' item
+        embeddings, ``candidate_ids`` [B, T] or [T]."""
+        items = self.item_embedding(candidate_ids).to(user_embeddings.dtype)
         if items.dim() == 2:
-            return users @ items.t()
-        return torch.einsum("be,bte->bt", users, items)
+            return user_embeddings @ items.t()
+        return torch.einsum("be,bte->bt", user_embeddings, items)

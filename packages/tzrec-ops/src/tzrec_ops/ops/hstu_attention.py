@@ -35,6 +35,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from tzrec_ops.ops.autocast import autocast_inputs
 from tzrec_ops.ops.validation import (
     check_dim,
     check_int,
@@ -188,6 +189,7 @@ def hstu_mha(
             lengths above ``max_seq_len``, and ``num_targets`` outside ``[0, length]``.
         tzrec_ops.BackendError: the requested backend cannot run this call.
     """
+    q, k, v = autocast_inputs(q, k, v)
     check_int("min_full_attn_seq_len", min_full_attn_seq_len)
     check_non_negative("min_full_attn_seq_len", min_full_attn_seq_len)
     if not 0.0 <= dropout_pr <= 1.0:
@@ -332,6 +334,7 @@ def delta_hstu_mha(
             ``delta_k``/``delta_v`` given, or their shapes, dtypes or devices not matching.
         tzrec_ops.BackendError: the requested backend cannot run this call.
     """
+    delta_q, k, v, delta_k, delta_v = autocast_inputs(delta_q, k, v, delta_k, delta_v)
     _check_options(max_seq_len, max_attn_len, contextual_seq_len, scaling_seqlen)
     check_tensor("delta_q", delta_q, ndim=3, dtypes=_FLOAT_DTYPES)
     check_tensor("k", k, ndim=3)

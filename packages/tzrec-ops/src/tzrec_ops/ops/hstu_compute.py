@@ -11,6 +11,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from tzrec_ops.ops.autocast import autocast_inputs
 from tzrec_ops.ops.hstu_attention import check_attention_args
 from tzrec_ops.ops.layer_norm import FLOATS, check_dropout, check_norm_input
 from tzrec_ops.ops.validation import (
@@ -53,6 +54,46 @@ def _check_uqvk(
     check_same_device(("x", x), ("uvqk_weight", uvqk_weight), ("uvqk_bias", uvqk_bias))
 
 
+def _run_uqvk(
+    backend: BackendArg,
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    norm_eps: float,
+    num_heads: int,
+    attn_dim: int,
+    hidden_dim: int,
+    uvqk_weight: torch.Tensor,
+    uvqk_bias: torch.Tensor,
+    *,
+    recompute_normed_x_in_backward: bool,
+    recompute_uvqk_in_backward: bool,
+) -> Tensors4:
+    """``hstu_compute_uqvk`` on the backend selected for the call; the caller has checked the
+    arguments (:func:`_check_uqvk`)."""
+    impl = select_backend(
+        "hstu_compute_uqvk",
+        backend,
+        device=x.device,
+        dtype=x.dtype,
+        recompute_normed_x_in_backward=recompute_normed_x_in_backward,
+        recompute_uvqk_in_backward=recompute_uvqk_in_backward,
+    )
+    return impl(
+        x=x,
+        norm_weight=norm_weight,
+        norm_bias=norm_bias,
+        norm_eps=norm_eps,
+        num_heads=num_heads,
+        attn_dim=attn_dim,
+        hidden_dim=hidden_dim,
+        uvqk_weight=uvqk_weight,
+        uvqk_bias=uvqk_bias,
+        recompute_normed_x_in_backward=recompute_normed_x_in_backward,
+        recompute_uvqk_in_backward=recompute_uvqk_in_backward,
+    )
+
+
 def hstu_compute_uqvk(
     x: torch.Tensor,
     norm_weight: torch.Tensor,
@@ -85,27 +126,15 @@ def hstu_compute_uqvk(
         (u [L, HV], q [L, H, A], k [L, H, A], v [L, H, V]) in x's dtype; q, k, v may be
         strided views of one buffer.
     """
+    x, norm_weight, norm_bias, uvqk_weight, uvqk_bias = autocast_inputs(
+        x, norm_weight, norm_bias, uvqk_weight, uvqk_bias
+    )
     _check_uqvk(
         x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim, uvqk_weight, uvqk_bias
     )
-    impl = select_backend(
-        "hstu_compute_uqvk",
-        backend,
-        device=x.device,
-        dtype=x.dtype,
-        recompute_normed_x_in_backward=recompute_normed_x_in_backward,
-        recompute_uvqk_in_backward=recompute_uvqk_in_backward,
-    )
-    return impl(
-        x=x,
-        norm_weight=norm_weight,
-        norm_bias=norm_bias,
-        norm_eps=norm_eps,
-        num_heads=num_heads,
-        attn_dim=attn_dim,
-        hidden_dim=hidden_dim,
-        uvqk_weight=uvqk_weight,
-        uvqk_bias=uvqk_bias,
+    return _run_uqvk(
+        backend, x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim,
+        uvqk_weight, uvqk_bias,
         recompute_normed_x_in_backward=recompute_normed_x_in_backward,
         recompute_uvqk_in_backward=recompute_uvqk_in_backward,
     )
@@ -145,6 +174,9 @@ def hstu_compute_output(
     Returns:
         [L, E] in x's dtype.
     """
+    attn, u, x, norm_weight, norm_bias, output_weight = autocast_inputs(
+        attn, u, x, norm_weight, norm_bias, output_weight
+    )
     check_positive("num_heads", num_heads)
     check_positive("linear_dim", linear_dim)
     hv = num_heads * linear_dim
@@ -244,6 +276,9 @@ def hstu_preprocess_and_attention(
     Returns:
         (u [L, HV], attn [L, HV], k [L, H, A] or None, v [L, H, V] or None).
     """
+    x, norm_weight, norm_bias, uvqk_weight, uvqk_bias = autocast_inputs(
+        x, norm_weight, norm_bias, uvqk_weight, uvqk_bias
+    )
     _check_uqvk(
         x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim, uvqk_weight, uvqk_bias
     )
@@ -299,24 +334,9 @@ def hstu_preprocess_and_attention(
             )
     from tzrec_ops.ops.hstu_attention import hstu_mha
 
-    uqvk = select_backend(
-        "hstu_compute_uqvk",
-        backend,
-        device=x.device,
-        dtype=x.dtype,
-        recompute_normed_x_in_backward=recompute_normed_x_in_backward,
-        recompute_uvqk_in_backward=recompute_uvqk_in_backward,
-    )
-    u, q, k, v = uqvk(
-        x=x,
-        norm_weight=norm_weight,
-        norm_bias=norm_bias,
-        norm_eps=norm_eps,
-        num_heads=num_heads,
-        attn_dim=attn_dim,
-        hidden_dim=hidden_dim,
-        uvqk_weight=uvqk_weight,
-        uvqk_bias=uvqk_bias,
+    u, q, k, v = _run_uqvk(
+        backend, x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim,
+        uvqk_weight, uvqk_bias,
         recompute_normed_x_in_backward=recompute_normed_x_in_backward,
         recompute_uvqk_in_backward=recompute_uvqk_in_backward,
     )

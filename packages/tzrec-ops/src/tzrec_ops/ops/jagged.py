@@ -16,6 +16,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from tzrec_ops.ops.autocast import autocast_inputs
 from tzrec_ops.ops.host_copies import host_copy
 from tzrec_ops.ops.validation import (
     check_dim,
@@ -283,6 +284,7 @@ def jagged_dense_bmm_broadcast_add(
     Returns:
         [L, N] in jagged's dtype.
     """
+    jagged, dense, bias = autocast_inputs(jagged, dense, bias)
     check_non_negative("max_seq_len", max_seq_len)
     check_tensor("jagged", jagged, ndim=2, dtypes=_FLOATS)
     check_tensor("dense", dense, ndim=3)

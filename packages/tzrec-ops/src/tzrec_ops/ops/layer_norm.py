@@ -7,7 +7,7 @@ activations); outputs have x's dtype.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
@@ -68,6 +68,21 @@ def _check_mul_input(x: torch.Tensor, u: torch.Tensor) -> None:
     if u.dtype != x.dtype:
         raise TypeError(f"u has dtype {u.dtype} but x has {x.dtype}; they must match")
     check_same_device(("x", x), ("u", u))
+
+
+def _run_mul_dropout(op: str, backend: BackendArg, **args: Any) -> torch.Tensor:
+    """Run ``layer_norm_mul_dropout`` or ``group_norm_mul_dropout`` on the backend selected
+    for the call, whose ``supports`` check sees the dropout in effect and ``concat_ux``.
+    ``args`` are the op's declared arguments, already checked, in the declared order."""
+    impl = select_backend(
+        op,
+        backend,
+        device=args["x"].device,
+        dtype=args["x"].dtype,
+        dropout_ratio=args["dropout_ratio"] if args["training"] else 0.0,
+        concat_ux=args["concat_ux"],
+    )
+    return impl(**args)
 
 
 def layer_norm(
@@ -144,24 +159,11 @@ def layer_norm_mul_dropout(
     check_norm_input(x, weight, bias, eps)
     _check_mul_input(x, u)
     check_dropout(dropout_ratio, seed)
-    impl = select_backend(
+    return _run_mul_dropout(
         "layer_norm_mul_dropout",
         backend,
-        device=x.device,
-        dtype=x.dtype,
-        dropout_ratio=dropout_ratio if training else 0.0,
-        concat_ux=concat_ux,
-    )
-    return impl(
-        x=x,
-        u=u,
-        weight=weight,
-        bias=bias,
-        eps=eps,
-        dropout_ratio=dropout_ratio,
-        training=training,
-        concat_ux=concat_ux,
-        seed=seed,
+        x=x, u=u, weight=weight, bias=bias, eps=eps, dropout_ratio=dropout_ratio,
+        training=training, concat_ux=concat_ux, seed=seed,
     )
 
 
@@ -193,23 +195,9 @@ def group_norm_mul_dropout(
     check_norm_input(x, weight, bias, eps, param_size=num_heads)
     _check_mul_input(x, u)
     check_dropout(dropout_ratio, seed)
-    impl = select_backend(
+    return _run_mul_dropout(
         "group_norm_mul_dropout",
         backend,
-        device=x.device,
-        dtype=x.dtype,
-        dropout_ratio=dropout_ratio if training else 0.0,
-        concat_ux=concat_ux,
-    )
-    return impl(
-        x=x,
-        u=u,
-        weight=weight,
-        bias=bias,
-        eps=eps,
-        dropout_ratio=dropout_ratio,
-        training=training,
-        num_heads=num_heads,
-        concat_ux=concat_ux,
-        seed=seed,
+        x=x, u=u, weight=weight, bias=bias, eps=eps, dropout_ratio=dropout_ratio,
+        training=training, num_heads=num_heads, concat_ux=concat_ux, seed=seed,
     )

@@ -9,6 +9,7 @@ from typing import Union
 
 import torch
 
+from tzrec_ops.ops.autocast import autocast_inputs
 from tzrec_ops.ops.validation import check_same_device, check_same_dtype, check_tensor
 from tzrec_ops.registry import Backend, select_backend
 
@@ -33,6 +34,7 @@ def addmm(
     Returns:
         [M, N] in mat1's dtype (accumulated in float32 or better).
     """
+    input, mat1, mat2 = autocast_inputs(input, mat1, mat2)
     check_tensor("mat1", mat1, ndim=2, dtypes=_FLOATS)
     check_tensor("mat2", mat2, ndim=2)
     check_tensor("input", input)

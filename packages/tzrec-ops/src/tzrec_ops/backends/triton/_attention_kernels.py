@@ -384,7 +384,7 @@ def _stack_rows(a, b):
     return tl.join(a, b).permute(2, 0, 1).reshape(2 * a.shape[0], a.shape[1])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["AUTOTUNE_Z", "AUTOTUNE_MAX_SEQ_LEN"])
 def _hstu_attn_fwd_kernel(
     Q,
     K,
@@ -635,7 +635,7 @@ def _dq_block(
     return tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["AUTOTUNE_Z", "AUTOTUNE_MAX_SEQ_LEN"])
 def _hstu_attn_bwd_dq_kernel(
     Q,
     K,
@@ -810,7 +810,7 @@ def _dkdv_block(
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["AUTOTUNE_Z", "AUTOTUNE_MAX_SEQ_LEN"])
 def _hstu_attn_bwd_dkdv_kernel(
     Q,
     K,

@@ -19,12 +19,16 @@ host time, against 29 us for the plain ``JITFunction.run`` it ends in.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch.library import triton_op, wrap_triton
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 from triton.runtime.autotuner import Autotuner
+
+from tzrec_ops.backends.triton.refusals import interpreting
 
 
 def tracing() -> bool:
@@ -75,6 +79,7 @@ class _TunedLauncher:
             config, config_kwargs = chosen
             self._tuner.best_config = config  # as Autotuner.run leaves it
             return self._tuner.fn.run(*args, grid=grid, warmup=False, **kwargs, **config_kwargs)
+        precompile(self._tuner, args, kwargs)
         result = self._tuner.run(*args, grid=grid, warmup=False, **kwargs)
         config = self._tuner.best_config
         if config.pre_hook is None:
@@ -84,11 +89,50 @@ class _TunedLauncher:
 
 _LAUNCHERS: Dict[Autotuner, _TunedLauncher] = {}
 
+COMPILE_THREADS_ENV = "TZREC_OPS_TRITON_COMPILE_THREADS"
+_POOL: Optional[ThreadPoolExecutor] = None
+
+
+def _compile_pool() -> Optional[ThreadPoolExecutor]:
+    global _POOL
+    if _POOL is None:
+        threads = int(os.environ.get(COMPILE_THREADS_ENV, str(min(16, os.cpu_count() or 1))))
+        if threads <= 1:
+            return None
+        _POOL = ThreadPoolExecutor(threads, thread_name_prefix="tzrec-triton-compile")
+    return _POOL
+
+
+def precompile(tuner: Autotuner, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+    """Compile every candidate config of ``tuner`` for this call's specialization at once, in
+    a thread pool, before the autotuner times them one after the other (it would compile each
+    on its first timed run). Each compile is seconds to tens of seconds, mostly in ``ptxas``
+    and MLIR passes, so a first training step on a fresh machine waits for the slowest config
+    rather than for their sum. ``TZREC_OPS_TRITON_COMPILE_THREADS=1`` compiles one at a time.
+    Does nothing without Triton's asynchronous compile mode (older Triton)."""
+    if len(tuner.configs) < 2 or interpreting():
+        return
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return
+    pool = _compile_pool()
+    if pool is None:
+        return
+    with AsyncCompileMode(pool):
+        for config in tuner.configs:
+            tuner.fn.warmup(*args, grid=(1,), **kwargs, **config.all_kwargs())
+
+
+# Parameters are plain tensors to the kernels (no __torch_function__ of their own); every
+# other subclass (fake, functional, DTensor...) goes through the registered op.
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
 
 def _plain_eager(args: tuple) -> bool:
     if tracing():
         return False
-    return all(type(a) is torch.Tensor for a in args if isinstance(a, torch.Tensor))
+    return all(type(a) in _PLAIN_TYPES for a in args if isinstance(a, torch.Tensor))
 
 
 class _EagerAutograd(torch.autograd.Function):

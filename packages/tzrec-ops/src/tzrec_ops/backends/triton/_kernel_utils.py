@@ -5,6 +5,10 @@
   through :func:`tzrec_ops.registry.autotune_configs` (the ROCm plugin's HIP configs replace the
   CUDA ones on ROCm). Under ``TRITON_INTERPRET=1`` a single small config is used, and with
   ``TZREC_OPS_TRITON_AUTOTUNE=0`` only the first config (no tuning: fast start-up, e.g. tests).
+* Data-dependent integer arguments (token and row counts, batch sizes, dropout seeds, the
+  autotune keys) are named in each kernel's ``do_not_specialize``: Triton otherwise compiles a
+  new variant whenever such a value turns 1 or a multiple of 16, seconds per compile in the
+  middle of training. Feature dims and strides keep the specialization (vectorized loads).
 * :func:`draw_seed` draws a dropout seed from torch's CPU generator, so ``torch.manual_seed``
   makes runs reproducible.
 """

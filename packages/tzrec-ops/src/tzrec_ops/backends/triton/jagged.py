@@ -43,7 +43,7 @@ def _side(OFFSETS, b, max_len, DENSE: tl.constexpr):
     return start, length
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["max_len_left", "max_len_right", "AUTOTUNE_MAX_SEQ_LEN"])
 def _concat_split_kernel(
     LEFT,
     RIGHT,
@@ -345,7 +345,7 @@ def _bmm_configs() -> List[triton.Config]:
 _BMM_INTERPRET = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}, num_warps=1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["AUTOTUNE_MAX_SEQ_LEN"])
 def _jagged_dense_bmm_kernel(
     JAGGED,
     DENSE,
@@ -410,7 +410,7 @@ def _jagged_dense_bmm_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["AUTOTUNE_MAX_SEQ_LEN"])
 def _jagged_jagged_bmm_kernel(
     JAGGED,
     GRAD,

@@ -67,7 +67,7 @@ _INTERPRET_CONFIG = triton.Config({}, num_warps=1)
 _KEY = ["AUTOTUNE_L", "G", "V", "MODE", "RMS"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "seed", "AUTOTUNE_L"])
 def _norm_fwd_kernel(
     X,
     U,
@@ -166,7 +166,7 @@ def _norm_fwd_kernel(
         tl.store(y_ptrs, a.to(Y.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "seed", "tiles_per_program", "AUTOTUNE_L"])
 def _norm_bwd_kernel(
     DY,
     X,
@@ -326,7 +326,7 @@ def _norm_bwd_kernel(
         tl.store(PARTIAL_DB + part, db_acc, mask=part_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P"])
 def _sum_partials_kernel(
     PARTIAL,
     OUT0,

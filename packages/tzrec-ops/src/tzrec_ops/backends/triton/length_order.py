@@ -36,7 +36,7 @@ def _lengths(seq_offsets, idx, B):
     return tl.where(mask, hi - lo, -1).to(tl.int32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B"])
 def _length_order_kernel(seq_offsets, order, B, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
     """``order[rank(i)] = i`` for the sequences ``i`` of this program's block."""
     i = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)

@@ -65,7 +65,7 @@ _INTERPRET_CONFIG = triton.Config(
 )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "AUTOTUNE_M", "AUTOTUNE_K"])
 def _addmm_kernel(
     A,
     B,

@@ -13,34 +13,12 @@ from tzrec_ops.backends.triton.refusals import (
     interpreting,
     tma_call_rejection,
 )
-from tzrec_ops.contract import Backend, op_table
+from tzrec_ops.contract import Backend, mirrored_op_table
 from tzrec_ops.hookspecs import hookimpl
 
 __all__ = ["call_rejection", "interpreting", "tma_call_rejection", "tzrec_ops_register_backends"]
 
 _PACKAGE = "tzrec_ops.backends.triton"
-
-# implementing module -> the ops it defines (each function is named like its op)
-_MODULES = {
-    "hstu_attention": ("hstu_mha", "delta_hstu_mha"),
-    "mm": ("addmm",),
-    "layer_norm": (
-        "layer_norm",
-        "rms_norm",
-        "swish_layer_norm",
-        "layer_norm_mul_dropout",
-        "group_norm_mul_dropout",
-    ),
-    "jagged": ("concat_2D_jagged", "split_2D_jagged", "jagged_dense_bmm_broadcast_add"),
-    "position": ("add_positional_embeddings", "add_timestamp_positional_embeddings"),
-    "hstu_compute": (
-        "hstu_compute_uqvk",
-        "hstu_compute_output",
-        "hstu_preprocess_and_attention",
-    ),
-}
-# op -> "module:function" (tzrec-gr's tests read this table)
-_OPS = op_table(_PACKAGE, _MODULES)
 
 
 def interpreter_not_automatic() -> Optional[str]:
@@ -80,7 +58,8 @@ def tma_unavailable() -> Optional[str]:
 
 @hookimpl
 def tzrec_ops_register_backends() -> List[Backend]:
-    tma_ops = {**_OPS, **{op: f"{_PACKAGE}.hstu_attention:{op}_tma" for op in TMA_OPS}}
+    ops = mirrored_op_table(_PACKAGE)
+    tma_ops = {**ops, **{op: f"{_PACKAGE}.hstu_attention:{op}_tma" for op in TMA_OPS}}
     # triton ranks above triton_tma: on an H200 (torch 2.11, triton 3.6; B=512, H=4, d=128,
     # bf16; two runs of the hstu_attention benchmark) descriptor loads changed the forward by
     # -1%..+4% and the backward by -8%..+4% at N >= 1024, about the run-to-run spread, but made
@@ -89,7 +68,7 @@ def tzrec_ops_register_backends() -> List[Backend]:
         Backend(
             name="triton",
             priority=20,
-            ops=dict(_OPS),
+            ops=ops,
             availability=triton_unavailable,
             supports=call_rejection,
             automatic=interpreter_not_automatic,

@@ -50,7 +50,7 @@ def _history_end(LENGTHS, NUM_TARGETS, b, target_factor, HAS_TARGETS: tl.constex
     return high
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["AUTOTUNE_MAX_SEQ_LEN"])
 def _add_position_fwd_kernel(
     X,
     P,
@@ -91,7 +91,7 @@ def _add_position_fwd_kernel(
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B"])
 def _add_position_bwd_kernel(
     DOUT,
     DX,
@@ -283,7 +283,7 @@ add_positional_embeddings_op.register_autograd(_position_backward, setup_context
 # timestamp + position embeddings
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["AUTOTUNE_MAX_SEQ_LEN"])
 def _add_timestamp_fwd_kernel(
     X,
     P,
@@ -335,7 +335,8 @@ def _add_timestamp_fwd_kernel(
         scaled = tl.log(delta)
     else:
         scaled = tl.sqrt(delta)
-    bucket = tl.minimum(tl.maximum(scaled, 0.0), num_buckets.to(tl.float64)).to(tl.int32)
+    # tl.cast, not .to: Inductor traces user kernels with constant ints as plain Python ints
+    bucket = tl.minimum(tl.maximum(scaled, 0.0), tl.cast(num_buckets, tl.float64)).to(tl.int32)
     tl.store(POS_INDEX + rows, pos, mask=rmask)
     tl.store(TS_INDEX + rows, bucket, mask=rmask)
     pos64 = pos.to(tl.int64)
@@ -358,7 +359,7 @@ def _segmented_add(v1, k1, v2, k2):
     return tl.where(k1 == k2, v1 + v2, v2), k2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L"])
 def _scatter_sorted_rows_kernel(
     GRAD,
     KEYS,

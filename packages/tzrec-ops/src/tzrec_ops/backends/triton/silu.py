@@ -17,7 +17,7 @@ from tzrec_ops.ops.utils import cdiv, next_power_of_2
 _TILE_ELEMENTS = 4096
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _silu_bwd_kernel(
     DY,
     X,
