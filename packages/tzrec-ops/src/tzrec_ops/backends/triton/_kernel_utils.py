@@ -9,6 +9,11 @@
   autotune keys) are named in each kernel's ``do_not_specialize``: Triton otherwise compiles a
   new variant whenever such a value turns 1 or a multiple of 16, seconds per compile in the
   middle of training. Feature dims and strides keep the specialization (vectorized loads).
+* A ``@triton.jit`` helper never takes a pointer whose loads it returns for a store address:
+  Inductor's analysis of user kernels (``torch.library.wrap_triton``) follows a store's address
+  back through a helper call to every pointer passed to it and counts that tensor as written
+  (copies in compiled graphs, and an internal error where the tensor is also passed as
+  another argument). Callers load, helpers compute.
 * :func:`draw_seed` draws a dropout seed from torch's CPU generator, so ``torch.manual_seed``
   makes runs reproducible.
 """

@@ -31,18 +31,6 @@ def _copy_configs() -> List[triton.Config]:
 _COPY_INTERPRET = triton.Config({"BLOCK_N": 8}, num_warps=1)
 
 
-@triton.jit
-def _side(OFFSETS, b, max_len, DENSE: tl.constexpr):
-    """(first row, length) of sequence ``b`` on one side."""
-    if DENSE:
-        start = b.to(tl.int64) * max_len
-        length = max_len
-    else:
-        start = tl.load(OFFSETS + b).to(tl.int64)
-        length = (tl.load(OFFSETS + b + 1) - start).to(tl.int32)
-    return start, length
-
-
 @triton.jit(do_not_specialize=["max_len_left", "max_len_right", "AUTOTUNE_MAX_SEQ_LEN"])
 def _concat_split_kernel(
     LEFT,
@@ -64,8 +52,20 @@ def _concat_split_kernel(
     BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(1)
-    start_l, len_l = _side(OFFSETS_LEFT, b, max_len_left, DENSE_LEFT)
-    start_r, len_r = _side(OFFSETS_RIGHT, b, max_len_right, DENSE_RIGHT)
+    # (first row, length) of sequence b on each side, loaded here rather than in a helper
+    # (see the note on helpers in _kernel_utils)
+    if DENSE_LEFT:
+        start_l = b.to(tl.int64) * max_len_left
+        len_l = max_len_left
+    else:
+        start_l = tl.load(OFFSETS_LEFT + b).to(tl.int64)
+        len_l = (tl.load(OFFSETS_LEFT + b + 1) - start_l).to(tl.int32)
+    if DENSE_RIGHT:
+        start_r = b.to(tl.int64) * max_len_right
+        len_r = max_len_right
+    else:
+        start_r = tl.load(OFFSETS_RIGHT + b).to(tl.int64)
+        len_r = (tl.load(OFFSETS_RIGHT + b + 1) - start_r).to(tl.int32)
     t = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     if tl.program_id(0) * BLOCK_N >= len_l + len_r:
         return

@@ -28,11 +28,9 @@ _NUM_WARPS = 4
 
 
 @triton.jit
-def _lengths(seq_offsets, idx, B):
-    """int32 lengths of sequences ``idx``; -1 past the end, never ahead of a real sequence."""
-    mask = idx < B
-    lo = tl.load(seq_offsets + idx, mask=mask, other=0)
-    hi = tl.load(seq_offsets + idx + 1, mask=mask, other=0)
+def _lengths(lo, hi, mask):
+    """int32 lengths from offsets ``lo``/``hi`` (loaded by the caller: see the note on helpers
+    in ``_kernel_utils``); -1 where masked off, never ahead of a real sequence."""
     return tl.where(mask, hi - lo, -1).to(tl.int32)
 
 
@@ -40,11 +38,19 @@ def _lengths(seq_offsets, idx, B):
 def _length_order_kernel(seq_offsets, order, B, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
     """``order[rank(i)] = i`` for the sequences ``i`` of this program's block."""
     i = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
-    len_i = _lengths(seq_offsets, i, B)
+    len_i = _lengths(
+        tl.load(seq_offsets + i, mask=i < B, other=0),
+        tl.load(seq_offsets + i + 1, mask=i < B, other=0),
+        i < B,
+    )
     rank = tl.zeros([BLOCK_I], dtype=tl.int32)
     for j0 in range(0, B, BLOCK_J):
         j = j0 + tl.arange(0, BLOCK_J)
-        len_j = _lengths(seq_offsets, j, B)
+        len_j = _lengths(
+            tl.load(seq_offsets + j, mask=j < B, other=0),
+            tl.load(seq_offsets + j + 1, mask=j < B, other=0),
+            j < B,
+        )
         ahead = (len_j[None, :] > len_i[:, None]) | (
             (len_j[None, :] == len_i[:, None]) & (j[None, :] < i[:, None])
         )
