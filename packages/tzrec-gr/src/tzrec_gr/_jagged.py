@@ -54,7 +54,10 @@ def row_positions(offsets: torch.Tensor, total: int) -> Tuple[torch.Tensor, torc
     """
     rows = torch.arange(total, device=offsets.device, dtype=torch.int64)
     offsets = offsets.to(torch.int64)
-    sample = torch.searchsorted(offsets[1:].contiguous(), rows, right=True)
+    # offsets[0] == 0 <= every row, so counting all offsets <= row counts one extra; searching
+    # the whole tensor rather than offsets[1:] keeps AOTInductor off a slice view, whose
+    # searchsorted lowering it does not implement (torch 2.11)
+    sample = torch.searchsorted(offsets, rows, right=True) - 1
     return sample, rows - offsets[sample]
 
 
