@@ -12,8 +12,8 @@ import pytest
 import torch
 from _fake_plugins import FakePlugins
 
-from tzrec_ops.__main__ import main
-from tzrec_ops.registry import reset_registry
+from tzrec_ops.__main__ import info_lines, main
+from tzrec_ops.registry import backends, reset_registry
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="describes a CPU-only machine")
 
@@ -99,3 +99,10 @@ def test_module_runs_as_a_program():
     assert result.returncode == 0, result.stderr
     assert "available" in _backend_line(result.stdout, "pytorch")
     assert _expected_triton_reason() in _backend_line(result.stdout, "triton")
+
+
+def test_info_prints_each_backend_description():
+    lines = info_lines()
+    for backend in backends():
+        if backend.description:
+            assert f"    {backend.description}" in lines, backend.name

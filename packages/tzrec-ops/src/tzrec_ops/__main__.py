@@ -64,6 +64,8 @@ def info_lines() -> List[str]:
             f"  {backend.name:<12} priority {backend.priority:<3} {status}"
             f"  [{len(backend.ops)} ops, from {reg.origins[backend.name]}]"
         )
+        if backend.description:
+            lines.append(f"    {backend.description}")
     if reg.failed_plugins:
         lines.append("failed plugins:")
         lines.extend(f"  {failure.describe()}" for failure in reg.failed_plugins)

@@ -80,6 +80,9 @@ def tzrec_ops_register_backends() -> List[Backend]:
             ops=tma_ops,
             availability=tma_unavailable,
             supports=tma_call_rejection,
-            description="Triton kernels with tensor descriptors (TMA), compute capability >= 9.0",
+            description=(
+                "Triton kernels with tensor descriptors (TMA), compute capability >= 9.0; "
+                "attention in bfloat16 only (see refusals.tma_call_rejection)"
+            ),
         ),
     ]
