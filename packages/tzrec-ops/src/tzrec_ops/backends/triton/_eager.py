@@ -109,7 +109,8 @@ def precompile(tuner: Autotuner, args: Tuple[Any, ...], kwargs: Dict[str, Any]) 
     on its first timed run). Each compile is seconds to tens of seconds, mostly in ``ptxas``
     and MLIR passes, so a first training step on a fresh machine waits for the slowest config
     rather than for their sum. ``TZREC_OPS_TRITON_COMPILE_THREADS=1`` compiles one at a time.
-    Does nothing without Triton's asynchronous compile mode (older Triton)."""
+    A config that fails to compile is left to the autotuner, which skips it as before. Does
+    nothing without Triton's asynchronous compile mode (older Triton)."""
     if len(tuner.configs) < 2 or interpreting():
         return
     try:
@@ -119,7 +120,7 @@ def precompile(tuner: Autotuner, args: Tuple[Any, ...], kwargs: Dict[str, Any]) 
     pool = _compile_pool()
     if pool is None:
         return
-    with AsyncCompileMode(pool):
+    with AsyncCompileMode(pool, ignore_errors=True):
         for config in tuner.configs:
             tuner.fn.warmup(*args, grid=(1,), **kwargs, **config.all_kwargs())
 
