@@ -19,6 +19,7 @@ host time, against 29 us for the plain ``JITFunction.run`` it ends in.
 
 from __future__ import annotations
 
+import inspect
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -110,12 +111,15 @@ def precompile(tuner: Autotuner, args: Tuple[Any, ...], kwargs: Dict[str, Any]) 
     and MLIR passes, so a first training step on a fresh machine waits for the slowest config
     rather than for their sum. ``TZREC_OPS_TRITON_COMPILE_THREADS=1`` compiles one at a time.
     A config that fails to compile is left to the autotuner, which skips it as before. Does
-    nothing without Triton's asynchronous compile mode (older Triton)."""
+    nothing with a Triton whose asynchronous compile mode is missing or cannot leave failed
+    compiles alone (``ignore_errors``, older Triton)."""
     if len(tuner.configs) < 2 or interpreting():
         return
     try:
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:
+        return
+    if "ignore_errors" not in inspect.signature(AsyncCompileMode).parameters:
         return
     pool = _compile_pool()
     if pool is None:
