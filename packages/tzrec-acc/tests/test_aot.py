@@ -117,3 +117,27 @@ def test_unsupported_model_and_bad_sizes():
         gr.serving_step(retrieval(), history=10, new=3)
     with pytest.raises(ValueError, match="eval mode"):
         gr.RankingServingStep(ranking().train())
+
+
+def test_package_compile_tunes_on_the_example_inputs_without_grad(monkeypatch, tmp_path):
+    """AOTInductor's compile-time tuning on stand-in buffers (zeros for integer tensors)
+    sent jagged gathers out of bounds on the GPU; compile_package asks for the two-pass
+    compile that runs the graph on the program's example inputs, with grad off (out=
+    kernels on trainable parameters refuse grad mode). A caller's setting still wins."""
+    seen = []
+
+    def fake_compile(program, package_path, inductor_configs):
+        seen.append((dict(inductor_configs), torch.is_grad_enabled()))
+        return package_path
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", fake_compile)
+    model = ranking()
+    program = aot.export(model, gr.sample_inputs(model, batch=2, seed=0))
+    assert aot.compile_package(program, str(tmp_path / "a.pt2")) == str(tmp_path / "a.pt2")
+    aot.compile_package(
+        program, str(tmp_path / "b.pt2"), {"triton.autotune_at_compile_time": True, "x": 1}
+    )
+    assert seen == [
+        ({"triton.autotune_at_compile_time": False}, False),
+        ({"triton.autotune_at_compile_time": True, "x": 1}, False),
+    ]

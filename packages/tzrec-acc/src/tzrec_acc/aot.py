@@ -92,13 +92,20 @@ def compile_package(
 ) -> str:
     """Compile ``program`` with AOTInductor into the package ``path`` (``.pt2``); returns it.
 
-    The C++ compile takes about a minute for a small model on two CPU cores.
+    Generated GPU kernels are tuned by running the graph once on the program's example
+    inputs (``triton.autotune_at_compile_time=False``, Inductor's two-pass compile), not on
+    Inductor's stand-in buffers: those hold zeros for integer tensors, so a gather through
+    jagged offsets indexes out of bounds and trips a device-side assert while compiling.
+    ``inductor_configs`` entries override this. The C++ compile takes about a minute for a
+    small model on two CPU cores.
     """
     if not str(path).endswith(".pt2"):
         raise ValueError(f"path must end with .pt2 (an AOTInductor package), got {path!r}")
-    return torch._inductor.aoti_compile_and_package(
-        program, package_path=str(path), inductor_configs=inductor_configs
-    )
+    configs = {"triton.autotune_at_compile_time": False, **(inductor_configs or {})}
+    with torch.no_grad():  # the tuning run calls out= kernels on the trainable parameters
+        return torch._inductor.aoti_compile_and_package(
+            program, package_path=str(path), inductor_configs=configs
+        )
 
 
 def save_program(program: torch.export.ExportedProgram, path: str) -> str:
