@@ -222,15 +222,22 @@ def _graph_replay_line(
 
 
 def _captured(run: Callable[[], Any]) -> Callable[[], Any]:
-    """``run`` captured in a CUDA graph (after warm-up on a side stream); returns replay."""
+    """``run`` captured in a CUDA graph (after warm-up on a side stream); returns replay.
+
+    An AOTInductor package's runner queries the completion event of its previous run when a
+    run starts (``cudaEventQuery``), a call the default (global) capture mode forbids;
+    relaxed mode permits it, and the warm-up is synchronized first so that the event has
+    completed. After capture only ``replay`` is
+    called: the runner's event was last recorded inside the capture.
+    """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
             run()
-    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, capture_error_mode="relaxed"):
         run()
     return graph.replay
 
