@@ -97,8 +97,6 @@ def test_movielens_batch_takes_each_user_s_last_ratings_as_candidates(tmp_path):
 
 
 def test_half_precision_parity_reports_the_dtype_spacing():
-    import argparse
-
     import torch
 
     from tzrec_acc import bench
@@ -106,7 +104,7 @@ def test_half_precision_parity_reports_the_dtype_spacing():
     line = bench._half_parity(
         [torch.tensor([1.5, -3.2])],
         [torch.tensor([1.5, -3.1875])],
-        argparse.Namespace(dtype="bf16"),
+        "bf16",
     )
     # bf16 keeps 8 significant bits: values in [2, 4) are 2**-6 apart
     assert line == "max abs diff 0.0125, largest |output| 3.2 (bf16 spacing there 0.0156)"

@@ -169,7 +169,8 @@ def _forward_and_step(
             if args.dtype == "fp32":
                 lines.append(f"parity, {name} package vs eager: {aot.parity(want, got)}")
             else:
-                lines.append(f"parity, {name} package vs eager: {_half_parity(want, got, args)}")
+                parity = _half_parity(want, got, args.dtype)
+                lines.append(f"parity, {name} package vs eager: {parity}")
         full_ms = _median_ms(lambda: full_pkg(*timed_full), device, args.repeats)
         step_ms = _median_ms(lambda: step_pkg(*timed_step), device, args.repeats)
         lines += [
@@ -180,12 +181,13 @@ def _forward_and_step(
             f"({full_ms / step_ms:.2f}x)",
         ]
         if device.type == "cuda":
-            lines.append(_graph_replay_line(full_pkg, timed_full, step_pkg, timed_step, args))
+            replay = _graph_replay_line(full_pkg, timed_full, step_pkg, timed_step, args.repeats)
+            lines.append(replay)
     return lines
 
 
 def _half_parity(
-    expected: Sequence[torch.Tensor], actual: Sequence[torch.Tensor], args: argparse.Namespace
+    expected: Sequence[torch.Tensor], actual: Sequence[torch.Tensor], dtype: str
 ) -> str:
     """Max abs difference of two half-precision runs next to the dtype's spacing at the
     largest output: different fusions round differently, so a few units of that spacing
@@ -193,26 +195,27 @@ def _half_parity(
     from tzrec_acc.precision import DTYPES
 
     diff = max(float((e.double() - a.double()).abs().max()) for e, a in zip(expected, actual))
-    top = torch.tensor(max(float(e.abs().max()) for e in expected), dtype=DTYPES[args.dtype])
+    top = torch.tensor(max(float(e.abs().max()) for e in expected), dtype=DTYPES[dtype])
     spacing = float(torch.nextafter(top, torch.tensor(float("inf"), dtype=top.dtype)) - top)
     return (
         f"max abs diff {diff:.3g}, largest |output| {float(top):.3g} "
-        f"({args.dtype} spacing there {spacing:.3g})"
+        f"({dtype} spacing there {spacing:.3g})"
     )
 
 
 def _graph_replay_line(
-    full_pkg: Any, full_call: Tuple[Any, ...], step_pkg: Any, step_call: Tuple[Any, ...], args
+    full_pkg: Any,
+    full_call: Tuple[Any, ...],
+    step_pkg: Any,
+    step_call: Tuple[Any, ...],
+    repeats: int,
 ) -> str:
     """Comparison 2 with each package captured in a CUDA graph and replayed, as a server
     that keeps a graph per batch shape runs it (the launches' host time drops out)."""
+    cuda = torch.device("cuda")
     try:
-        full_ms = _median_ms(
-            _captured(lambda: full_pkg(*full_call)), torch.device("cuda"), args.repeats
-        )
-        step_ms = _median_ms(
-            _captured(lambda: step_pkg(*step_call)), torch.device("cuda"), args.repeats
-        )
+        full_ms = _median_ms(_captured(lambda: full_pkg(*full_call)), cuda, repeats)
+        step_ms = _median_ms(_captured(lambda: step_pkg(*step_call)), cuda, repeats)
     except RuntimeError as exc:
         return f"2b. CUDA graph replay of the packages: not possible ({exc})"
     return (
@@ -227,8 +230,8 @@ def _captured(run: Callable[[], Any]) -> Callable[[], Any]:
     An AOTInductor package's runner queries the completion event of its previous run when a
     run starts (``cudaEventQuery``), a call the default (global) capture mode forbids;
     relaxed mode permits it, and the warm-up is synchronized first so that the event has
-    completed. After capture only ``replay`` is
-    called: the runner's event was last recorded inside the capture.
+    completed. After capture only ``replay`` is called: the runner's event was last
+    recorded inside the capture.
     """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
