@@ -38,7 +38,10 @@ def test_bench_prints_comparable_figures():
     assert run.returncode == 0, run.stderr[-3000:]
     out = run.stdout
     assert out.startswith("device cpu") and "torch " in out and "triton " in out
-    assert "E=16, 2 heads, 1 layers, backend pytorch, fp32; B=2, histories of 16 events" in out
+    assert (
+        "HSTURanking E=16, 2 heads, 1 layers, backend pytorch, fp32; B=2, histories of 16 events"
+        in out
+    )
     assert out.count("package vs eager: output 0") == 2 and "MISMATCH" not in out
     assert "1. full forward: eager " in out and " ms, AOTInductor package " in out
     assert "2. serving step (4 candidates vs a 16-event cache): package " in out

@@ -359,10 +359,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     device = torch.device(args.device)
     model = _model(args, device)
     print(_versions(device))
+    shape = (
+        f"from {args.model}"  # its own sizes, not the --dim/--heads/--layers defaults
+        if args.model
+        else f"E={args.dim}, {args.heads} heads, {args.layers} layers"
+    )
     print(
-        f"HSTURanking: E={args.dim}, {args.heads} heads, {args.layers} layers, "
-        f"backend {args.backend}, {args.dtype}; B={args.batch}, histories of "
-        f"{args.history} events (lengths in [0.9, 1] of it), {args.new} candidates per user"
+        f"HSTURanking {shape}, backend {args.backend}, {args.dtype}; B={args.batch}, "
+        f"histories of {args.history} events (lengths in [0.9, 1] of it), {args.new} "
+        f"candidates per user"
     )
     with tempfile.TemporaryDirectory() as tmp:
         for line in _forward_and_step(args, model, device, args.workdir or tmp):
