@@ -78,14 +78,19 @@ def test_the_plot_is_written_or_skipped_with_the_extra_to_install(tmp_path, caps
     assert not (tmp_path / "bare" / "curves.png").exists()
 
 
-def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path):
+def test_resume_continues_exactly_where_the_checkpoint_left_off(tmp_path, capsys):
     # dropout on: the resumed run must restore the RNG, not only weights and optimizer
     options = dict(dropout=0.2, eval_every=3, warmup_steps=4)
     train(_config(tmp_path, max_steps=6, out_dir=str(tmp_path / "whole"), **options))
     half = str(tmp_path / "halves")
     train(_config(tmp_path, max_steps=3, out_dir=half, **options))
+    capsys.readouterr()
     resumed = train(_config(tmp_path, max_steps=6, out_dir=half, resume=True, **options))
     assert resumed.steps == 6
+    # the throughput lines count the 3 steps this process trained, not the earlier ones
+    out = capsys.readouterr().out
+    assert "trained 3 steps in" in out
+    assert "after the first log window (compiles, warm-up): 2 steps" in out
     whole, halves = _state(tmp_path / "whole"), _state(Path(half))
     for name, value in whole.items():
         assert torch.equal(value, halves[name]), name
@@ -171,10 +176,40 @@ def test_steady_state_throughput_leaves_out_the_first_log_window():
     first = {"step": 10, "seconds": 50.0, "tokens": 1000, "samples": 10}  # compiles
     later = [
         {"step": 20, "seconds": 1.0, "tokens": 3000, "samples": 30},
-        {"step": 30, "seconds": 2.0, "tokens": 3000, "samples": 30},
+        {"step": 30, "seconds": 4.0, "tokens": 3000, "samples": 30},  # a late compile
+        {"step": 40, "seconds": 1.0, "tokens": 3000, "samples": 30},
     ]
     line = steady_state([first, *later])
     assert line == (
-        "after the first log window (compiles, warm-up): 20 steps, 2.0k tokens/s, 20 samples/s"
+        "after the first log window (compiles, warm-up): 30 steps, 3.0k tokens/s, "
+        "30 samples/s (median of 3 windows; mean 1.5k tokens/s)"
     )
     assert steady_state([first]) is None
+
+
+def test_placement_names_every_gpu_of_a_run():
+    from tzrec_bench.train.distributed import DistContext
+
+    assert DistContext(0, 0, 1, torch.device("cuda", 0)).placement == "cuda:0, 1 process"
+    assert DistContext(0, 0, 2, torch.device("cuda", 0)).placement == "cuda:0-1, 2 processes"
+    assert DistContext(1, 1, 2, torch.device("cpu")).placement == "cpu, 2 processes"
+
+
+def test_nccl_group_is_bound_to_the_local_gpu(monkeypatch):
+    """Without ``device_id`` NCCL guesses the GPU from the global rank at the first barrier
+    (a warning, and a hang where ranks and GPUs do not line up)."""
+    from tzrec_bench.train import distributed
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set", device)))
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group",
+                        lambda backend, **kw: calls.append((backend, kw)))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    ctx = distributed.init_distributed("cuda")
+    gpu = torch.device("cuda", 1)
+    assert ctx.device == gpu and ctx.owns_group
+    assert calls == [("set", gpu), ("nccl", {"device_id": gpu})]

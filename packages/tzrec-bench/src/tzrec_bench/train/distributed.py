@@ -48,6 +48,15 @@ class DistContext:
     def distributed(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def placement(self) -> str:
+        """Where the run trains, for reports: ``cuda:0-1, 2 processes`` or ``cpu, 1 process``."""
+        if self.world_size == 1:
+            return f"{self.device}, 1 process"
+        if self.device.type == "cuda":  # one process per GPU, by local rank
+            return f"cuda:0-{self.world_size - 1}, {self.world_size} processes"
+        return f"{self.device}, {self.world_size} processes"
+
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
     """``auto`` is the local GPU when CUDA is available, else the CPU."""
@@ -69,8 +78,11 @@ def init_distributed(device: str) -> DistContext:
     owns_group = False
     if world_size > 1 and not dist.is_initialized():
         if target.type == "cuda":
+            # NCCL binds the group to this GPU: no guessing from the rank at the first barrier
             torch.cuda.set_device(target)
-        dist.init_process_group("nccl" if target.type == "cuda" else "gloo")
+            dist.init_process_group("nccl", device_id=target)
+        else:
+            dist.init_process_group("gloo")
         owns_group = True
     return DistContext(rank, local_rank, world_size, target, owns_group)
 

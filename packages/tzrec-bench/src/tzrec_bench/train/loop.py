@@ -148,6 +148,7 @@ class Trainer:
         self.history: Dict[str, List[Dict[str, Any]]] = {"train": [], "valid": []}
         self.best_state: Optional[Dict[str, torch.Tensor]] = None
         self.step = 0
+        self.start_step = 0  # where this process began: a resumed run starts mid-history
         self._saved_step: Optional[int] = None
         num_rows = len(self.task.train_rows)
         if not ctx.world_size <= config.batch_size <= num_rows:
@@ -174,11 +175,9 @@ class Trainer:
     def _header(self) -> str:
         c = self.config
         amp = "bf16" if self.amp is not None else "off"
-        world = self.ctx.world_size
-        processes = "1 process" if world == 1 else f"{world} processes"
         return (
             f"tzrec-bench train: {c.model} on {c.data} ({self.task.describe()})\n"
-            f"  {self.ctx.device}, {processes}, {backend_name(c)}, amp {amp}\n"
+            f"  {self.ctx.placement}, {backend_name(c)}, amp {amp}\n"
             f"  {self.total_steps} steps ({self.steps_per_epoch} per epoch of {c.batch_size} "
             f"users), validation every {self.eval_every}, early stopping on {c.key_metric}"
         )
@@ -289,7 +288,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.stopper.load_state_dict(state["early_stopping"])
         self.history = state["history"]
-        self.step = state["step"]
+        self.step = self.start_step = state["step"]
         if len(state["rng"]) == self.ctx.world_size:
             checkpoint.restore_rng(state["rng"][self.ctx.rank])
         else:  # another world size: the data is the same, dropout masks cannot be
@@ -396,9 +395,12 @@ class Trainer:
         print(metrics_table({f"valid (step {result.best_step})": result.valid,
                              "test": result.test}))
         if result.tokens:
-            print(throughput_line(result.steps, result.train_seconds, result.tokens,
-                                  str(self.ctx.device), backend_name(config)))
-            steady = steady_state(self.history["train"])
+            print(throughput_line(result.steps - self.start_step, result.train_seconds,
+                                  result.tokens, self.ctx.placement, backend_name(config)))
+            # windows of earlier processes (before --resume) are not this run's to report
+            steady = steady_state(
+                [w for w in self.history["train"] if w["step"] > self.start_step]
+            )
             if steady:
                 print(steady)
         if config.plot:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Dict, Mapping, Optional, Sequence
 
 
@@ -44,10 +45,13 @@ def throughput_line(steps: int, seconds: float, tokens: int, device: str, backen
 
 
 def steady_state(windows: Sequence[Mapping[str, float]]) -> Optional[str]:
-    """Throughput over the log windows after the first, or None with fewer than two.
+    """Throughput of the log windows after the first, or None with fewer than two.
 
     The first window pays the one-time costs (Triton compiles one kernel variant per new
-    shape class, autotuning, allocator warm-up), which can dominate a short GPU run.
+    shape class, autotuning, allocator warm-up), which can dominate a short GPU run. A later
+    window can still meet a new shape class (a batch whose token count falls in a size
+    bucket not seen before) and compile again, so the line gives the median window's rate
+    next to the mean over all of them.
     """
     later = [w for w in windows[1:] if w.get("seconds")]
     seconds = sum(w["seconds"] for w in later)
@@ -56,9 +60,12 @@ def steady_state(windows: Sequence[Mapping[str, float]]) -> Optional[str]:
     tokens = sum(w["tokens"] for w in later)
     samples = sum(w["samples"] for w in later)
     steps = later[-1]["step"] - windows[0]["step"]
+    median_tokens = statistics.median(w["tokens"] / w["seconds"] for w in later)
+    median_samples = statistics.median(w["samples"] / w["seconds"] for w in later)
     return (
-        f"after the first log window (compiles, warm-up): {steps} steps, {_si(tokens / seconds)} "
-        f"tokens/s, {_si(samples / seconds)} samples/s"
+        f"after the first log window (compiles, warm-up): {steps} steps, "
+        f"{_si(median_tokens)} tokens/s, {_si(median_samples)} samples/s (median of "
+        f"{len(later)} windows; mean {_si(tokens / seconds)} tokens/s)"
     )
 
 
