@@ -58,7 +58,6 @@ def steady_state(windows: Sequence[Mapping[str, float]]) -> Optional[str]:
     if not later or seconds <= 0:
         return None
     tokens = sum(w["tokens"] for w in later)
-    samples = sum(w["samples"] for w in later)
     steps = later[-1]["step"] - windows[0]["step"]
     median_tokens = statistics.median(w["tokens"] / w["seconds"] for w in later)
     median_samples = statistics.median(w["samples"] / w["seconds"] for w in later)
