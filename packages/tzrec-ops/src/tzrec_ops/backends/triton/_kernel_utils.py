@@ -32,7 +32,7 @@ from tzrec_ops.backends.triton.refusals import interpreting
 from tzrec_ops.ops.utils import prev_power_of_2
 
 AUTOTUNE_ENV = "TZREC_OPS_TRITON_AUTOTUNE"
-_TUNED: Dict[Tuple[str, str, str], Any] = {}
+_TUNED: Dict[Tuple[str, int, str], Any] = {}
 _LOCK = threading.Lock()
 
 
@@ -66,11 +66,10 @@ def tuned(
     key: Sequence[str],
     interpret_config: triton.Config,
     device: torch.device,
-    variant: str = "",
     **autotune_kwargs: Any,
 ) -> Any:
-    """The autotuned ``kernel`` for ``device`` (built once per kernel name, variant and
-    device type).
+    """The autotuned ``kernel`` for ``device`` (built once per kernel and device type; two
+    compiled forms of one kernel body share ``name`` but are tuned apart).
 
     Args:
         name: stable kernel name, also the name plugins' config hooks are asked about.
@@ -79,9 +78,8 @@ def tuned(
         key: argument names the autotune cache is keyed on (quantized sizes).
         interpret_config: the one config used under ``TRITON_INTERPRET=1``.
         device: the device the kernel will run on.
-        variant: tells apart compiled forms of one kernel (plugins still see ``name``).
     """
-    cache_key = (name, variant, torch.device(device).type)
+    cache_key = (name, id(kernel), torch.device(device).type)
     found = _TUNED.get(cache_key)
     if found is not None:
         return found

@@ -178,11 +178,11 @@ _TRANSPOSED_KERNEL = triton.jit(do_not_specialize=["K", "K_PER_SPLIT", "AUTOTUNE
 )
 
 
-def _kernel_for(a: torch.Tensor) -> Tuple[str, Any]:
-    """The (tuning name, compiled form) of the kernel for operand ``a`` (see above)."""
+def _kernel_for(a: torch.Tensor) -> Any:
+    """The compiled form of the kernel for operand ``a`` (see above)."""
     if a.stride(0) == 1 and a.stride(1) != 1:
-        return "transposed", _TRANSPOSED_KERNEL
-    return "row_major", _ROW_MAJOR_KERNEL
+        return _TRANSPOSED_KERNEL
+    return _ROW_MAJOR_KERNEL
 
 
 _MIN_SPLIT_DEPTH = 2048
@@ -233,15 +233,13 @@ def matmul(
         stride_biasm, stride_biasn = 0, bias.stride(0)
     else:
         stride_biasm, stride_biasn = bias.stride(0), bias.stride(1)
-    layout, jit_kernel = _kernel_for(a)
     kernel = tuned(
         "addmm",
-        jit_kernel,
+        _kernel_for(a),
         _cuda_configs,
         ["AUTOTUNE_M", "N", "AUTOTUNE_K"],
         _INTERPRET_CONFIG,
         a.device,
-        variant=layout,
     )
 
     splits = 1 if bias is not None else split_k(M, N, K, a.device)
