@@ -38,7 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -127,9 +127,15 @@ def _model(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
     return model.eval()
 
 
+def _progress(message: str) -> None:
+    """A stage note on stderr (package compiles take minutes on a GPU with autotuning)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def _package(module: torch.nn.Module, call: Tuple[Any, ...], shapes: Any, path: str) -> Any:
     from tzrec_acc import aot
 
+    _progress(f"exporting and compiling {os.path.basename(path)}")
     program = aot.export(module, call, shapes)
     aot.compile_package(program, path)
     return torch._inductor.aoti_load_package(path)
@@ -137,11 +143,10 @@ def _package(module: torch.nn.Module, call: Tuple[Any, ...], shapes: Any, path: 
 
 def _forward_and_step(
     args: argparse.Namespace, model: torch.nn.Module, device: torch.device, workdir: str
-) -> List[str]:
+) -> Iterator[str]:
     from tzrec_acc import aot, gr
     from tzrec_acc.precision import HalfPrecision
 
-    lines = []
     step, step_call, step_shapes = gr.serving_step(model, args.history, args.new, args.batch)
     (features,) = gr.sample_inputs(model, args.batch, args.history, args.new, 0, device)
     query_time = step_call[4]
@@ -157,33 +162,29 @@ def _forward_and_step(
             HalfPrecision(step, args.dtype).eval(),
         )
         full_shapes, step_shapes = (tuple(full_shapes),), (tuple(step_shapes),)
+    def parity(name: str, eager_fn: Any, pkg: Any, call: Tuple[Any, ...]) -> str:
+        want, got = aot.flat_outputs(eager_fn(*call)), aot.flat_outputs(pkg(*call))
+        if args.dtype == "fp32":
+            return f"parity, {name} package vs eager: {aot.parity(want, got)}"
+        return f"parity, {name} package vs eager: {_half_parity(want, got, args.dtype)}"
+
+    # each line as soon as it is measured: the step package compiles for minutes on a GPU
     with torch.no_grad():
+        _progress("timing eager")
         eager = _median_ms(lambda: model(*timed_full), device, args.repeats)
         full_pkg = _package(model, full_call, full_shapes, os.path.join(workdir, "full.pt2"))
-        step_pkg = _package(step, step_call, step_shapes, os.path.join(workdir, "step.pt2"))
-        for name, eager_fn, pkg, call in (
-            ("full forward", model, full_pkg, timed_full),
-            ("serving step", step, step_pkg, timed_step),
-        ):
-            want, got = aot.flat_outputs(eager_fn(*call)), aot.flat_outputs(pkg(*call))
-            if args.dtype == "fp32":
-                lines.append(f"parity, {name} package vs eager: {aot.parity(want, got)}")
-            else:
-                parity = _half_parity(want, got, args.dtype)
-                lines.append(f"parity, {name} package vs eager: {parity}")
+        yield parity("full forward", model, full_pkg, timed_full)
         full_ms = _median_ms(lambda: full_pkg(*timed_full), device, args.repeats)
+        yield (f"1. full forward: eager {eager:.3f} ms, AOTInductor package {full_ms:.3f} ms "
+               f"({eager / full_ms:.2f}x)")
+        step_pkg = _package(step, step_call, step_shapes, os.path.join(workdir, "step.pt2"))
+        yield parity("serving step", step, step_pkg, timed_step)
         step_ms = _median_ms(lambda: step_pkg(*timed_step), device, args.repeats)
-        lines += [
-            f"1. full forward: eager {eager:.3f} ms, AOTInductor package {full_ms:.3f} ms "
-            f"({eager / full_ms:.2f}x)",
-            f"2. serving step ({args.new} candidates vs a {args.history}-event cache): package "
-            f"{step_ms:.3f} ms vs packaged full forward {full_ms:.3f} ms "
-            f"({full_ms / step_ms:.2f}x)",
-        ]
+        yield (f"2. serving step ({args.new} candidates vs a {args.history}-event cache): "
+               f"package {step_ms:.3f} ms vs packaged full forward {full_ms:.3f} ms "
+               f"({full_ms / step_ms:.2f}x)")
         if device.type == "cuda":
-            replay = _graph_replay_line(full_pkg, timed_full, step_pkg, timed_step, args.repeats)
-            lines.append(replay)
-    return lines
+            yield _graph_replay_line(full_pkg, timed_full, step_pkg, timed_step, args.repeats)
 
 
 def _half_parity(
@@ -369,6 +370,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"histories of {args.history} events (lengths in [0.9, 1] of it), {args.new} "
         f"candidates per user"
     )
+    if args.workdir:
+        os.makedirs(args.workdir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for line in _forward_and_step(args, model, device, args.workdir or tmp):
             print(line)

@@ -142,7 +142,14 @@ def _one_pass_backward() -> bool:
     The two-pass kernel is the default because it measured faster as well as reproducible
     (H100, torch 2.11, triton 3.6, bf16, B=512, H=4, A=V=128, autotuned, same run: one-pass
     0.80x the two-pass speed at N=256, 0.91x at 1024, 0.96x at 4096, with 28-39% more peak
-    memory for its fp32 dQ buffer; on an H200 earlier, 342 vs 359 TFLOP/s at N=4096)."""
+    memory for its fp32 dQ buffer; on an H200 earlier, 342 vs 359 TFLOP/s at N=4096).
+    Measured again on an H100 (2026-11-25, same versions and shapes): 0.80x / 0.96x / 0.96x
+    on ``triton``, 0.85x / 0.76x / 0.82x on ``triton_tma``. Neither adding the dQ tiles with
+    the copy engine's bulk reduction (a tensor descriptor's ``atomic_add``: same speed on
+    ``triton``, 0.92x / 0.88x / 0.85x on ``triton_tma``; not kept, the interpreter cannot
+    run it) nor, with it, nine more tiles (BLOCK_N 64-128 with BLOCK_M 16-128, 4-8 warps, 1-2
+    stages: 57.4 ms against 55.3 ms two-pass at N=4096) closed the gap: the one pass takes
+    about as long as the dK/dV and dQ passes together."""
     choice = os.environ.get(BACKWARD_ENV, "two_pass")
     if choice not in ("one_pass", "two_pass"):
         raise ValueError(f"{BACKWARD_ENV} must be one_pass or two_pass, got {choice!r}")
@@ -295,8 +302,9 @@ def hstu_attention_bwd(
         dq_acc.stride(0), dq_acc.stride(1), *scalars, ATOMIC_DQ=one_pass, **flags,
     )
     if one_pass:
-        # the kernels carry twice the SiLU derivative: halve once, with the other factors
-        dq.copy_(dq_acc.mul_(0.5 * float(alpha) * _inv_scale(max_seq_len, scaling_seqlen)))
+        # the kernels carry twice the SiLU derivative: halve once, with the other factors,
+        # reading the fp32 buffer once and writing dq in its dtype
+        torch.mul(dq_acc, 0.5 * float(alpha) * _inv_scale(max_seq_len, scaling_seqlen), out=dq)
         return dq, dk, dv
     launchable(_tuned("_bwd_dq_kernel" + suffix))[grid_m](
         q, k, v, dout, dq, seq_offsets, targets, sort_idx,
