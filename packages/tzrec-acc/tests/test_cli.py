@@ -80,6 +80,20 @@ def test_fx_program_in_bf16(tmp_path, capsys):
     assert _ok_lines(out) == 2 and "MISMATCH" not in out
 
 
+def test_bf16_serving_step_takes_its_cache_in_bf16(tmp_path, capsys):
+    source = _state_dict_and_config(tmp_path, ranking(), RANKING, "HSTURanking")
+    package = str(tmp_path / "serving.pt2")
+    argv = ["export", *source, "--format", "fx", "--form", "serving", "--history", "8"]
+    code = main([*argv, "--precision", "bf16", "--output", package])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert _ok_lines(out) == 2 and "MISMATCH" not in out
+    keys, values = torch.load(package + ".sample.pt", weights_only=False)["batches"][0][:2]
+    # held as a bf16 model's prefill stores it, so the package never converts the cache
+    assert {t.dtype for t in [*keys, *values]} == {torch.bfloat16}
+    assert main(["run", package]) == 0
+
+
 def test_settings_choose_trt_and_bad_values_exit_2(tmp_path, capsys, monkeypatch):
     bench_checkpoint(tmp_path / "best.pt")
     argv = ["export", "--model", str(tmp_path / "best.pt"), "--output", str(tmp_path / "m.pt2")]

@@ -41,3 +41,41 @@ def test_bad_dtype():
         HalfPrecision(ranking(), "fp8")
     with pytest.raises(ValueError, match="got torch.float32"):
         HalfPrecision(ranking(), torch.float32)
+
+
+def _conversions_of_inputs(program) -> int:
+    """Nodes of ``program`` that convert a floating user input (not a parameter) to another
+    dtype."""
+    names = set(program.graph_signature.user_inputs)
+    inputs = {n for n in program.graph.nodes if n.op == "placeholder" and n.name in names}
+    count = 0
+    for node in program.graph.nodes:
+        if node.op != "call_function" or not node.args or node.args[0] not in inputs:
+            continue
+        source, result = node.args[0].meta.get("val"), node.meta.get("val")
+        if (
+            isinstance(source, torch.Tensor)
+            and isinstance(result, torch.Tensor)
+            and source.is_floating_point()
+            and source.dtype != result.dtype
+        ):
+            count += 1
+    return count
+
+
+def test_cast_keeps_a_serving_cache_from_being_converted_in_every_call():
+    model = ranking()
+    step, args, shapes = gr.serving_step(model, history=10, new=4, batch=3)
+    half = HalfPrecision(step, "bf16").eval()
+    cast = half.cast(args)
+    keys = cast[0]
+    assert all(k.dtype == torch.bfloat16 for k in keys)  # the cache's keys, per layer
+    assert cast[2].dtype == args[2].dtype  # integer offsets pass unchanged
+    float_cache = aot.export(half, args, (tuple(shapes),))
+    half_cache = aot.export(half, cast, (tuple(shapes),))
+    # a float32 cache is converted inside the step (every layer's keys and values) ...
+    assert _conversions_of_inputs(float_cache) >= 2 * len(keys)
+    # ... a cache already in the compute dtype is read as it is
+    assert _conversions_of_inputs(half_cache) == 0
+    with torch.no_grad():
+        torch.testing.assert_close(half_cache.module()(*cast), half(*args))

@@ -6,7 +6,8 @@ Three comparisons, each printed with the device, torch / triton versions and sha
    against its AOTInductor package, loaded in this process;
 2. the packaged cached serving step (``new`` candidates scored against a ``history``-event
    cache: ``HSTURanking.score``) against the packaged full forward of the same users; on
-   a GPU also with both packages replayed from CUDA graphs;
+   a GPU also with both packages replayed from CUDA graphs. With ``--dtype bf16/fp16`` the
+   cache is held in that dtype, as a half-precision prefill stores it;
 3. int8 dense layers + int8 embedding tables against float, in eager mode on the CPU (torch's
    dynamic int8 linear runs there only): latency and the metric change. The metric is the
    AUC of the first task; its labels are the float model's own decisions (logit above the
@@ -162,6 +163,11 @@ def _forward_and_step(
             HalfPrecision(step, args.dtype).eval(),
         )
         full_shapes, step_shapes = (tuple(full_shapes),), (tuple(step_shapes),)
+        # the cache as a half-precision prefill stores it: a float32 cache would be
+        # converted in every timed step (a read and a write of every cached key and value)
+        step_call, timed_step = step.cast(step_call), step.cast(timed_step)
+        full_call, timed_full = model.cast(full_call), model.cast(timed_full)
+
     def parity(name: str, eager_fn: Any, pkg: Any, call: Tuple[Any, ...]) -> str:
         want, got = aot.flat_outputs(eager_fn(*call)), aot.flat_outputs(pkg(*call))
         if args.dtype == "fp32":

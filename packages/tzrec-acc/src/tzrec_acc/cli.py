@@ -157,6 +157,9 @@ def _module_and_batches(
 
         # the wrapper takes *args: its one parameter holds the whole argument tuple
         module, shapes = HalfPrecision(module, args.precision).eval(), (tuple(shapes),)
+        # the package takes its inputs in the compute dtype (a serving cache above all: a
+        # float32 one would be converted in every call)
+        batches = [module.cast(batch) for batch in batches]
     return module, batches, shapes
 
 

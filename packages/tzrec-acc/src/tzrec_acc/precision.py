@@ -54,6 +54,15 @@ class HalfPrecision(nn.Module):
         self.model = copy.deepcopy(model).to(resolved)
         self.model.train(model.training)
 
+    def cast(self, value: Any) -> Any:
+        """``value`` (a tensor, or nested dicts, lists and tuples of them) with its floating
+        tensors in the compute dtype, as :meth:`forward` casts its arguments.
+
+        Inputs that are reused call after call, such as a serving cache's keys and values,
+        belong in the compute dtype once, before the calls: a float32 one is converted again
+        in every call, which reads and writes the whole tensor each time."""
+        return _cast(value, self.dtype)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        out = self.model(*_cast(args, self.dtype), **_cast(kwargs, self.dtype))
+        out = self.model(*self.cast(args), **self.cast(kwargs))
         return _cast(out, self.output_dtype)
