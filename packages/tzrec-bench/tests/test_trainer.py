@@ -145,7 +145,7 @@ def test_two_gloo_processes_train_like_one(tmp_path):
         capture_output=True, text=True, timeout=240,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert "2 processes" in run.stdout
     two = json.loads((tmp_path / "two" / "metrics.json").read_text())
     history = json.loads((tmp_path / "two" / "history.json").read_text())
