@@ -143,7 +143,7 @@ def _one_pass_backward() -> bool:
     (H100, torch 2.11, triton 3.6, bf16, B=512, H=4, A=V=128, autotuned, same run: one-pass
     0.80x the two-pass speed at N=256, 0.91x at 1024, 0.96x at 4096, with 28-39% more peak
     memory for its fp32 dQ buffer; on an H200 earlier, 342 vs 359 TFLOP/s at N=4096).
-    Measured again on an H100 (2026-11-25, same versions and shapes): 0.80x / 0.96x / 0.96x
+    Measured again on an H100 (2026-11-25, same versions and shapes): 0.80x / 0.96x / 0.97x
     on ``triton``, 0.85x / 0.76x / 0.82x on ``triton_tma``. Neither adding the dQ tiles with
     the copy engine's bulk reduction (a tensor descriptor's ``atomic_add``: same speed on
     ``triton``, 0.92x / 0.88x / 0.85x on ``triton_tma``; not kept, the interpreter cannot
