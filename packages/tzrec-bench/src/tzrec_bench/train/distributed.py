@@ -91,8 +91,8 @@ def init_distributed(device: str) -> DistContext:
 def close(ctx: DistContext) -> None:
     """Leave the process group: once every rank is done with it, and after freeing what
     still holds it (DDP's reducer sits in reference cycles), so that its worker threads stop
-    here and not during interpreter shutdown, where gloo's aborted a rank now and then
-    ("terminate called without an active exception", about 1 run in 8 on 2 CPU cores)."""
+    here and not during interpreter shutdown, where gloo aborted a rank now and then
+    ("terminate called without an active exception": 2 of 14 two-process CPU runs)."""
     if ctx.owns_group and dist.is_initialized():
         dist.barrier()
         gc.collect()
