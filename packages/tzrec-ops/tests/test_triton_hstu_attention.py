@@ -664,6 +664,30 @@ def test_gpu_tma_backend_rejects_other_dtypes(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_gpu_tma_ops_called_directly_read_other_dtypes_through_pointers(dtype):
+    """The registry never routes fp16/fp32 to ``triton_tma``, but an export pass can put a
+    ``*_triton_tma`` op into a graph: it must then run the pointer-load kernel, giving
+    exactly the ``*_triton`` op's forward and gradients."""
+    import tzrec_ops.backends.triton.hstu_attention  # noqa: F401  (registers the ops)
+
+    # the oracle sweep's plain causal case, which descriptors got wrong for these dtypes
+    inputs = _gpu_inputs(_gpu_lengths(8, 1024), 128, 128, dtype)
+    results = []
+    for name in ("hstu_mha_triton", "hstu_mha_triton_tma"):
+        q, k, v = (t.detach().requires_grad_() for t in inputs.tensors())
+        out = getattr(torch.ops.tzrec_ops, name)(
+            inputs.max_seq_len, 1 / 128, q, k, v, inputs.seq_offsets, True, None, 0, 0, True,
+            -1,
+        )
+        torch.manual_seed(23)  # the same upstream gradient for both ops
+        out.backward(torch.randn_like(out))
+        results.append((out, q.grad, k.grad, v.grad))
+    for pointer, tma in zip(*results):
+        torch.testing.assert_close(tma, pointer, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     "backend,dtype",
     # triton_tma serves bfloat16 only (its fp16 rejection is tested on the CPU)

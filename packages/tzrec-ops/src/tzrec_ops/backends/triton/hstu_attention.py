@@ -18,7 +18,8 @@ Decisions:
   strides. TMA needs 16-byte aligned row/head strides and storage offsets; a tensor that is
   not aligned (e.g. an odd slice of a fused buffer) is read through pointers instead, in the
   same kernel, so the results never depend on alignment. The plugin offers ``triton_tma``
-  for bfloat16 attention only (see ``refusals.tma_call_rejection``).
+  for bfloat16 attention only (see ``refusals.tma_call_rejection``); other dtypes reaching
+  the ``_tma`` ops directly are read through pointers too.
 """
 
 from __future__ import annotations
@@ -117,7 +118,13 @@ def _tma_aligned(*tensors: torch.Tensor) -> bool:
 
 
 def _use_tma(enable_tma: bool, *tensors: torch.Tensor) -> bool:
-    if not enable_tma or not _tma_aligned(*tensors):
+    """Descriptor loads for aligned bfloat16 tensors only. fp16 and fp32 through descriptors
+    failed the oracle on an H200 (see ``refusals.tma_call_rejection``); the registry never
+    routes them here, but a ``*_triton_tma`` op called directly (e.g. after an export pass
+    swapped it in) can, so they take the pointer loads that are tested for them."""
+    if not enable_tma or any(t.dtype != torch.bfloat16 for t in tensors):
+        return False
+    if not _tma_aligned(*tensors):
         return False
     # device-side descriptors live in a scratch buffer; the allocator is a context variable,
     # so set it on every launch (the backward runs on autograd's own thread)
