@@ -35,6 +35,7 @@ from tzrec_ops.backends.triton import autotune
 from tzrec_ops.backends.triton._eager import launchable, triton_library_op
 from tzrec_ops.backends.triton._kernel_utils import quantize_rows
 from tzrec_ops.backends.triton.length_order import length_order
+from tzrec_ops.backends.triton.refusals import TMA_ATTENTION_DTYPE
 from tzrec_ops.backends.triton.refusals import reject_unsupported_attention as _reject_unsupported
 from tzrec_ops.ops.utils import (
     autotune_max_seq_len,
@@ -122,7 +123,7 @@ def _use_tma(enable_tma: bool, *tensors: torch.Tensor) -> bool:
     failed the oracle on an H200 (see ``refusals.tma_call_rejection``); the registry never
     routes them here, but a ``*_triton_tma`` op called directly (e.g. after an export pass
     swapped it in) can, so they take the pointer loads that are tested for them."""
-    if not enable_tma or any(t.dtype != torch.bfloat16 for t in tensors):
+    if not enable_tma or any(t.dtype != TMA_ATTENTION_DTYPE for t in tensors):
         return False
     if not _tma_aligned(*tensors):
         return False

@@ -16,6 +16,8 @@ import torch
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # ops whose triton_tma implementation differs from the pointer-load one
 TMA_OPS = ("hstu_mha", "delta_hstu_mha")
+# the one dtype those ops read through descriptors (see :func:`tma_call_rejection`)
+TMA_ATTENTION_DTYPE = torch.bfloat16
 
 
 def interpreting() -> bool:
@@ -61,7 +63,7 @@ def tma_call_rejection(op: str, call: Mapping[str, Any]) -> Optional[str]:
     """
     reason = call_rejection(op, call)
     dtype = call.get("dtype")
-    if reason is None and op in TMA_OPS and dtype not in (None, torch.bfloat16):
+    if reason is None and op in TMA_OPS and dtype not in (None, TMA_ATTENTION_DTYPE):
         return (
             f"dtype {dtype} is not supported by the descriptor (TMA) attention kernels "
             "(bfloat16 only); use backend 'triton'"
