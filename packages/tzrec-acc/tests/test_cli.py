@@ -184,6 +184,21 @@ def test_unsupported_model_and_missing_files(tmp_path, capsys):
     assert "no file at" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("keep", [0, 100, 0.5, -1])  # bytes or a fraction of the file kept
+def test_truncated_checkpoint_exits_2_naming_it(tmp_path, capsys, keep):
+    bench_checkpoint(tmp_path / "full.pt")
+    data = (tmp_path / "full.pt").read_bytes()
+    cut = int(len(data) * keep) if isinstance(keep, float) else keep % len(data)
+    (tmp_path / "best.pt").write_bytes(data[:cut])
+    out = str(tmp_path / "m.pt2")
+    assert main(["export", "--model", str(tmp_path / "best.pt"), "--output", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'best.pt'}: cannot be loaded (")
+    assert err.endswith("expected a checkpoint.pt or best.pt written by `tzrec-bench train`\n")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "m.pt2").exists()
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("torch_tensorrt") is not None, reason="torch-tensorrt is installed"
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shlex
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tzrec_bench.cli import build_parser, main
 
@@ -87,6 +89,44 @@ def test_train_then_evaluate(tmp_path, capsys):
         if len(cells) == 2
     }
     assert float(table["ndcg@10"]) == pytest.approx(trained["ndcg@10"], abs=1e-4)
+
+
+def _truncated_checkpoint(path: Path) -> Path:
+    """Half of a file saved as the trainer saves its checkpoints."""
+    from tzrec_bench.train import checkpoint
+
+    checkpoint.save(path, {"config": {}, "step": 1, "model": {"w": torch.ones(64, 64)}})
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def test_truncated_checkpoint_exits_2_with_one_line(tmp_path, capsys):
+    best = _truncated_checkpoint(tmp_path / "run" / "best.pt")
+    assert main(["evaluate", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tzrec-bench evaluate: error: {best}: cannot be loaded (")
+    assert err.count("\n") == 1 and "written by `tzrec-bench train`" in err
+    # --resume reads checkpoint.pt from --out-dir
+    resume = _truncated_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    argv = ["train", *TINY, "--max-steps", "2", "--out-dir", str(tmp_path / "run"), "--resume"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tzrec-bench train: error: {resume}: cannot be loaded (")
+    assert err.count("\n") == 1
+
+
+def test_truncated_data_file_exits_1_with_one_line(tmp_path, capsys):
+    text = "".join(f"{u % 97}\t{u % 89}\t{1 + u % 5}\t{1000 + u}\n" for u in range(3000))
+    whole = gzip.compress(text.encode())
+    (tmp_path / "u.data.gz").write_bytes(whole[: len(whole) // 2])
+    argv = ["train", "--data", "ml-100k", "--data-dir", str(tmp_path), "--cache-dir",
+            str(tmp_path / "cache"), "--out-dir", str(tmp_path / "run"), "--no-progress"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"tzrec-bench train: error: {tmp_path / 'u.data.gz'}: cannot be read as "
+                          "gzip (EOFError: ")
+    assert err.count("\n") == 1 and "expected 4 tab-separated integers per line" in err
 
 
 def test_python_dash_m_runs_the_command():

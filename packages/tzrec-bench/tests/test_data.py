@@ -9,6 +9,7 @@ import re
 from typing import List, Tuple
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -215,6 +216,59 @@ def test_not_gzip_names_the_file(tmp_path):
         load_dataset("ml-100k", tmp_path, cache_dir=tmp_path)
 
 
+def _many_events(name: str) -> Tuple[str, str]:
+    """A file of ``name`` long enough that half of its gzip stream is a cut inside the data."""
+    return _movielens_text(name, [(u % 97, u % 89, 1 + u % 5, 1000 + u) for u in range(3000)])
+
+
+@pytest.mark.parametrize("name", ["ml-100k", "ml-20m"])  # without and with a header line
+def test_truncated_gzip_names_the_file(tmp_path, name):
+    file_name, text = _many_events(name)
+    whole = gzip.compress(text.encode())
+    path = tmp_path / f"{file_name}.gz"
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(DataFormatError) as info:
+        load_dataset(name, tmp_path, cache_dir=tmp_path / "cache")
+    assert str(info.value).startswith(f"{path}: cannot be read as gzip (EOFError: Compressed "
+                                      "file ended before the end-of-stream marker was reached)")
+    assert "; expected " in str(info.value) and "\n" not in str(info.value)
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_corrupt_gzip_data_names_the_file(tmp_path):
+    file_name, text = _many_events("ml-1m")
+    data = bytearray(gzip.compress(text.encode()))
+    data[10] = 0b111  # the first deflate block: final, of the reserved type 3
+    path = tmp_path / f"{file_name}.gz"
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataFormatError, match=re.escape(
+        f"{path}: cannot be read as gzip (zlib.error: Error -3 while decompressing data: "
+        "invalid block type); expected UserID::MovieID::Rating::Timestamp"
+    )):
+        load_dataset("ml-1m", tmp_path, cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_undecodable_bytes_name_the_file_and_line(tmp_path, gz):
+    path = tmp_path / ("u.data.gz" if gz else "u.data")
+    content = b"1\t10\t5\t300\n2\t1\xff\xfe\t4\t301\n"
+    path.write_bytes(gzip.compress(content) if gz else content)
+    with pytest.raises(DataFormatError) as info:
+        load_dataset("ml-100k", tmp_path, cache_dir=tmp_path / "cache")
+    assert str(info.value).startswith(
+        f"{path}: line 2: item is '1\ufffd\ufffd', not an integer; expected 4 tab-separated"
+    )
+
+
+def test_binary_file_names_the_file(tmp_path):
+    path = tmp_path / "ratings.csv"
+    path.write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(DataFormatError, match=re.escape(
+        f"{path}: line 1: header lacks the column(s) userId, movieId, rating, timestamp"
+    )):
+        load_dataset("ml-20m", tmp_path, cache_dir=tmp_path / "cache")
+
+
 def test_kuairand_missing_columns_are_named(tmp_path):
     header = KUAIRAND_HEADER.replace("time_ms,", "").replace("is_like,", "")
     path = _write(tmp_path / "log_standard_4_08_to_4_21_pure.csv", header + "1,2\n", gz=False)
@@ -293,6 +347,37 @@ def test_unreadable_cache_is_rebuilt(tmp_path, read_calls):
     cached.write_bytes(b"not parquet")
     assert _rows(load_dataset("ml-100k", tmp_path, cache_dir=tmp_path / "cache")) == [[10]]
     assert len(read_calls) == 2
+
+
+def test_damaged_cache_is_rebuilt_not_read_as_other_numbers(tmp_path, read_calls):
+    file_name, text = _movielens_text("ml-100k", EVENTS)
+    _write(tmp_path / file_name, text, gz=False)
+    load_dataset("ml-100k", tmp_path, cache_dir=tmp_path / "cache")
+    (cached,) = (tmp_path / "cache").glob("*.parquet")
+    # one bit of the last timestamp in the column's dictionary page: the file stays readable
+    chunk = pq.ParquetFile(cached).metadata.row_group(0).column(3)
+    assert chunk.path_in_schema == "timestamp"
+    data = bytearray(cached.read_bytes())
+    data[chunk.data_page_offset - 8] ^= 1
+    cached.write_bytes(bytes(data))
+    unchecked = pq.read_table(cached).column("timestamp").to_pylist()
+    assert sorted(unchecked) != sorted(EXPECTED_TIMES), "the flipped bit changed no number"
+    ds = load_dataset("ml-100k", tmp_path, cache_dir=tmp_path / "cache")
+    assert len(read_calls) == 2
+    assert _rows(ds) == EXPECTED_ROWS and ds.timestamps.tolist() == EXPECTED_TIMES
+    assert pq.read_table(cached).column("timestamp").to_pylist() == EXPECTED_TIMES
+
+
+@pytest.mark.parametrize("keep", [0.0, 0.5, 0.99])
+def test_truncated_cache_is_rebuilt(tmp_path, read_calls, keep):
+    file_name, text = _movielens_text("ml-100k", EVENTS)
+    _write(tmp_path / file_name, text, gz=False)
+    load_dataset("ml-100k", tmp_path, cache_dir=tmp_path / "cache")
+    (cached,) = (tmp_path / "cache").glob("*.parquet")
+    data = cached.read_bytes()
+    cached.write_bytes(data[: int(len(data) * keep)])
+    assert _rows(load_dataset("ml-100k", tmp_path, cache_dir=tmp_path / "cache")) == EXPECTED_ROWS
+    assert len(read_calls) == 2 and cached.read_bytes() == data
 
 
 def test_cache_dir_defaults_to_the_environment(tmp_path, monkeypatch):

@@ -75,6 +75,14 @@ def model_from_config(config: Mapping[str, Any], backend: Optional[str] = None) 
     return _build(config["model"], kwargs)
 
 
+def _first_sentence(exc: BaseException) -> str:
+    """``Type: first sentence of the message``, on one line (torch's run to paragraphs)."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0].split(". ")[0] if lines else ""
+    text = text if len(text) <= 120 else text[:117] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def load_model(
     path: PathLike, config: Optional[PathLike] = None, backend: Optional[str] = None
 ) -> nn.Module:
@@ -87,13 +95,23 @@ def load_model(
             model trained with the triton backend). Default: the saved one.
 
     Raises:
-        FileNotFoundError, ValueError: a missing file, a file of another kind, an
-            unsupported model or a state dict that does not fit it.
+        FileNotFoundError, ValueError: a missing file, a file torch cannot load (truncated or
+            damaged), a file of another kind, an unsupported model or a state dict that does
+            not fit it; the message names ``path``.
     """
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint or state dict at {path}")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
+        what = "a state dict saved with torch.save" if config is not None else (
+            "a checkpoint.pt or best.pt written by `tzrec-bench train`"
+        )
+        raise ValueError(
+            f"{path}: cannot be loaded ({_first_sentence(exc)}): truncated, damaged or of "
+            f"another kind; expected {what}"
+        ) from exc
     if config is not None:
         spec = _read_config(config)
         state = payload

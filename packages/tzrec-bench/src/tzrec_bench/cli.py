@@ -24,6 +24,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 from tzrec_bench import __version__
 from tzrec_bench.data import DATASETS, DataFormatError
 from tzrec_bench.data.load import DATA_ENV
+from tzrec_bench.train.checkpoint import CheckpointError
 from tzrec_bench.train.config import (
     AMP_MODES,
     DEFAULT_EPOCHS,
@@ -355,6 +356,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return SUBCOMMANDS[args.command][1](args, sub)
     except ConfigError as exc:
         sub.error(str(exc))  # exits with status 2
+    except CheckpointError as exc:  # a truncated, damaged or foreign --resume/evaluate file
+        print(f"{sub.prog}: error: {exc}", file=sys.stderr)
+        return 2
     except (FileNotFoundError, DataFormatError) as exc:
         print(f"{sub.prog}: error: {exc}", file=sys.stderr)
         return 1

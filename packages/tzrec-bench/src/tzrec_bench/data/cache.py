@@ -4,7 +4,9 @@ A cache file is named ``<name>-<where>-<what>.parquet``: ``where`` hashes the so
 paths, ``what`` hashes their sizes and modification times, the loader's version and
 :data:`CACHE_FORMAT`. A changed file, or a new loader version, misses the cache; the stale file
 for the same paths is then replaced. Files are written to a temporary name and renamed, so a
-crash never leaves a half-written cache behind.
+crash never leaves a half-written cache behind. Data pages carry CRC checksums, verified on
+reading: a cache file that is truncated or damaged later (a bit flipped on disk) is parsed
+again from the source files, never read as other numbers.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ import pyarrow.parquet as pq
 from tzrec_bench.data.dataset import SequenceDataset
 
 CACHE_ENV = "TZREC_BENCH_CACHE"
-# bumped when the table layout below changes
-CACHE_FORMAT = 1
+# bumped when the table layout below changes (2: page checksums)
+CACHE_FORMAT = 2
+# what reading a damaged parquet file raises: bad metadata, failed checksums or
+# decompression, missing columns, columns of another type or length
+_READ_ERRORS = (pa.ArrowException, OSError, EOFError, KeyError, ValueError, IndexError, TypeError)
 
 
 def default_cache_dir() -> Path:
@@ -96,7 +101,7 @@ def load_cached(
     # one temporary name per process: data-parallel ranks may build the same entry at once
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        pq.write_table(to_table(ds), tmp)
+        pq.write_table(to_table(ds), tmp, write_page_checksum=True)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -112,6 +117,6 @@ def _read(path: Path, name: str) -> Optional[SequenceDataset]:
     if not path.is_file():
         return None
     try:
-        return from_table(name, pq.read_table(path))
-    except (pa.ArrowException, OSError, KeyError, ValueError):
-        return None  # truncated or from an incompatible writer: rebuild it
+        return from_table(name, pq.read_table(path, page_checksum_verification=True))
+    except _READ_ERRORS:
+        return None  # truncated, damaged or from an incompatible writer: rebuild it

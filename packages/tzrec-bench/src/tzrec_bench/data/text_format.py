@@ -2,12 +2,14 @@
 
 The fast path parses with ``pyarrow.csv``. When it fails, the file is scanned again line by
 line in Python only to name the first bad line, since pyarrow's messages give no line number.
+Bytes that are not UTF-8 are read as U+FFFD, so such a line is named as not numeric.
 """
 
 from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, TextIO, Tuple
@@ -20,6 +22,9 @@ import pyarrow.csv as pacsv
 _INT = re.compile(r"-?\d+")
 _FLOAT = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _ARROW_TYPES = {"int": pa.int64(), "float": pa.float64()}
+# what reading a truncated or corrupt file raises: gzip.BadGzipFile (an OSError) for a bad
+# header or CRC, EOFError for a stream cut short, zlib.error for damaged compressed data
+_READ_ERRORS = (OSError, EOFError, zlib.error)
 
 
 class DataFormatError(ValueError):
@@ -66,6 +71,12 @@ def _open_text(path: Path) -> TextIO:
     return open(path, encoding="utf-8", errors="replace")
 
 
+def _unreadable(path: Path, exc: BaseException) -> str:
+    """Why ``path`` cannot be read, in words, for a message."""
+    kind = "zlib.error" if isinstance(exc, zlib.error) else type(exc).__name__
+    return f"cannot be read{' as gzip' if path.suffix == '.gz' else ''} ({kind}: {exc})"
+
+
 def _split(line: str, delimiter: str) -> List[str]:
     return line.rstrip("\r\n").split(delimiter)
 
@@ -74,8 +85,8 @@ def _first_line(path: Path, fmt: TextFormat) -> str:
     try:
         with _open_text(path) as f:
             return f.readline()
-    except OSError as exc:  # a truncated or non-gzip .gz file
-        raise DataFormatError(f"{path}: cannot be read ({exc}); expected {fmt.expected}") from exc
+    except _READ_ERRORS as exc:  # a truncated or non-gzip .gz file
+        raise DataFormatError(f"{path}: {_unreadable(path, exc)}; expected {fmt.expected}") from exc
 
 
 def _header_names(path: Path, fmt: TextFormat) -> List[str]:
@@ -145,8 +156,9 @@ def read_columns(path: Path, fmt: TextFormat) -> Dict[str, np.ndarray]:
 
     Raises:
         DataFormatError: a missing header column, a line with the wrong number of fields or a
-            non-numeric field, a non-gzip ``.gz`` or an empty file; the message names ``path``,
-            the first bad line and ``fmt.expected``.
+            non-numeric field (bytes that are not UTF-8 included), a non-gzip, truncated or
+            corrupt ``.gz``, or an empty file; the message names ``path``, the first bad line
+            and ``fmt.expected``.
     """
     names = _header_names(path, fmt) if fmt.header else [name for name, _ in fmt.columns]
     try:
@@ -154,8 +166,8 @@ def read_columns(path: Path, fmt: TextFormat) -> Dict[str, np.ndarray]:
     except (pa.ArrowInvalid, OSError) as exc:
         try:
             where = _first_bad_line(path, fmt, names)
-        except OSError as read_error:  # e.g. a truncated gzip stream
-            where = f"cannot be read ({read_error})"
+        except _READ_ERRORS as read_error:  # e.g. a truncated gzip stream
+            where = _unreadable(path, read_error)
         raise DataFormatError(
             f"{path}: {where or exc}; expected {fmt.expected}"
         ) from exc

@@ -5,7 +5,8 @@ early-stopping state, history, and every rank's RNG state) and ``best.pt`` (the 
 the best validation metric). The data position is the step: the order of epoch ``e`` is a
 permutation seeded by ``(seed, e)``, so a resumed run recomputes it and skips the batches
 already trained on. Files are written to a temporary name and renamed, so an interrupted
-write never leaves a truncated checkpoint behind.
+write never leaves a truncated checkpoint behind; a file damaged later, or one of another
+kind, is refused by :func:`load` with a :class:`CheckpointError` naming it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Any, Dict, Union
+from typing import Any, Dict, Tuple, Union
 
 import numpy as np
 import torch
@@ -21,6 +22,16 @@ import torch
 CHECKPOINT = "checkpoint.pt"
 BEST = "best.pt"
 FORMAT = 1
+# what every file written by the trainer holds, and what a checkpoint.pt holds besides
+# (what --resume restores); best.pt holds the first set (and model_config, metrics)
+KEYS: Tuple[str, ...] = ("config", "step", "model")
+RESUME_KEYS: Tuple[str, ...] = ("optimizer", "scheduler", "early_stopping", "history", "rng")
+EXPECTED = f"a {CHECKPOINT} or {BEST} written by `tzrec-bench train`"
+
+
+class CheckpointError(ValueError):
+    """A file that is not a readable checkpoint of this trainer (truncated, damaged, of
+    another kind or format, or missing what the trainer writes); the message names it."""
 
 
 def seed_everything(seed: int) -> None:
@@ -81,12 +92,51 @@ def save(path: Union[str, Path], payload: Dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
+def _first_sentence(exc: BaseException) -> str:
+    """``Type: first sentence of the message``, on one line (torch's run to paragraphs)."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0].split(". ")[0] if lines else ""
+    text = text if len(text) <= 120 else text[:117] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def load(path: Union[str, Path]) -> Dict[str, Any]:
-    """A checkpoint's payload, tensors on the CPU."""
+    """A checkpoint's payload, tensors on the CPU.
+
+    A file named :data:`CHECKPOINT` must hold what ``--resume`` restores (:data:`KEYS` and
+    :data:`RESUME_KEYS`); any other name, :data:`KEYS` (what ``evaluate`` reads).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        CheckpointError: a file torch cannot load (truncated or damaged), not a dict of
+            format :data:`FORMAT`, or missing keys; one line naming ``path``.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    if payload.get("format") != FORMAT:
-        raise ValueError(f"{path}: checkpoint format {payload.get('format')}, expected {FORMAT}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
+        raise CheckpointError(
+            f"{path}: cannot be loaded ({_first_sentence(exc)}): truncated, damaged or of "
+            f"another kind; expected {EXPECTED}"
+        ) from exc
+    if not isinstance(payload, dict):
+        raise CheckpointError(
+            f"{path}: holds a {type(payload).__name__}, not a checkpoint; expected {EXPECTED}"
+        )
+    keys = ("format", *KEYS, *(RESUME_KEYS if path.name == CHECKPOINT else ()))
+    missing = [key for key in keys if key not in payload]
+    if missing:
+        raise CheckpointError(f"{path}: no {', '.join(missing)} in the file; expected {EXPECTED}")
+    if payload["format"] != FORMAT:
+        raise CheckpointError(
+            f"{path}: checkpoint format {payload['format']!r}, expected {FORMAT} ({EXPECTED})"
+        )
+    for key in ("config", "model"):
+        if not isinstance(payload[key], dict):
+            raise CheckpointError(
+                f"{path}: its {key} is a {type(payload[key]).__name__}, not a dict; "
+                f"expected {EXPECTED}"
+            )
     return payload
