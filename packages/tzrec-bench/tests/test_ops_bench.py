@@ -75,11 +75,33 @@ def test_value_checks_both_and_rows_are_appended(tmp_path, capsys):
     out_csv = tmp_path / "ops.csv"
     argv = ["ops", "--op", "layer_norm", "--backends", "pytorch", "--seq-lens", "8", *TINY,
             "--value-checks", "both", "--csv", str(out_csv)]
-    assert main(argv) == 0 and main(argv) == 0
-    assert "pytorch[off]" in capsys.readouterr().out
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert main(argv) == 0
+    second = capsys.readouterr().out
+    assert "pytorch[off]" in first
     rows = _rows(out_csv)  # one header, then both runs' rows
     assert [(r["value_checks"], r["mode"]) for r in rows] == [
         ("on", "fwd"), ("on", "bwd"), ("off", "fwd"), ("off", "bwd")] * 2
+    # where the rows go, before the sweep (the first table line) and after it
+    for out in (first, second):
+        assert out.index(f"csv: rows will be appended to {out_csv}\n") < out.index("layer_norm")
+    assert first.endswith(f"csv: 4 rows appended to {out_csv} (a new file)\n")
+    assert second.endswith(f"csv: 4 rows appended to {out_csv}\n")
+
+
+def test_default_csv_path_is_printed_with_its_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["ops", "--op", "layer_norm", "--backends", "pytorch", "--seq-lens", "8",
+            "--mode", "fwd", *TINY]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    where = f"tzrec-bench-runs/ops.csv (under {tmp_path})"
+    assert f"csv: rows will be appended to {where}\n" in out
+    assert out.endswith(f"csv: 1 row appended to {where} (a new file)\n")
+    assert len(_rows(tmp_path / "tzrec-bench-runs" / "ops.csv")) == 1
+    assert main([*argv, "--no-csv"]) == 0
+    assert "csv:" not in capsys.readouterr().out
 
 
 def test_a_failing_point_is_a_row_with_its_error(tmp_path, monkeypatch, capsys):

@@ -93,7 +93,9 @@ def add_parser(subparsers: argparse._SubParsersAction,
     g.add_argument("--rep", type=float, default=200.0, metavar="MS",
                    help="time each point for about MS milliseconds (architecture §6: >= 200)")
     g.add_argument("--csv", default=DEFAULT_CSV, metavar="PATH",
-                   help="CSV file the rows are appended to")
+                   help="CSV file the rows are appended to (created, with a header, if new; a "
+                   "relative path is under the current folder); its path is printed before "
+                   "the sweep and with the number of rows after it")
     g.add_argument("--no-csv", dest="write_csv", action="store_false", help="write no CSV")
     g.add_argument("--plot", metavar="PATH",
                    help="also draw a PNG (needs matplotlib: pip install 'tzrec-bench[plot]')")
@@ -219,6 +221,11 @@ def make_plan(args: argparse.Namespace) -> Tuple[Plan, List[str]]:
     return plan, notes
 
 
+def _csv_where(path: Path) -> str:
+    """``path`` as given, with the folder a relative one is under."""
+    return str(path) if path.is_absolute() else f"{path} (under {Path.cwd()})"
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Runs the checked sweep; 0 when every point was measured, 1 when one failed."""
     plan, notes = make_plan(args)
@@ -233,6 +240,9 @@ def run_command(args: argparse.Namespace) -> int:
           f"E={plan.embedding}")
     for note in notes:
         print(note)
+    csv_path = Path(args.csv)
+    if args.write_csv:
+        print(f"csv: rows will be appended to {_csv_where(csv_path)}")
     table = report.Table(gpu_state=plan.device.type == "cuda")
     print(table.header(), flush=True)
     # a log file (not a terminal) gets a redraw every 10 s, not a line per point
@@ -254,8 +264,11 @@ def run_command(args: argparse.Namespace) -> int:
         rows = run(plan, on_row)
     bar.close()
     if args.write_csv:
-        report.append_csv(Path(args.csv), rows, plan.device, args.dtype)
-        print(f"csv: {len(rows)} rows appended to {args.csv}")
+        new = not csv_path.exists() or csv_path.stat().st_size == 0
+        report.append_csv(csv_path, rows, plan.device, args.dtype)
+        counted = f"{len(rows)} row{'' if len(rows) == 1 else 's'}"
+        print(f"csv: {counted} appended to {_csv_where(csv_path)}"
+              + (" (a new file)" if new else ""))
     failed = [r for r in rows if r.error is not None]
     if args.plot and len(failed) < len(rows):
         path = report.plot(Path(args.plot), rows,
