@@ -17,6 +17,7 @@ no such folder.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import io
 import os
@@ -386,7 +387,22 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", "packages", "tests", "examples", "noxfile.py", *session.posargs)
 
 
-DEMO_OUT = ROOT / ".nox" / "demo-run"
+DEMO_RUNS = ROOT / ".nox" / "demo-runs"
+DEMO_MODEL, DEMO_DATA = "hstu-retrieval", "synthetic"
+
+
+def _demo_out_dir(train_args: List[str]) -> Tuple[pathlib.Path, bool]:
+    """The folder of a demo run given the ``tzrec-bench train`` arguments after ``--``, and
+    whether they name it: their ``--out-dir``, else ``.nox/demo-runs/<model>-<data>``, so a
+    run on MovieLens does not overwrite the synthetic run's checkpoints and curves."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--model", default=DEMO_MODEL)
+    parser.add_argument("--data", default=DEMO_DATA)
+    parser.add_argument("--out-dir")
+    known, _ = parser.parse_known_args(train_args)
+    if known.out_dir:
+        return pathlib.Path(known.out_dir), True
+    return DEMO_RUNS / f"{known.model}-{known.data}", False
 
 
 @nox.session
@@ -394,10 +410,10 @@ def demo(session: nox.Session) -> None:
     """The main job: HSTU retrieval trained on the synthetic data set, a short kernel
     benchmark, then a few ops.
 
-    About a minute of training on a 2-core CPU (early stopping usually ends it before the
-    30 epochs); prints the metrics table and the throughput, writes the curves and the
-    checkpoints to ``.nox/demo-run/``. Arguments after ``--`` go to ``tzrec-bench train``
-    (``nox -s demo -- --epochs 3``).
+    Prints the metrics table and the throughput, writes the curves, metrics and checkpoints
+    to a folder of the run's own, ``.nox/demo-runs/<model>-<data>/`` (printed; an
+    ``--out-dir`` after ``--`` wins). Arguments after ``--`` go to ``tzrec-bench train``
+    (``nox -s demo -- --epochs 3``). The root README gives the time it takes.
     """
     siblings = _siblings("tzrec-bench")
     args = []
@@ -405,9 +421,12 @@ def demo(session: nox.Session) -> None:
         args += ["-e", _package_path(dist)]
     _install(session, *args, "-e", _package_path("tzrec-bench", "plot"),
              reinstall=("tzrec-bench", *siblings))
+    out_dir, named = _demo_out_dir(session.posargs)
+    session.log(f"this run's folder: {out_dir}")
     session.run(
-        "tzrec-bench", "train", "--model", "hstu-retrieval", "--data", "synthetic",
-        "--max-seq-len", "100", "--epochs", "30", "--out-dir", str(DEMO_OUT), *session.posargs,
+        "tzrec-bench", "train", "--model", DEMO_MODEL, "--data", DEMO_DATA,
+        "--max-seq-len", "100", "--epochs", "30",
+        *(() if named else ("--out-dir", str(out_dir))), *session.posargs,
     )
     # a short kernel benchmark: attention and layer norm on every available backend
     session.run(
@@ -416,6 +435,7 @@ def demo(session: nox.Session) -> None:
         "--no-progress",
     )
     session.run("python", str(ROOT / "examples" / "quickstart.py"))
+    session.log(f"the run's checkpoints, metrics and curves are in {out_dir}")
 
 
 CI_SESSIONS = (

@@ -45,6 +45,19 @@ def test_session_names_ci_and_the_readme_use_exist(noxfile):
     assert "python3 -m nox -s tests" in (ROOT / ".ci" / "run").read_text()
 
 
+def test_each_demo_run_gets_its_own_folder(noxfile):
+    runs = noxfile.DEMO_RUNS
+    assert noxfile._demo_out_dir([]) == (runs / "hstu-retrieval-synthetic", False)
+    movielens = ["--data", "ml-100k", "--data-dir", "../shared/data/ml-100k", "--lr", "2e-3"]
+    assert noxfile._demo_out_dir(movielens) == (runs / "hstu-retrieval-ml-100k", False)
+    assert noxfile._demo_out_dir(["--model=sasrec", "--data=ml-1m"]) == (
+        runs / "sasrec-ml-1m", False)
+    assert noxfile._demo_out_dir([*movielens, "--out-dir", "mine"]) == (pathlib.Path("mine"), True)
+    # the README names the default run's folder
+    readme = (ROOT / "README.md").read_text()
+    assert f"{(runs / 'hstu-retrieval-synthetic').relative_to(ROOT)}/curves.png" in readme
+
+
 def test_ci_runs_every_dependent_against_both_ends_of_its_tzrec_ops_range(noxfile):
     dependents = [
         short
