@@ -8,31 +8,108 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tzrec_bench.train.metrics import RetrievalMetrics, TaskAUC, target_ranks
+from tzrec_bench.train.metrics import NonFiniteError, RetrievalMetrics, TaskAUC, target_ranks
 
 # item scores for the user [1, 0] are 3, 1, 2, 2, 0: items 2 and 3 tie
 ITEMS = torch.tensor([[3.0, 0.0], [1.0, 0.0], [2.0, 0.0], [2.0, 0.0], [0.0, 0.0]])
 
 
-def test_ranks_count_strictly_higher_items_so_ties_favour_the_target():
-    user = torch.tensor([[1.0, 0.0]] * 4 + [[-1.0, 0.0]])
+def test_ranks_count_higher_items_and_ties_apart():
+    scores = torch.tensor([[1.0, 0.0]] * 4 + [[-1.0, 0.0]]) @ ITEMS.t()
     targets = torch.tensor([2, 0, 4, 1, 4])
-    # target 2 (score 2): only item 0 is higher, its tie with item 3 does not count
-    assert target_ranks(user, ITEMS, targets).tolist() == [1, 0, 4, 3, 0]
+    higher, ties = target_ranks(scores, targets)
+    # target 2 (score 2): item 0 is higher and item 3 ties; for the last user every item
+    # scores <= 0 and item 4 (score 0) is the highest
+    assert higher.tolist() == [1, 0, 4, 3, 0]
+    assert ties.tolist() == [1, 0, 0, 0, 0]
+
+
+def test_a_tie_is_broken_at_random_in_expectation():
+    metrics = RetrievalMetrics(ks=(1, 2, 4))
+    # target 2 ties with item 3 behind item 0: rank 1 or 2, each with probability 1/2
+    metrics.update(torch.tensor([[1.0, 0.0]]), ITEMS, torch.tensor([2]))
+    result = metrics.compute()
+    assert result["hr@1"] == 0.0
+    assert result["hr@2"] == pytest.approx(0.5, rel=1e-12)
+    assert result["hr@4"] == pytest.approx(1.0, rel=1e-12)
+    assert result["ndcg@2"] == pytest.approx(0.5 / math.log2(3), rel=1e-12)
+    assert result["ndcg@4"] == pytest.approx(0.5 / math.log2(3) + 0.5 / math.log2(4), rel=1e-12)
+    assert result["mrr"] == pytest.approx((1 / 2 + 1 / 3) / 2, rel=1e-12)
+
+
+def test_a_constant_scorer_ranks_targets_in_the_middle_not_first():
+    num_items, num_users = 500, 64
+    metrics = RetrievalMetrics(ks=(10, 50, 200))
+    targets = torch.randint(0, num_items, (num_users,), generator=torch.Generator().manual_seed(0))
+    metrics.update_scores(torch.zeros(num_users, num_items), targets)
+    result = metrics.compute()
+    # a uniform rank on 0 .. I - 1: HR@K = K / I, MRR = H_I / I
+    for k in (10, 50, 200):
+        assert result[f"hr@{k}"] == pytest.approx(k / num_items, rel=1e-9)
+    harmonic = sum(1 / r for r in range(1, num_items + 1))
+    assert result["mrr"] == pytest.approx(harmonic / num_items, rel=1e-9)
+    higher, ties = target_ranks(torch.zeros(num_users, num_items), targets)
+    mean_rank = (higher + ties / 2).double().mean().item()
+    assert mean_rank == pytest.approx((num_items - 1) / 2)
+
+
+def test_expected_metrics_equal_the_mean_over_every_tie_order():
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randint(0, 4, (40, 30), generator=gen).double()  # many ties
+    targets = torch.randint(0, 30, (40,), generator=gen)
+    metrics = RetrievalMetrics(ks=(1, 5, 20))
+    metrics.update_scores(scores, targets)
+    higher, ties = target_ranks(scores, targets)
+    sums = dict.fromkeys(["hr@5", "ndcg@5", "mrr"], 0.0)
+    for h, t in zip(higher.tolist(), ties.tolist()):
+        places = range(h, h + t + 1)
+        sums["hr@5"] += sum(r < 5 for r in places) / len(places)
+        sums["ndcg@5"] += sum(1 / math.log2(r + 2) for r in places if r < 5) / len(places)
+        sums["mrr"] += sum(1 / (r + 1) for r in places) / len(places)
+    result = metrics.compute()
+    for name, total in sums.items():
+        assert result[name] == pytest.approx(total / 40, rel=1e-9), name
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_scores_raise_instead_of_ranking(bad):
+    user, items, targets = _random_case()
+    user[5, 0] = bad
+    metrics = RetrievalMetrics(ks=(10,))
+    metrics.update(user, items, targets)
+    with pytest.raises(NonFiniteError, match="1 of 37 evaluated users"):
+        metrics.compute()
+
+
+def test_nan_item_embeddings_raise():
+    user, items, targets = _random_case()
+    items[0] = math.nan
+    metrics = RetrievalMetrics(ks=(10,))
+    metrics.update(user, items, targets)
+    with pytest.raises(NonFiniteError, match="diverged"):
+        metrics.compute()
+
+
+def test_excluded_items_leave_the_ranking_but_the_target_stays():
+    metrics = RetrievalMetrics(ks=(1,))
+    scores = torch.tensor([[5.0, 4.0, 3.0, 2.0]])
+    excluded = torch.tensor([[True, True, True, False]])  # the target 2 is excluded too
+    metrics.update_scores(scores, torch.tensor([2]), excluded)
+    assert metrics.compute()["hr@1"] == 1.0
 
 
 def test_hand_computed_hr_ndcg_mrr():
     metrics = RetrievalMetrics(ks=(1, 2, 4))
     metrics.update(torch.tensor([[1.0, 0.0]] * 4), ITEMS, torch.tensor([2, 0, 4, 1]))
-    # ranks 1, 0, 4, 3
+    # ranks {1, 2} (a tie with item 3, each with probability 1/2), 0, 4, 3
     expected = {
         "hr@1": 1 / 4,
-        "hr@2": 2 / 4,
+        "hr@2": 1.5 / 4,
         "hr@4": 3 / 4,
         "ndcg@1": 1 / 4,
-        "ndcg@2": (1 + 1 / math.log2(3)) / 4,
-        "ndcg@4": (1 + 1 / math.log2(3) + 1 / math.log2(5)) / 4,
-        "mrr": (1 / 2 + 1 + 1 / 5 + 1 / 4) / 4,
+        "ndcg@2": (1 + 0.5 / math.log2(3)) / 4,
+        "ndcg@4": (1 + 0.5 / math.log2(3) + 0.5 / math.log2(4) + 1 / math.log2(5)) / 4,
+        "mrr": ((1 / 2 + 1 / 3) / 2 + 1 + 1 / 5 + 1 / 4) / 4,
         "count": 4.0,
     }
     result = metrics.compute()
@@ -58,12 +135,14 @@ def _random_case(num_users=37, num_items=101, dim=8):
     return user, items, targets
 
 
-@pytest.mark.parametrize("chunk_size", [1, 5, 36])
-def test_chunked_ranks_equal_unchunked(chunk_size):
+@pytest.mark.parametrize("chunk_size", [1, 5, 36, 10_000])
+def test_chunked_updates_equal_one_score_matrix(chunk_size):
     user, items, targets = _random_case()
-    expected = ((user @ items.t()) > (user @ items.t()).gather(1, targets[:, None])).sum(1)
-    torch.testing.assert_close(target_ranks(user, items, targets, chunk_size), expected)
-    torch.testing.assert_close(target_ranks(user, items, targets, 10_000), expected)
+    whole = RetrievalMetrics(ks=(1, 10, 50))
+    whole.update_scores(user @ items.t(), targets)
+    chunked = RetrievalMetrics(ks=(1, 10, 50), chunk_size=chunk_size)
+    chunked.update(user, items, targets)
+    assert chunked.compute() == pytest.approx(whole.compute(), rel=1e-12)
 
 
 def test_streaming_batches_equal_one_batch():
@@ -131,3 +210,10 @@ def test_task_auc_on_a_hand_example():
 def test_task_auc_rejects_duplicate_tasks():
     with pytest.raises(ValueError, match="distinct"):
         TaskAUC(["click", "click"])
+
+
+def test_task_auc_raises_on_non_finite_scores():
+    auc = TaskAUC(["click"])
+    auc.update({"click": torch.tensor([0.1, math.nan])}, {"click": torch.tensor([0, 1])})
+    with pytest.raises(NonFiniteError, match="1 ranking scores"):
+        auc.compute()

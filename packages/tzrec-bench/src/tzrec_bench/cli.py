@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence, Tuple
@@ -34,6 +35,7 @@ from tzrec_bench.train.config import (
     TrainConfig,
     metric_names,
 )
+from tzrec_bench.train.metrics import NonFiniteError
 from tzrec_ops.registry import BackendError, resolve_backend
 
 DEFAULTS = TrainConfig()
@@ -106,7 +108,10 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     g = p.add_argument_group("what to train")
     g.add_argument("--model", choices=list(MODEL_TASKS), default=d.model,
                    help="hstu-retrieval and sasrec: next-item retrieval; hstu-ranking: "
-                   "multi-task ranking of held-out events")
+                   "multi-task ranking of held-out events; the simple baselines, fitted "
+                   "from counts in seconds: most-popular, item-transitions (first-order "
+                   "Markov chain backed off to popularity) and item-knn (retrieval), "
+                   "popularity-ranking (ranking)")
     g.add_argument("--data", choices=list(DATASETS), default=d.data,
                    help="synthetic is generated (no files); the others are read from --data-dir")
     g.add_argument("--data-dir", metavar="PATH",
@@ -131,7 +136,8 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     g.add_argument("--dropout", type=_fraction, default=d.dropout, metavar="P",
                    help="dropout rate, in [0, 1)")
     g.add_argument("--num-negatives", type=POSITIVE, default=d.num_negatives, metavar="N",
-                   help="retrieval: sampled negatives per step (shared by every position)")
+                   help="retrieval: sampled negatives per step (shared by every position); "
+                   "at least the catalogue size: every item (the full softmax)")
     g.add_argument("--temperature", type=_number(float, 0.0, inclusive=False),
                    default=d.temperature, metavar="T",
                    help="retrieval: softmax temperature of the sampled-softmax loss")
@@ -167,6 +173,9 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "test evaluation always uses every user")
     g.add_argument("--eval-batch-size", type=POSITIVE, default=d.eval_batch_size, metavar="B",
                    help="users per evaluation batch")
+    g.add_argument("--exclude-seen", action="store_true",
+                   help="retrieval: rank each target among the items not already in the "
+                   "user's history (for data where an item is consumed once, as MovieLens)")
     g.add_argument("--metric", choices=metric_names("retrieval") + metric_names("ranking"),
                    metavar="NAME",
                    help="validation metric for early stopping and best.pt (default: ndcg@10 "
@@ -362,3 +371,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (FileNotFoundError, DataFormatError) as exc:
         print(f"{sub.prog}: error: {exc}", file=sys.stderr)
         return 1
+    except NonFiniteError as exc:  # a diverged run: no metric, a non-zero exit
+        print(f"{sub.prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as exc:
+        print(_interrupted_message(exc, argv), file=sys.stderr)
+        return 130
+
+
+def _interrupted_message(exc: KeyboardInterrupt, argv: Optional[Sequence[str]]) -> str:
+    """What Ctrl-C left behind, and the command that continues a training run."""
+    from tzrec_bench.train.loop import Interrupted
+
+    if not isinstance(exc, Interrupted) or exc.checkpoint is None:
+        return "tzrec-bench: interrupted"
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--resume" not in args:
+        args.append("--resume")
+    return (
+        f"tzrec-bench: interrupted at step {exc.step}; checkpoint saved to {exc.checkpoint}\n"
+        f"continue with: tzrec-bench {shlex.join(args)}"
+    )

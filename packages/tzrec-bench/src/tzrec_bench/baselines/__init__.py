@@ -1,5 +1,7 @@
-"""Baseline models trained in the same harness as the tzrec-gr models."""
+"""Baseline models trained (SASRec) or fitted from counts (the simple floors) in the same
+harness as the tzrec-gr models."""
 
 from tzrec_bench.baselines.sasrec import SASRec
+from tzrec_bench.baselines.simple import ItemKNN, ItemTransitions, MostPopular, PopularityRanking
 
-__all__ = ["SASRec"]
+__all__ = ["ItemKNN", "ItemTransitions", "MostPopular", "PopularityRanking", "SASRec"]

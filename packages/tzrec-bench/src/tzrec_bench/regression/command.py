@@ -37,7 +37,9 @@ def add_parser(subparsers: argparse._SubParsersAction,
         help="train/eval configs N times each, averaged and checked against baselines",
         description=(
             "Run each named train/eval config --repeats times (seeds seed, seed+1, ...) with "
-            "the tzrec-bench train loop, average its test metrics (mean ± std) and sort each "
+            "the tzrec-bench train loop, average its test metrics (mean ± std), run the "
+            "simple baselines of its task on the same data and split beside it (the floors), "
+            "and sort each "
             "metric into improved / unchanged / regressed / failed against the baseline "
             "thresholds (failed: a run raised, or the metric is missing or NaN). Exits 1 on "
             "a regression or a failure. A config whose data is absent is skipped, with the "
@@ -54,6 +56,9 @@ def add_parser(subparsers: argparse._SubParsersAction,
                    f"shipped {SHIPPED_BASELINES})")
     p.add_argument("--no-baseline", action="store_true",
                    help="judge nothing: report means only (runs that fail still fail)")
+    p.add_argument("--no-floors", dest="floors", action="store_false",
+                   help="do not run the simple baselines (most popular, item transitions, "
+                   "item-kNN; popularity for ranking) beside each config")
     p.add_argument("--out", metavar="PATH", help="write the summary as JSON")
     p.add_argument("--work-dir", default="tzrec-bench-runs/run-configs", metavar="PATH",
                    help="where each run's checkpoints and metrics go")
@@ -82,7 +87,7 @@ def run_command(args: argparse.Namespace, trainer: Trainer = train_and_test) -> 
         baseline = load_baseline(Path(args.baseline) if args.baseline
                                  else shipped_dir() / SHIPPED_BASELINES)
     results = run_configs(configs, args.repeats, baseline, trainer, Path(args.work_dir),
-                          args.data_root)
+                          args.data_root, args.floors)
     print(summary_table(results))
     if args.out:
         out = Path(args.out)

@@ -5,6 +5,11 @@ The trainer is a function of a :class:`~tzrec_bench.train.config.TrainConfig` re
 test metrics (:func:`train_and_test`, the ``tzrec-bench train`` loop, by default), so tests
 can stand a fast one in. A run that raises is recorded with its error, and every metric of
 its config is then *failed*; the other runs still go ahead.
+
+No table appears without a floor: beside each config, the simple baselines of its task
+(:data:`FLOORS`: most popular, item transitions and item-kNN for retrieval, item and user
+popularity for ranking) run on the same data, split and seeds, through the same trainer
+and metrics, and the table gives the config's gain over the best of them.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tzrec_bench.regression.baseline import (
     FAILED,
@@ -24,9 +29,22 @@ from tzrec_bench.regression.baseline import (
     metric_status,
 )
 from tzrec_bench.regression.configs import RunConfig, data_dir, missing_data
-from tzrec_bench.train.config import TrainConfig
+from tzrec_bench.train.config import FITTED_MODELS, MODEL_TASKS, TrainConfig
 
 Trainer = Callable[[TrainConfig], Mapping[str, float]]
+
+#: the simple baselines run beside every config of a task
+FLOORS = {
+    "retrieval": ("most-popular", "item-transitions", "item-knn"),
+    "ranking": ("popularity-ranking",),
+}
+#: the metrics the table compares with the floors (all are in the JSON)
+FLOOR_METRICS = {"retrieval": ("hr@10", "ndcg@10"), "ranking": ("auc",)}
+FLOOR_METRICS_ALL = tuple(m for task in FLOOR_METRICS.values() for m in task)
+# the settings a floor shares with its config: the data, its split and the evaluation
+FLOOR_SETTINGS = ("data", "data_dir", "cache_dir", "synthetic_users", "synthetic_items",
+                  "max_seq_len", "num_candidates", "eval_batch_size", "exclude_seen",
+                  "metric", "device", "seed")
 
 
 def train_and_test(config: TrainConfig) -> Mapping[str, float]:
@@ -54,6 +72,7 @@ class ConfigResult:
     skipped: Optional[str] = None  # why it did not run (its data is absent)
     errors: List[str] = field(default_factory=list)  # one line per run that raised
     metrics: Dict[str, MetricResult] = field(default_factory=dict)
+    floors: List["ConfigResult"] = field(default_factory=list)  # the simple baselines
 
 
 def _summarize(values: List[Optional[float]], runs: int,
@@ -94,11 +113,55 @@ def run_config(config: RunConfig, repeats: int, thresholds: Mapping[str, Thresho
     return result
 
 
+def floor_configs(config: RunConfig) -> List[RunConfig]:
+    """The simple baselines of ``config``'s task, on its data and split (none for a config
+    that is itself a simple baseline)."""
+    model = config.settings.get("model", TrainConfig.model)
+    if model in FITTED_MODELS:
+        return []
+    shared = {k: v for k, v in config.settings.items() if k in FLOOR_SETTINGS}
+    return [
+        RunConfig(f"floor:{floor}", config.path, f"{floor} on {config.name}'s data",
+                  {**shared, "model": floor})
+        for floor in FLOORS[MODEL_TASKS[model]]
+    ]
+
+
 def run_configs(configs: Sequence[RunConfig], repeats: int, baseline: Baseline,
                 trainer: Trainer = train_and_test, work_dir: Path = Path("."),
-                data_root: Optional[str] = None) -> List[ConfigResult]:
-    return [run_config(c, repeats, baseline.get(c.name, {}), trainer, work_dir, data_root)
-            for c in configs]
+                data_root: Optional[str] = None, floors: bool = True) -> List[ConfigResult]:
+    """Each config's runs, judged against ``baseline``, with its floors unless ``floors`` is
+    False; configs on the same data and split share their floors' runs."""
+    done: Dict[str, ConfigResult] = {}
+    results = []
+    for config in configs:
+        result = run_config(config, repeats, baseline.get(config.name, {}), trainer, work_dir,
+                            data_root)
+        if floors and result.skipped is None:
+            for floor in floor_configs(config):
+                key = repr(sorted(floor.settings.items()))
+                if key not in done:
+                    folder = work_dir / "floors" / f"{len(done)}-{floor.settings['model']}"
+                    done[key] = run_config(floor, repeats, {}, trainer, folder, data_root)
+                result.floors.append(done[key])
+        results.append(result)
+    return results
+
+
+def floor_gains(result: ConfigResult) -> Dict[str, Tuple[str, float, Optional[float]]]:
+    """For each compared metric: (the best floor, its mean, the config's relative gain over
+    it); the gain is None when either mean is missing or the floor's is 0."""
+    gains = {}
+    for name in FLOOR_METRICS_ALL:
+        mine = result.metrics.get(name)
+        scored = [(f.name, f.metrics[name].mean) for f in result.floors
+                  if name in f.metrics and f.metrics[name].mean is not None]
+        if mine is None or not scored:
+            continue
+        best, value = max(scored, key=lambda item: item[1])
+        gain = mine.mean / value - 1 if mine.mean is not None and value > 0 else None
+        gains[name] = (best, value, gain)
+    return gains
 
 
 def counts(results: Sequence[ConfigResult]) -> Dict[str, int]:
@@ -137,9 +200,27 @@ def summary_table(results: Sequence[ConfigResult]) -> str:
             base = "-" if t is None else (
                 f"{t.value:.4f} ± {t.tolerance:.4f} {t.direction}")
             lines.append(f"{r.name:<28} {name:<12} {spread:>20} {base:>25} {m.status or '-'}")
+        lines.extend(_floor_lines(r))
     tally = counts(results)
     lines.append(", ".join(f"{n} {status}" for status, n in tally.items()))
     return "\n".join(lines)
+
+
+def _floor_lines(result: ConfigResult) -> List[str]:
+    """The floors' compared metrics under a config, and its gain over the best floor."""
+    lines = []
+    for floor in result.floors:
+        for error in floor.errors:
+            lines.append(f"  {floor.name:<26} run failed: {error}")
+        for name, m in floor.metrics.items():
+            if name in result.metrics and name in FLOOR_METRICS_ALL:
+                spread = f"{_fmt(m.mean)} ± {_fmt(m.std)}"
+                lines.append(f"  {floor.name:<26} {name:<12} {spread:>20}")
+    for name, (best, value, gain) in floor_gains(result).items():
+        text = "n/a" if gain is None else f"{gain:+.1%}"
+        lines.append(f"  {'gain over best floor':<26} {name:<12} {text:>20}  ({best}, "
+                     f"{_fmt(value)})")
+    return lines
 
 
 def summary_json(results: Sequence[ConfigResult], repeats: int) -> Dict[str, object]:
@@ -147,5 +228,10 @@ def summary_json(results: Sequence[ConfigResult], repeats: int) -> Dict[str, obj
         "repeats": repeats,
         "counts": counts(results),
         "exit_code": exit_code(results),
-        "configs": [asdict(r) for r in results],
+        "configs": [
+            {**asdict(r), "floor_gains": {
+                name: {"floor": best, "floor_mean": value, "relative_gain": gain}
+                for name, (best, value, gain) in floor_gains(r).items()}}
+            for r in results
+        ],
     }

@@ -13,7 +13,17 @@ from typing import Any, Dict, List, Mapping, Optional
 from tzrec_bench.data import DATASETS
 
 # model name -> the task it is trained on (the registry of builders is train/factory.py)
-MODEL_TASKS = {"hstu-retrieval": "retrieval", "sasrec": "retrieval", "hstu-ranking": "ranking"}
+MODEL_TASKS = {
+    "hstu-retrieval": "retrieval",
+    "sasrec": "retrieval",
+    "hstu-ranking": "ranking",
+    # the simple baselines, fitted from counts (tzrec_bench.baselines.simple)
+    "most-popular": "retrieval",
+    "item-transitions": "retrieval",
+    "item-knn": "retrieval",
+    "popularity-ranking": "ranking",
+}
+FITTED_MODELS = frozenset({"most-popular", "item-transitions", "item-knn", "popularity-ranking"})
 RETRIEVAL_KS = (10, 50, 200)
 RANKING_TASKS = ("click", "like", "long_view")
 DEFAULT_EPOCHS = 10
@@ -24,7 +34,7 @@ DEVICES = ("auto", "cpu", "cuda")
 RESUMABLE_CHANGES = frozenset(
     {
         "data_dir", "cache_dir", "device", "backend", "out_dir", "resume", "max_steps",
-        "epochs", "eval_batch_size", "patience", "min_delta", "checkpoint_every",
+        "epochs", "eval_batch_size", "exclude_seen", "patience", "min_delta", "checkpoint_every",
         "log_every", "plot", "progress",
     }
 )
@@ -82,6 +92,7 @@ class TrainConfig:
     eval_every: Optional[int] = None
     eval_users: Optional[int] = None
     eval_batch_size: int = 256
+    exclude_seen: bool = False
     metric: Optional[str] = None
     patience: int = 5
     min_delta: float = 0.0

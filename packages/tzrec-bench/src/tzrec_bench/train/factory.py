@@ -8,9 +8,15 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from tzrec_bench.baselines import SASRec
+from tzrec_bench.baselines import (
+    ItemKNN,
+    ItemTransitions,
+    MostPopular,
+    PopularityRanking,
+    SASRec,
+)
 from tzrec_bench.data import Action, SequenceDataset
-from tzrec_bench.train.config import TrainConfig
+from tzrec_bench.train.config import FITTED_MODELS, TrainConfig
 from tzrec_bench.train.distributed import DistContext
 from tzrec_bench.train.ranking import RankingTask
 from tzrec_bench.train.retrieval import RetrievalTask
@@ -64,11 +70,30 @@ def _hstu_ranking(config: TrainConfig, num_items: int, task_bits: Sequence[int])
     )
 
 
+def _counts(cls: type) -> Callable[[TrainConfig, int, Sequence[int]], Spec]:
+    """A retrieval baseline fitted from counts, built from the catalogue size alone."""
+    return lambda config, num_items, task_bits: (cls, dict(num_items=num_items))
+
+
+def _popularity_ranking(config: TrainConfig, num_items: int, task_bits: Sequence[int]) -> Spec:
+    return PopularityRanking, dict(num_items=num_items, task_bitmasks=list(task_bits))
+
+
 MODELS: Dict[str, Callable[[TrainConfig, int, Sequence[int]], Spec]] = {
     "hstu-retrieval": _hstu_retrieval,
     "sasrec": _sasrec,
     "hstu-ranking": _hstu_ranking,
+    "most-popular": _counts(MostPopular),
+    "item-transitions": _counts(ItemTransitions),
+    "item-knn": _counts(ItemKNN),
+    "popularity-ranking": _popularity_ranking,
 }
+
+
+def is_fitted(config: TrainConfig) -> bool:
+    """Whether ``config.model`` is fitted from the training events (``model.fit(train)``)
+    rather than trained by gradient steps."""
+    return config.model in FITTED_MODELS
 
 
 def model_config(

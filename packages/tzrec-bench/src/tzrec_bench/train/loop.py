@@ -7,16 +7,26 @@ one-process run); then gradient clipping, AdamW and the warm-up schedule. Valida
 every ``eval_every`` steps (default: once per epoch) and at the end; early stopping and
 ``best.pt`` follow ``config.key_metric``; the test split is evaluated once, with the best
 weights. Rank 0 alone prints, plots and writes files.
+
+A run that diverges reports nothing: a NaN or infinite training loss stops it with
+:class:`~tzrec_bench.train.metrics.NonFiniteError` naming the step (checked on the device
+each step, read at the log and validation steps that wait for the GPU anyway), and the
+metrics refuse non-finite scores. Models without trainable parameters (the count-based
+baselines of :mod:`tzrec_bench.baselines.simple`) are fitted once on the training events
+instead of trained, then validated and tested the same way. On one process, Ctrl-C ends
+the run at the next step boundary with a checkpoint that ``--resume`` continues exactly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -37,7 +47,8 @@ from tzrec_bench.train.distributed import (
     shard,
 )
 from tzrec_bench.train.early_stopping import EarlyStopping
-from tzrec_bench.train.factory import build_model, make_task, model_config
+from tzrec_bench.train.factory import build_model, is_fitted, make_task, model_config
+from tzrec_bench.train.metrics import NonFiniteError
 from tzrec_bench.train.plot import plot_curves
 from tzrec_bench.train.report import metrics_table, steady_state, throughput_line
 from tzrec_bench.train.task import Batch, Task, amp_dtype, autocast
@@ -114,11 +125,47 @@ def backend_name(config: TrainConfig) -> str:
     """``ops backend <name>``: the tzrec-ops backend the HSTU models resolve to."""
     if config.model == "sasrec":
         return "plain PyTorch (no tzrec-ops)"
+    if not config.model.startswith("hstu"):
+        return "counts (no tzrec-ops)"
     return f"ops backend {resolve_backend(config.backend, op='hstu_mha').name}"
 
 
 def _warmup(steps: int):
     return lambda step: min(1.0, (step + 1) / steps) if steps else 1.0
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C ended the run at a step boundary; ``checkpoint`` is where ``--resume`` goes on
+    (None when no checkpoint could be written)."""
+
+    def __init__(self, step: int, checkpoint: Optional[Path]) -> None:
+        super().__init__(step)
+        self.step = step
+        self.checkpoint = checkpoint
+
+
+@contextlib.contextmanager
+def _deferred_interrupts(enabled: bool) -> Iterator[List[bool]]:
+    """While active, Ctrl-C sets a flag (the yielded list's only item) instead of raising,
+    so the loop can stop between steps; a second Ctrl-C raises at once. Off under
+    torchrun (the ranks would not stop at the same step) and outside the main thread."""
+    flag = [False]
+    previous = None
+    if enabled:
+        def handler(signum: int, frame: Any) -> None:
+            if flag[0]:
+                raise KeyboardInterrupt
+            flag[0] = True
+
+        try:
+            previous = signal.signal(signal.SIGINT, handler)
+        except ValueError:  # not the main thread: Ctrl-C keeps its usual meaning
+            previous = None
+    try:
+        yield flag
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 class Trainer:
@@ -131,18 +178,23 @@ class Trainer:
         checkpoint.seed_everything(config.seed)  # the same initial weights on every rank
         self.task = make_task(config, load_data(config, ctx), ctx)
         self.model = build_model(config, self.task.num_items, self.task.task_bits, ctx.device)
+        self.fitted = is_fitted(config)
         torch.manual_seed(config.seed + ctx.rank)  # each rank its own dropout masks
         step_module = TrainStep(self.model, self.task)
-        if ctx.distributed:
+        if ctx.distributed and not self.fitted:
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             step_module = DistributedDataParallel(step_module, device_ids=ids)
         self.step_module = step_module
+        # a fitted baseline has no parameters; AdamW over none would refuse to start
+        trained = list(self.model.parameters()) or [torch.zeros(1, requires_grad=True)]
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+            trained, lr=config.lr, weight_decay=config.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, _warmup(config.warmup_steps)
         )
+        # the step of the first non-finite loss (1-based), or -1: written on the device
+        self._diverged_at = torch.full((), -1, dtype=torch.int64, device=ctx.device)
         self.amp = amp_dtype(config, ctx.device)
         self.stopper = EarlyStopping(config.patience, config.min_delta)
         self.history: Dict[str, List[Dict[str, Any]]] = {"train": [], "valid": []}
@@ -163,7 +215,7 @@ class Trainer:
         self.total_steps = config.total_steps(self.steps_per_epoch)
         self.eval_every = config.eval_every or self.steps_per_epoch
         self._epoch, self._order = -1, np.empty(0, dtype=np.int64)
-        if config.resume:
+        if config.resume and not self.fitted:
             self._resume()
 
     # -- printing ----------------------------------------------------------------------
@@ -175,6 +227,11 @@ class Trainer:
     def _header(self) -> str:
         c = self.config
         amp = "bf16" if self.amp is not None else "off"
+        if self.fitted:
+            return (
+                f"tzrec-bench train: {c.model} on {c.data} ({self.task.describe()})\n"
+                f"  {self.ctx.placement}, fitted from the training events (no gradient steps)"
+            )
         return (
             f"tzrec-bench train: {c.model} on {c.data} ({self.task.describe()})\n"
             f"  {self.ctx.placement}, {backend_name(c)}, amp {amp}\n"
@@ -213,7 +270,26 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
-        return loss.detach()
+        loss = loss.detach()
+        self._diverged_at = torch.where(
+            (self._diverged_at < 0) & ~torch.isfinite(loss), self.step + 1, self._diverged_at
+        )
+        return loss
+
+    def _check_finite(self) -> None:
+        """Raises :class:`NonFiniteError` if a loss so far was NaN or infinite (on any rank).
+
+        Reads one device value: called where the loop waits for the device anyway."""
+        flag = self._diverged_at.clone()
+        if self.ctx.distributed:
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        step = int(flag.item())
+        if step >= 0:
+            raise NonFiniteError(
+                f"the training loss is NaN or infinite at step {step}: the run diverged "
+                f"(--lr {self.config.lr}); no metric is reported. Lower --lr, or keep "
+                "--clip-grad-norm on"
+            )
 
     # -- evaluation --------------------------------------------------------------------
 
@@ -225,6 +301,7 @@ class Trainer:
             self.model.train()
 
     def _validate(self) -> None:
+        self._check_finite()
         metrics = self._evaluate("valid", self.config.eval_users)
         key = self.config.key_metric
         improved = self.stopper.update(metrics[key], self.step)
@@ -305,7 +382,13 @@ class Trainer:
     def run(self) -> RunResult:
         """Trains to the last step (or early stop), then evaluates and reports."""
         self.log(self._header())
-        train_seconds, tokens = self._train_loop()
+        if self.fitted:
+            started = time.perf_counter()
+            self.model.fit(self.task.split.train)
+            train_seconds, tokens = time.perf_counter() - started, 0
+            self.log(f"fitted in {train_seconds:.2f} s")
+        else:
+            train_seconds, tokens = self._train_loop()
         if self.stopper.should_stop:
             self.log(f"early stopping at step {self.step}: no better {self.config.key_metric} "
                      f"in {self.stopper.bad_evaluations} evaluations")
@@ -346,41 +429,59 @@ class Trainer:
         )
         train_seconds, tokens = 0.0, 0
         window_seconds, window_tokens, window_samples = 0.0, 0, 0
-        while self.step < self.total_steps and not self.stopper.should_stop:
-            rows = self._global_rows(self.step)
-            started = time.perf_counter()
-            loss = self._train_step(rows)
-            self.step += 1
-            logged = self.step % config.log_every == 0 or self.step == self.total_steps
-            if logged:  # read at log steps only: on a GPU, .item() waits for the step
-                value = mean_over_ranks(loss, self.ctx).item()  # the global-batch mean
-            elapsed = time.perf_counter() - started
-            train_seconds += elapsed
-            window_seconds += elapsed
-            batch_tokens = self.task.tokens(rows)
-            tokens += batch_tokens
-            window_tokens += batch_tokens
-            window_samples += len(rows)
-            bar.update(1)
-            if logged:
-                rate = window_tokens / window_seconds
-                self.history["train"].append({
-                    "step": self.step, "loss": value, "tokens_per_s": rate,
-                    "seconds": window_seconds, "tokens": window_tokens,
-                    "samples": window_samples,
-                })
-                bar.set_postfix(loss=f"{value:.4f}", tok_s=f"{rate:.0f}")
-                window_seconds, window_tokens, window_samples = 0.0, 0, 0
-            validated = self.step % self.eval_every == 0
-            if validated:
-                self._validate()
-            if (
-                self.step % config.checkpoint_every == 0 if config.checkpoint_every
-                else validated
-            ):
-                self._save_checkpoint()
+        with _deferred_interrupts(not self.ctx.distributed) as interrupted:
+            while self.step < self.total_steps and not self.stopper.should_stop:
+                if interrupted[0]:
+                    bar.close()
+                    self._stop_interrupted()
+                rows = self._global_rows(self.step)
+                started = time.perf_counter()
+                loss = self._train_step(rows)
+                self.step += 1
+                logged = self.step % config.log_every == 0 or self.step == self.total_steps
+                if logged:  # read at log steps only: on a GPU, .item() waits for the step
+                    self._check_finite()
+                    value = mean_over_ranks(loss, self.ctx).item()  # the global-batch mean
+                elapsed = time.perf_counter() - started
+                train_seconds += elapsed
+                window_seconds += elapsed
+                batch_tokens = self.task.tokens(rows)
+                tokens += batch_tokens
+                window_tokens += batch_tokens
+                window_samples += len(rows)
+                bar.update(1)
+                if logged:
+                    rate = window_tokens / window_seconds
+                    self.history["train"].append({
+                        "step": self.step, "loss": value, "tokens_per_s": rate,
+                        "seconds": window_seconds, "tokens": window_tokens,
+                        "samples": window_samples,
+                    })
+                    bar.set_postfix(loss=f"{value:.4f}", tok_s=f"{rate:.0f}")
+                    window_seconds, window_tokens, window_samples = 0.0, 0, 0
+                validated = self.step % self.eval_every == 0
+                if validated:
+                    self._validate()
+                if (
+                    self.step % config.checkpoint_every == 0 if config.checkpoint_every
+                    else validated
+                ):
+                    self._save_checkpoint()
         bar.close()
         return train_seconds, tokens
+
+    def _stop_interrupted(self) -> None:
+        """Saves a checkpoint at this step boundary (unless the run diverged) and raises
+        :class:`Interrupted`."""
+        saved: Optional[Path] = None
+        try:
+            self._check_finite()
+            if self._saved_step != self.step:
+                self._save_checkpoint()
+            saved = self.out_dir / checkpoint.CHECKPOINT
+        except NonFiniteError as exc:
+            self.log(f"no checkpoint saved: {exc}")
+        raise Interrupted(self.step, saved)
 
     def _report(self, result: RunResult) -> None:
         """Prints the metrics table and throughput; writes the metrics, history and plot."""
@@ -408,7 +509,8 @@ class Trainer:
                 result.test)
             try:
                 path = plot_curves(self.history, list(dict.fromkeys(shown)),
-                                   self.out_dir / PLOT_FILE, f"{config.model} on {config.data}")
+                                   self.out_dir / PLOT_FILE, f"{config.model} on {config.data}",
+                                   result.best_step)
                 print(f"curves: {path}")
             except ImportError as exc:
                 print(f"plot skipped: {exc}")

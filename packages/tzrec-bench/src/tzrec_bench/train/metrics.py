@@ -9,57 +9,44 @@ item of the catalogue, never against sampled candidates.
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torchmetrics.classification import BinaryAUROC
 
-__all__ = ["RetrievalMetrics", "TaskAUC", "target_ranks"]
+__all__ = ["NonFiniteError", "RetrievalMetrics", "TaskAUC", "target_ranks"]
 
 
-def target_ranks(
-    user: torch.Tensor, items: torch.Tensor, targets: torch.Tensor, chunk_size: int = 1024
-) -> torch.Tensor:
-    """0-based rank of each user's target among all items, by dot-product score.
+class NonFiniteError(FloatingPointError):
+    """A loss or a score is NaN or infinite: the run diverged, and no metric is reported."""
 
-    The rank is the number of items scoring strictly higher than the target. Ties are
-    resolved in the target's favour: an item scoring exactly the target's score does not push
-    it down. With learned float embeddings exact ties are rare, but degenerate users (e.g. a
-    zero embedding, where every item scores 0) get rank 0, so evaluate only users with a
-    history.
 
-    Users are scored ``chunk_size`` at a time, so memory peaks at ``chunk_size x I`` scores.
+def target_ranks(scores: torch.Tensor, targets: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Where each user's target falls among all items: items scoring above it, and its ties.
+
+    A target's rank is not defined by the scores alone when other items score exactly the
+    same: :class:`RetrievalMetrics` breaks such ties at random and reports the expected
+    metric over that draw, so a tie counts neither for nor against the target on average
+    (a constant scorer ranks every target in the middle, with HR@K = K / I).
 
     Args:
-        user (torch.Tensor): [B, E] user embeddings.
-        items (torch.Tensor): [I, E] embeddings of the whole catalogue.
+        scores (torch.Tensor): [B, I] scores of every item for each user, higher is better.
         targets (torch.Tensor): [B] target item ids in ``[0, I)``.
-        chunk_size (int): users scored at once. Default: 1024.
 
     Returns:
-        torch.Tensor: [B] int64 ranks in ``[0, I)``.
+        (higher [B], ties [B]) int64: items scoring strictly above the target, and items
+        other than the target scoring exactly the same.
     """
-    if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
-    if user.dim() != 2 or items.dim() != 2 or user.shape[1] != items.shape[1]:
-        raise ValueError(
-            f"user [B, E] and items [I, E] must share E; got {tuple(user.shape)} and "
-            f"{tuple(items.shape)}"
-        )
-    if targets.shape != user.shape[:1]:
-        raise ValueError(f"targets must be [{user.shape[0]}], got {tuple(targets.shape)}")
-    ranks = []
-    for start in range(0, user.shape[0], chunk_size):
-        scores = user[start : start + chunk_size] @ items.t()
-        # the target's score is read from the same matrix, not recomputed as a separate dot
-        # product, so that it compares bit-for-bit with itself and never counts as higher
-        target_score = scores.gather(1, targets[start : start + chunk_size].unsqueeze(1))
-        ranks.append((scores > target_score).sum(dim=1))
-    if not ranks:
-        return torch.zeros(0, dtype=torch.int64, device=user.device)
-    return torch.cat(ranks)
+    if scores.dim() != 2:
+        raise ValueError(f"scores must be [B, I], got {tuple(scores.shape)}")
+    if targets.shape != scores.shape[:1]:
+        raise ValueError(f"targets must be [{scores.shape[0]}], got {tuple(targets.shape)}")
+    # the target's score is read from the same matrix, so it compares equal to itself
+    target_score = scores.gather(1, targets.unsqueeze(1))
+    higher = (scores > target_score).sum(dim=1)
+    ties = (scores == target_score).sum(dim=1) - 1
+    return higher, ties
 
 
 class RetrievalMetrics:
@@ -67,8 +54,16 @@ class RetrievalMetrics:
 
     For a target at 0-based rank r: HR@K = [r < K], NDCG@K = [r < K] / log2(r + 2) (one
     relevant item, so the ideal DCG is 1) and MRR = 1 / (r + 1); each is averaged over users.
+    When ``t`` other items tie with the target's score after ``h`` items score above it,
+    its rank is taken uniform on ``h .. h + t`` (ties broken at random) and each metric is
+    its exact expectation over that draw.
 
-    Only per-metric sums and a user count are kept, as one float64 tensor, so memory does
+    Scores must be finite: a batch with a NaN or infinite score is counted, and
+    :meth:`compute` raises :class:`NonFiniteError` instead of returning metrics (a diverged
+    model's NaN scores compare false with everything and would otherwise rank every
+    target first). The count is kept on the device, so :meth:`update` never waits for it.
+
+    Only per-metric sums and two counts are kept, as one float64 tensor, so memory does
     not grow with the evaluation set and a distributed evaluation needs a single all-reduce.
     This is why the ranks are computed here rather than with torchmetrics' retrieval
     metrics: those keep every prediction and target until ``compute`` (users x items floats
@@ -77,7 +72,8 @@ class RetrievalMetrics:
 
     Args:
         ks (Sequence[int]): cut-offs K. Default: (10, 50, 200).
-        chunk_size (int): users scored at once (see :func:`target_ranks`). Default: 1024.
+        chunk_size (int): users scored at once by :meth:`update`, so memory peaks at
+            ``chunk_size x I`` scores. Default: 1024.
         device (torch.device | None): where the sums live; under NCCL, the rank's GPU.
             Default: CPU.
     """
@@ -90,34 +86,90 @@ class RetrievalMetrics:
     ) -> None:
         if not ks or any(k <= 0 for k in ks):
             raise ValueError(f"ks must be non-empty and positive, got {tuple(ks)}")
+        if chunk_size <= 0:
+            raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
         self.ks = tuple(ks)
         self.chunk_size = chunk_size
-        # layout: HR@K for each K, NDCG@K for each K, reciprocal rank, user count
-        self._sums = torch.zeros(2 * len(self.ks) + 2, dtype=torch.float64, device=device)
+        # gains[n] = sum of 1 / log2(r + 2) for r < n: the DCG of ranks below n
+        ranks = torch.arange(max(self.ks), dtype=torch.float64, device=device)
+        self._gains = torch.cat([ranks.new_zeros(1), torch.cumsum(1 / torch.log2(ranks + 2), 0)])
+        # layout: HR@K for each K, NDCG@K for each K, reciprocal rank, users, non-finite users
+        self._sums = torch.zeros(2 * len(self.ks) + 3, dtype=torch.float64, device=device)
 
     def reset(self) -> None:
         self._sums.zero_()
 
     @torch.no_grad()
     def update(self, user: torch.Tensor, items: torch.Tensor, targets: torch.Tensor) -> None:
-        """Adds a batch of users; arguments as in :func:`target_ranks`."""
-        ranks = target_ranks(user, items, targets, self.chunk_size)
-        self.update_ranks(ranks)
+        """Adds a batch of users by embedding: item scores are ``user @ items.T``.
+
+        Args:
+            user (torch.Tensor): [B, E] user embeddings.
+            items (torch.Tensor): [I, E] embeddings of the whole catalogue.
+            targets (torch.Tensor): [B] target item ids in ``[0, I)``.
+        """
+        if user.dim() != 2 or items.dim() != 2 or user.shape[1] != items.shape[1]:
+            raise ValueError(
+                f"user [B, E] and items [I, E] must share E; got {tuple(user.shape)} and "
+                f"{tuple(items.shape)}"
+            )
+        for start in range(0, user.shape[0], self.chunk_size):
+            stop = start + self.chunk_size
+            self.update_scores(user[start:stop] @ items.t(), targets[start:stop])
 
     @torch.no_grad()
-    def update_ranks(self, ranks: torch.Tensor) -> None:
-        """Adds users by their targets' 0-based ranks ([B] integers)."""
-        ranks = ranks.to(device=self._sums.device, dtype=torch.float64)
-        hits = torch.stack([ranks < k for k in self.ks]).to(torch.float64)  # [K, B]
-        gains = hits / torch.log2(ranks + 2.0)
+    def update_scores(
+        self,
+        scores: torch.Tensor,
+        targets: torch.Tensor,
+        excluded: Optional[torch.Tensor] = None,
+    ) -> None:
+        """Adds a batch of users by their scores of every item.
+
+        Args:
+            scores (torch.Tensor): [B, I] item scores, higher is better.
+            targets (torch.Tensor): [B] target item ids in ``[0, I)``.
+            excluded (torch.Tensor | None): [B, I] bool, items left out of a user's ranking
+                (e.g. the items already in its history); a target is never left out.
+        """
+        finite = torch.isfinite(scores).all(dim=1)
+        if excluded is not None:
+            keep = torch.zeros_like(excluded).scatter_(1, targets.unsqueeze(1), True)
+            scores = scores.masked_fill(excluded & ~keep, -math.inf)
+        higher, ties = target_ranks(scores, targets)
+        self.update_ranks(higher, ties, (~finite).sum())
+
+    @torch.no_grad()
+    def update_ranks(
+        self,
+        higher: torch.Tensor,
+        ties: Optional[torch.Tensor] = None,
+        non_finite: Union[int, torch.Tensor] = 0,
+    ) -> None:
+        """Adds users by the items scoring above their targets ([B] integers) and the items
+        tied with them ([B], default none); ``non_finite`` of them had a non-finite score."""
+        h = higher.to(device=self._sums.device, dtype=torch.float64)
+        t = torch.zeros_like(h) if ties is None else ties.to(h.device, torch.float64)
+        last = h + t  # the rank is uniform on h .. last: t + 1 equally likely places
+        places = t + 1
+        hits = torch.stack([(k - h).clamp(0, None).minimum(places) / places for k in self.ks])
+        gains = torch.stack([self._dcg_below(last + 1, k) - self._dcg_below(h, k)
+                             for k in self.ks]) / places
+        # the mean of 1 / (r + 1) over r = h .. last, through the harmonic numbers' digamma
+        reciprocal = (torch.special.digamma(last + 2) - torch.special.digamma(h + 1)) / places
         self._sums += torch.cat(
             [
                 hits.sum(dim=1),
                 gains.sum(dim=1),
-                (1.0 / (ranks + 1.0)).sum().reshape(1),
-                ranks.new_tensor([float(ranks.shape[0])]),
+                reciprocal.sum().reshape(1),
+                h.new_tensor([float(h.shape[0])]),
+                torch.as_tensor(non_finite, dtype=torch.float64, device=h.device).reshape(1),
             ]
         )
+
+    def _dcg_below(self, n: torch.Tensor, k: int) -> torch.Tensor:
+        """Sum of 1 / log2(r + 2) over ranks r < min(n, k)."""
+        return self._gains[n.clamp(max=k).to(torch.int64)]
 
     def compute(self) -> Dict[str, float]:
         """Means over every user seen, on every process when torch.distributed is initialized.
@@ -128,13 +180,21 @@ class RetrievalMetrics:
         Returns:
             Dict[str, float]: ``hr@K`` and ``ndcg@K`` for each K, ``mrr``, and ``count`` (the
             number of users); metrics are NaN when no user was seen.
+
+        Raises:
+            NonFiniteError: some user had a NaN or infinite score.
         """
         sums = self._sums.clone()
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(sums, op=dist.ReduceOp.SUM)
         values = sums.tolist()
-        count = values[-1]
-        mean = [v / count if count > 0 else math.nan for v in values[:-1]]
+        count, non_finite = values[-2], values[-1]
+        if non_finite:
+            raise NonFiniteError(
+                f"{int(non_finite)} of {int(count)} evaluated users have NaN or infinite item "
+                "scores: the model diverged (lower --lr, or keep --clip-grad-norm on)"
+            )
+        mean = [v / count if count > 0 else math.nan for v in values[:-2]]
         num_k = len(self.ks)
         result = {f"hr@{k}": mean[i] for i, k in enumerate(self.ks)}
         result.update({f"ndcg@{k}": mean[num_k + i] for i, k in enumerate(self.ks)})
@@ -147,7 +207,9 @@ class TaskAUC(nn.Module):
     """ROC AUC per ranking task: one ``torchmetrics`` ``BinaryAUROC`` for each.
 
     Scores may be logits or probabilities (AUC depends only on their order). Under
-    torch.distributed, torchmetrics gathers the states across processes in ``compute``.
+    torch.distributed, torchmetrics gathers the states across processes in ``compute``. As
+    in :class:`RetrievalMetrics`, a NaN or infinite score is counted on the device and
+    :meth:`compute` raises :class:`NonFiniteError` rather than report an AUC.
 
     Args:
         tasks (Sequence[str]): task names, e.g. ("click", "like").
@@ -159,17 +221,37 @@ class TaskAUC(nn.Module):
         super().__init__()
         if not tasks or len(set(tasks)) != len(tasks):
             raise ValueError(f"tasks must be non-empty and distinct, got {tuple(tasks)}")
+        # imported here: torchmetrics takes ~1 s to import, and the CLI imports this module
+        # for NonFiniteError alone
+        from torchmetrics.classification import BinaryAUROC
+
         self.aucs = nn.ModuleDict({t: BinaryAUROC(thresholds=thresholds) for t in tasks})
+        self.register_buffer("_non_finite", torch.zeros((), dtype=torch.float64))
 
     def update(self, scores: Dict[str, torch.Tensor], labels: Dict[str, torch.Tensor]) -> None:
         """Adds a batch: ``scores[task]`` and ``labels[task]`` ([B], labels in {0, 1})."""
         for task, auc in self.aucs.items():
-            auc.update(scores[task].detach(), labels[task].to(torch.int64))
+            score = scores[task].detach()
+            self._non_finite += (~torch.isfinite(score)).sum()
+            auc.update(score, labels[task].to(torch.int64))
 
     def compute(self) -> Dict[str, float]:
-        """AUC of each task over every sample seen."""
+        """AUC of each task over every sample seen (a collective under torch.distributed).
+
+        Raises:
+            NonFiniteError: some score was NaN or infinite.
+        """
+        non_finite = self._non_finite.clone()
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(non_finite, op=dist.ReduceOp.SUM)
+        if non_finite.item():
+            raise NonFiniteError(
+                f"{int(non_finite.item())} ranking scores are NaN or infinite: the model "
+                "diverged (lower --lr, or keep --clip-grad-norm on)"
+            )
         return {task: float(auc.compute()) for task, auc in self.aucs.items()}
 
     def reset(self) -> None:
+        self._non_finite.zero_()
         for auc in self.aucs.values():
             auc.reset()

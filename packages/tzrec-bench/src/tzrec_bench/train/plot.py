@@ -8,7 +8,7 @@ than pyplot, so no global state or GUI backend is touched.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from tzrec_bench._extras import require
 
@@ -18,6 +18,7 @@ def plot_curves(
     metrics: Sequence[str],
     path: Path,
     title: str,
+    best_step: Optional[int] = None,
 ) -> Path:
     """Writes the curves of ``history`` (as the training loop records it) to ``path``.
 
@@ -26,6 +27,7 @@ def plot_curves(
         metrics: validation metrics to draw, e.g. ("hr@10", "ndcg@10").
         path: the PNG to write.
         title: the figure's title.
+        best_step: the step of the kept (best) weights, marked on both panels.
 
     Raises:
         ImportError: matplotlib is not installed (the message names the extra).
@@ -45,10 +47,15 @@ def plot_curves(
             steps, values = zip(*points)
             metric_ax.plot(steps, values, marker="o", label=name)
     metric_ax.set(title="validation", xlabel="step", ylabel="metric")
+    for ax in (loss_ax, metric_ax):
+        if best_step is not None:
+            ax.axvline(best_step, color="tab:green", linestyle="--",
+                       label=f"best weights (step {best_step})")
+        ax.grid(alpha=0.3)
     if metric_ax.has_data():
         metric_ax.legend()
-    for ax in (loss_ax, metric_ax):
-        ax.grid(alpha=0.3)
+    if best_step is not None:
+        loss_ax.legend()
     fig.suptitle(title)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

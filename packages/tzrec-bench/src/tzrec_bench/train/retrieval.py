@@ -3,7 +3,8 @@
 Training batches are the leave-one-out training histories, each cut to its last
 ``max_seq_len`` events; the loss is the model's own sampled softmax over every position
 that has a next item, with negatives drawn from a generator seeded by ``(seed, step)`` so
-that every rank (and a resumed run) uses the same ones. Evaluation embeds each user's
+that every rank (and a resumed run) uses the same ones (``--num-negatives`` at least the
+catalogue size trains on every item, the full softmax). Evaluation embeds each user's
 history before the held-out item and ranks the item against the whole catalogue
 (:class:`~tzrec_bench.train.metrics.RetrievalMetrics`).
 """
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from tzrec_bench.data import SequenceDataset, leave_one_out, make_batch, make_eval_batch
+from tzrec_bench.data.dataset import segment_index
 from tzrec_bench.train.config import RETRIEVAL_KS, TrainConfig
 from tzrec_bench.train.distributed import DistContext, shard
 from tzrec_bench.train.metrics import RetrievalMetrics
@@ -25,9 +27,22 @@ from tzrec_ops.ops.host_copies import to_device
 
 
 def step_negatives(seed: int, step: int, num_items: int, count: int) -> torch.Tensor:
-    """[count] item ids drawn uniformly, the same for every rank at ``step``."""
+    """The negatives of ``step``, the same for every rank: ``count`` item ids drawn uniformly,
+    or every item (the full softmax) when ``count`` is at least the catalogue size."""
+    if count >= num_items:
+        return torch.arange(num_items, dtype=torch.int64)
     rng = np.random.default_rng([seed, step])
     return torch.from_numpy(rng.integers(0, num_items, size=count, dtype=np.int64))
+
+
+def seen_items(history: SequenceDataset, rows: np.ndarray, num_items: int) -> torch.Tensor:
+    """[len(rows), num_items] bool: the items in each row's whole history."""
+    lengths = history.lengths[rows]
+    events = segment_index(history.offsets[rows], lengths)
+    seen = torch.zeros(len(rows), num_items, dtype=torch.bool)
+    user = torch.from_numpy(np.repeat(np.arange(len(rows)), lengths))
+    seen[user, torch.from_numpy(history.item_ids[events])] = True
+    return seen
 
 
 class RetrievalTask:
@@ -79,15 +94,25 @@ class RetrievalTask:
         rows = shard(eval_rows(len(held), max_users, self.config.seed), self.ctx)
         device = self.ctx.device
         metrics = RetrievalMetrics(RETRIEVAL_KS, device=device)
+        # the count baselines score the catalogue themselves; embedding models by dot product
+        score_catalogue = getattr(model, "catalogue_scores", None)
         with autocast(device, self._amp):
-            items = model.item_embedding(torch.arange(self.num_items, device=device)).float()
+            if score_catalogue is None:
+                items = model.item_embedding(torch.arange(self.num_items, device=device)).float()
             for chunk in chunks(rows, self.config.eval_batch_size):
                 cpu = make_eval_batch(held, chunk, self.config.max_seq_len)
-                user = model.user_embedding(
+                history = (
                     cpu.item_ids.to(device), to_device(cpu.lengths, device),
                     cpu.timestamps.to(device), self.config.max_seq_len,
                 )
-                metrics.update(user.float(), items, cpu.targets.to(device))
+                if score_catalogue is None:
+                    scores = model.user_embedding(*history).float() @ items.t()
+                else:
+                    scores = score_catalogue(*history).float()
+                excluded = None
+                if self.config.exclude_seen:
+                    excluded = seen_items(held.history, chunk, self.num_items).to(device)
+                metrics.update_scores(scores, cpu.targets.to(device), excluded)
         return metrics.compute()
 
     def describe(self) -> str:
