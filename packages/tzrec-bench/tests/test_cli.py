@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +91,121 @@ def test_train_then_evaluate(tmp_path, capsys):
         if len(cells) == 2
     }
     assert float(table["ndcg@10"]) == pytest.approx(trained["ndcg@10"], abs=1e-4)
+
+
+# the brief's small run: 60 users, 50 items (3 steps of 16 users an epoch), seconds or less
+SMALL = [
+    "--data", "synthetic", "--synthetic-users", "60", "--synthetic-items", "50",
+    "--max-seq-len", "12", "--embedding-dim", "16", "--num-layers", "1", "--num-heads", "2",
+    "--batch-size", "16", "--device", "cpu", "--no-plot", "--no-progress",
+]
+
+
+def _table(out: str) -> dict:
+    """The metric rows of a one-column metrics table: {name: value}."""
+    return {
+        cells[0]: float(cells[1])
+        for cells in (line.split() for line in out.splitlines())
+        if len(cells) == 2 and cells[0] != "metric" and not set(cells[1]) <= {"-"}
+    }
+
+
+def test_a_diverged_run_exits_1_with_one_line_naming_the_step(tmp_path, capsys):
+    """lr 1e4 diverges within the 30 steps even with --clip-grad-norm 1.0 (the default):
+    clipping bounds the gradient, not AdamW's step of about lr per weight, and the decoupled
+    weight decay (1 - lr * 0.01 = -99) blows the weights up (step 2 when written)."""
+    argv = ["train", *SMALL, "--lr", "1e4", "--max-steps", "30", "--log-every", "5",
+            "--out-dir", str(tmp_path)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"tzrec-bench train: error: the training loss is NaN or infinite at "
+                        r"step \d+: the run diverged \(--lr 10000\.0\); no metric is reported\. "
+                        r"Lower --lr, or keep --clip-grad-norm on\n", err), err
+    step = int(re.search(r"at step (\d+)", err).group(1))
+    assert 1 <= step <= 30
+    assert not (tmp_path / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("model, key", [("item-knn", "ndcg@10"), ("popularity-ranking", "auc")])
+def test_a_count_baseline_trains_and_evaluates_like_a_model(tmp_path, capsys, model, key):
+    from tzrec_bench.train.loop import evaluate
+
+    run = tmp_path / "run"
+    assert main(["train", *SMALL, "--model", model, "--out-dir", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"tzrec-bench train: {model} on synthetic" in out
+    assert "fitted from the training events (no gradient steps)" in out
+    summary = json.loads((run / "metrics.json").read_text())
+    assert summary["steps"] == 0 and summary["best_step"] == 0
+    test = summary["test"]
+    assert key in test and all(math.isfinite(v) for v in test.values())
+    assert 0.0 < test[key] <= 1.0
+    assert (run / "best.pt").is_file() and (run / "checkpoint.pt").is_file()
+    # evaluate builds a fresh model and loads the fitted counts through load_state_dict
+    assert main(["evaluate", str(run)]) == 0
+    table = _table(capsys.readouterr().out)
+    names = {"users" if name == "count" else name for name in test}
+    assert set(table) == names
+    for name, value in test.items():
+        assert table["users" if name == "count" else name] == pytest.approx(value, abs=1e-4)
+    assert evaluate(run) == test  # exactly: the same counts, the same scores
+    capsys.readouterr()
+
+
+def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_resumes_exactly(
+    tmp_path, capsys, monkeypatch
+):
+    """A real SIGINT from inside step 5: the loop's handler only sets a flag, the loop stops
+    at the next step boundary, saves checkpoint.pt and the CLI exits 130 with the command
+    that resumes; that command ends where an uninterrupted run ends."""
+    from tzrec_bench.train import checkpoint
+    from tzrec_bench.train.loop import Trainer
+
+    settings = [*SMALL, "--num-negatives", "16", "--dropout", "0", "--max-steps", "8",
+                "--eval-every", "3", "--log-every", "2"]
+    whole = tmp_path / "whole"
+    assert main(["train", *settings, "--out-dir", str(whole)]) == 0
+    step = Trainer._train_step
+
+    def interrupted_in_step_5(self, rows):
+        loss = step(self, rows)
+        if self.step == 4:  # counted after the call: this is the 5th step
+            signal.raise_signal(signal.SIGINT)
+        return loss
+
+    monkeypatch.setattr(Trainer, "_train_step", interrupted_in_step_5)
+    halves = tmp_path / "halves"
+    argv = ["train", *settings, "--out-dir", str(halves)]
+    capsys.readouterr()
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    saved = halves / "checkpoint.pt"
+    assert f"tzrec-bench: interrupted at step 5; checkpoint saved to {saved}\n" in err
+    assert err.count("continue with: tzrec-bench ") == 1
+    command = shlex.split(err.split("continue with: tzrec-bench ")[1])
+    assert command == [*argv, "--resume"]
+    assert checkpoint.load(saved)["step"] == 5
+    assert not (halves / "metrics.json").exists()
+    monkeypatch.undo()
+    assert main(command) == 0
+    assert "resumed from" in capsys.readouterr().out
+    finished = json.loads((halves / "metrics.json").read_text())
+    assert finished == json.loads((whole / "metrics.json").read_text())
+    assert finished["steps"] == 8
+
+
+def test_an_interrupt_without_a_checkpoint_exits_130_with_one_line(monkeypatch, capsys):
+    from tzrec_bench.train import loop
+
+    # a second Ctrl-C (a plain KeyboardInterrupt), and a run that had diverged when
+    # interrupted (no checkpoint to continue from)
+    for raised in (KeyboardInterrupt(), loop.Interrupted(3, None)):
+        def interrupted(config, raised=raised):
+            raise raised
+
+        monkeypatch.setattr(loop, "train", interrupted)
+        assert main(["train", *SMALL]) == 130
+        assert capsys.readouterr().err == "tzrec-bench: interrupted\n"
 
 
 def _truncated_checkpoint(path: Path) -> Path:

@@ -1,6 +1,7 @@
 """``tzrec-bench run-configs``: planted improvements, regressions and failures sorted right
-by a stand-in trainer, exit codes, baseline and config errors, skipped MovieLens configs, and
-one real run of a shipped synthetic config against its shipped baseline."""
+by a stand-in trainer, the floors (simple baselines) beside each config and the gain over the
+best of them, exit codes, baseline and config errors, skipped MovieLens configs, and one real
+run of a shipped synthetic config (and its floors) against its shipped baseline."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from tzrec_bench.regression.baseline import Threshold, load_baseline
 from tzrec_bench.regression.command import run
 from tzrec_bench.regression.configs import (
     SHIPPED_BASELINES,
+    RunConfig,
     load_config,
     shipped_configs,
     shipped_dir,
 )
+from tzrec_bench.regression.harness import FLOORS, floor_configs
 
 CONFIG = """description = "{name}: a stand-in"
 [train]
@@ -35,6 +38,11 @@ PLANTED = {
     "broken": lambda seed: 1 / 0 if seed == 11 else 0.40,  # one run raises: failed
     "nan": lambda seed: math.nan,  # failed
 }
+# floor model -> its ndcg@10 and hr@10 in every run: item-knn, 0.25, is the best floor
+PLANTED_FLOORS = {"most-popular": 0.10, "item-transitions": 0.20, "item-knn": 0.25}
+# the gain over the best floor's ndcg@10 (0.25) of each config's mean ndcg@10
+PLANTED_GAINS = {"better": "+104.0%", "same": "+64.0%", "worse": "+20.0%",
+                 "broken": "+60.0%", "nan": "n/a"}
 BASELINE = """
 [better."ndcg@10"]
 value = 0.40
@@ -69,12 +77,31 @@ def planted(tmp_path):
 
 
 def stand_in(calls):
+    """Records (run folder, seed): a config's folder is its name, a floor's floor:<model>."""
     def trainer(config):
         name = Path(config.out_dir).parent.name
         calls.append((name, config.seed))
+        if config.model in FLOORS["retrieval"]:
+            value = PLANTED_FLOORS[config.model]
+            return {"ndcg@10": value, "hr@10": value}
         return {"ndcg@10": PLANTED[name](config.seed), "loss": 0.7}
 
     return trainer
+
+
+def _floor_calls(calls):
+    return sorted(c for c in calls if c[0].startswith("floor:"))
+
+
+def _gain_lines(table):
+    """{config: its "gain over best floor" line's cells after the label}."""
+    gains, config = {}, None
+    for line in table.splitlines():
+        if line and not line.startswith(" "):
+            config = line.split()[0]
+        elif line.startswith("  gain over best floor"):
+            gains[config] = line.split()[4:]
+    return gains
 
 
 def _run(argv, trainer):
@@ -93,7 +120,11 @@ def test_planted_verdicts_and_exit_codes(planted, capsys):
     out = planted / "summary.json"
     code = _run(_argv(planted, PLANTED, "--out", str(out)), stand_in(calls))
     assert code == 1
-    assert sorted(calls) == sorted((n, s) for n in PLANTED for s in (10, 11, 12))
+    configs = [c for c in calls if not c[0].startswith("floor:")]
+    assert sorted(configs) == sorted((n, s) for n in PLANTED for s in (10, 11, 12))
+    # the five configs share their data settings: the floors ran once, on the same seeds
+    assert _floor_calls(calls) == sorted(
+        (f"floor:{m}", s) for m in FLOORS["retrieval"] for s in (10, 11, 12))
     summary = json.loads(out.read_text())
     verdicts = {(c["name"], m): r["status"] for c in summary["configs"]
                 for m, r in c["metrics"].items()}
@@ -116,7 +147,22 @@ def test_planted_verdicts_and_exit_codes(planted, capsys):
                                  "skipped configs": 0}
     table = capsys.readouterr().out
     assert "run failed: seed 11: ZeroDivisionError" in table
+    # the floors are reported, not judged: the counts are the configs' alone
     assert "2 improved, 1 unchanged, 1 regressed, 4 failed, 0 skipped configs" in table
+    assert {name: cells[1] for name, cells in _gain_lines(table).items()} == PLANTED_GAINS
+    assert _gain_lines(table)["better"] == ["ndcg@10", "+104.0%", "(floor:item-knn,", "0.2500)"]
+    floor_lines = [line.split() for line in table.splitlines() if line.startswith("  floor:")]
+    for model, value in PLANTED_FLOORS.items():  # ndcg@10 only: the configs report no hr@10
+        assert floor_lines.count([f"floor:{model}", "ndcg@10", f"{value:.4f}", "±",
+                                  "0.0000"]) == len(PLANTED)
+    assert not any("hr@10" in cells for cells in floor_lines)
+    assert better["floor_gains"] == {"ndcg@10": {
+        "floor": "floor:item-knn", "floor_mean": 0.25, "relative_gain": pytest.approx(1.04)}}
+    assert [f["name"] for f in better["floors"]] == [f"floor:{m}" for m in FLOORS["retrieval"]]
+    assert better["floors"][2]["metrics"]["hr@10"]["mean"] == 0.25
+    assert better["floors"][2]["seeds"] == [10, 11, 12]
+    nan = next(c for c in summary["configs"] if c["name"] == "nan")
+    assert nan["floor_gains"]["ndcg@10"]["relative_gain"] is None
 
 
 @pytest.mark.parametrize("names, code", [
@@ -125,6 +171,71 @@ def test_planted_verdicts_and_exit_codes(planted, capsys):
 ])
 def test_exit_status_is_1_on_a_regression_or_failure(planted, names, code):
     assert _run(_argv(planted, names, "--repeats", "2"), stand_in([])) == code
+
+
+def test_floor_runs_are_shared_by_the_configs_on_the_same_data(planted):
+    """better and worse have the same data settings (their model settings may differ) and
+    share one set of floor runs; same, on another synthetic data set, gets its own."""
+    (planted / "worse.toml").write_text(CONFIG.format(name="worse") + "lr = 0.01\n")
+    (planted / "same.toml").write_text(CONFIG.format(name="same") + "synthetic_users = 500\n")
+    calls, folders, out = [], set(), planted / "summary.json"
+    trainer = stand_in(calls)
+
+    def recording(config):
+        folders.add(Path(config.out_dir).parents[1])
+        return trainer(config)
+
+    _run(_argv(planted, ["better", "worse", "same"], "--repeats", "2", "--out", str(out)),
+         recording)
+    assert len(calls) == 3 * 2 + 2 * 3 * 2  # the configs' runs, then 2 sets of floor runs
+    assert _floor_calls(calls) == sorted(
+        (f"floor:{m}", s) for m in FLOORS["retrieval"] for s in (10, 11) for _ in range(2))
+    floors = {c["name"]: c["floors"] for c in json.loads(out.read_text())["configs"]}
+    assert floors["better"] == floors["worse"] and len(floors["better"]) == 3
+    assert [f["name"] for f in floors["same"]] == [f["name"] for f in floors["better"]]
+    floor_folders = sorted(p for p in folders if p.parent == planted / "runs" / "floors")
+    assert [p.name for p in floor_folders] == sorted(
+        f"{i}-{m}" for i, m in enumerate(FLOORS["retrieval"] * 2))
+
+
+def test_no_floors_runs_none(planted, capsys):
+    calls, out = [], planted / "summary.json"
+    assert _run(_argv(planted, ["better"], "--no-floors", "--out", str(out)),
+                stand_in(calls)) == 0
+    assert sorted(calls) == [("better", s) for s in (10, 11, 12)]
+    table = capsys.readouterr().out
+    assert "floor:" not in table and "gain over best floor" not in table
+    (config,) = json.loads(out.read_text())["configs"]
+    assert config["floors"] == [] and config["floor_gains"] == {}
+
+
+def test_a_config_of_a_simple_baseline_runs_no_floors(planted, capsys):
+    (planted / "knn.toml").write_text(
+        CONFIG.format(name="knn").replace('"hstu-retrieval"', '"item-knn"'))
+    calls, out = [], planted / "summary.json"
+    assert _run([str(planted / "knn.toml"), "--no-baseline", "--work-dir",
+                 str(planted / "runs"), "--out", str(out)], stand_in(calls)) == 0
+    assert sorted(calls) == [("knn", s) for s in (10, 11, 12)]
+    assert "gain over best floor" not in capsys.readouterr().out
+    (config,) = json.loads(out.read_text())["configs"]
+    assert config["floors"] == [] and config["floor_gains"] == {}
+
+
+def test_floors_share_the_data_split_and_seed_not_the_model_settings():
+    settings = {"model": "hstu-ranking", "data": "synthetic", "synthetic_users": 300,
+                "max_seq_len": 24, "num_candidates": 8, "seed": 3, "device": "cpu",
+                "embedding_dim": 32, "lr": 3e-3, "max_steps": 60, "dropout": 0.0}
+    (floor,) = floor_configs(RunConfig("rank", Path("rank.toml"), "d", settings))
+    assert floor.name == "floor:popularity-ranking" and floor.path == Path("rank.toml")
+    kept = {k: v for k, v in settings.items()
+            if k not in ("model", "embedding_dim", "lr", "max_steps", "dropout")}
+    assert {k: floor.settings[k] for k in kept} == kept
+    assert floor.settings["model"] == "popularity-ranking"
+    assert not {"embedding_dim", "lr", "max_steps", "dropout"} & set(floor.settings)
+    retrieval = floor_configs(RunConfig("r", Path("r.toml"), "d", {"model": "sasrec"}))
+    assert [f.settings["model"] for f in retrieval] == list(FLOORS["retrieval"])
+    assert floor_configs(RunConfig("p", Path("p.toml"), "d",
+                                   {"model": "popularity-ranking"})) == []
 
 
 def test_no_baseline_reports_means_only(planted, capsys):
@@ -206,8 +317,24 @@ def test_a_shipped_synthetic_config_runs_for_real_within_its_baseline(tmp_path, 
     out = tmp_path / "summary.json"
     code = main(["run-configs", "sasrec-synthetic", "--repeats", "1", "--work-dir",
                  str(tmp_path / "runs"), "--out", str(out)])
-    assert code == 0, capsys.readouterr().out
-    metrics = json.loads(out.read_text())["configs"][0]["metrics"]
+    table = capsys.readouterr().out
+    assert code == 0, table
+    (config,) = json.loads(out.read_text())["configs"]
+    metrics = config["metrics"]
     assert {m: metrics[m]["status"] for m in ("ndcg@10", "hr@10", "mrr")} == {
         "ndcg@10": "unchanged", "hr@10": "unchanged", "mrr": "unchanged"}
     assert 0 < metrics["ndcg@10"]["mean"] <= metrics["hr@10"]["mean"] <= 1
+    # its floors ran for real, fitted from counts on the same data, split and seed
+    floors = {f["name"]: f for f in config["floors"]}
+    assert list(floors) == [f"floor:{m}" for m in FLOORS["retrieval"]]
+    for name, floor in floors.items():
+        assert not floor["errors"] and floor["seeds"] == config["seeds"], name
+        ndcg = floor["metrics"]["ndcg@10"]["mean"]
+        assert math.isfinite(ndcg) and 0 < ndcg <= floor["metrics"]["hr@10"]["mean"] <= 1, name
+    assert set(config["floor_gains"]) == {"hr@10", "ndcg@10"}
+    best = max(floors, key=lambda name: floors[name]["metrics"]["ndcg@10"]["mean"])
+    gain = config["floor_gains"]["ndcg@10"]
+    assert gain["floor"] == best
+    assert gain["relative_gain"] == pytest.approx(
+        metrics["ndcg@10"]["mean"] / floors[best]["metrics"]["ndcg@10"]["mean"] - 1)
+    assert table.count("  gain over best floor") == 2

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,9 @@ import torch
 
 from tzrec_bench.train import checkpoint
 from tzrec_bench.train.config import ConfigError, TrainConfig
-from tzrec_bench.train.loop import evaluate, train
+from tzrec_bench.train.loop import _deferred_interrupts, evaluate, train
+from tzrec_bench.train.metrics import NonFiniteError
+from tzrec_bench.train.retrieval import RetrievalTask, step_negatives
 
 ML_100K = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "ml-100k"
 
@@ -110,6 +114,101 @@ def test_evaluate_reproduces_the_test_metrics_of_the_best_weights(tmp_path, caps
     again = evaluate(tmp_path / "run", "test")
     assert again == pytest.approx(result.test)
     assert "test" in capsys.readouterr().out
+
+
+def test_a_nan_loss_stops_the_run_naming_its_step(tmp_path, monkeypatch):
+    """The loss is NaN at step 4 alone (its NaN gradients then spoil every later step); the
+    check reads the device flag at the next log step, 5, and names step 4, the first."""
+    original, calls = RetrievalTask.loss, []
+
+    def loss(self, model, batch):
+        calls.append(len(calls) + 1)
+        value = original(self, model, batch)
+        return value * math.nan if len(calls) == 4 else value
+
+    monkeypatch.setattr(RetrievalTask, "loss", loss)
+    with pytest.raises(NonFiniteError, match=r"NaN or infinite at step 4: the run diverged"):
+        train(_config(tmp_path, max_steps=12, log_every=5, eval_every=6))
+    assert calls == [1, 2, 3, 4, 5]
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def test_negatives_are_the_whole_catalogue_from_its_size_on(tmp_path):
+    for count in (50, 51, 10_000):
+        assert torch.equal(step_negatives(3, 7, 50, count), torch.arange(50))
+    drawn = step_negatives(3, 7, 50, 49)
+    assert drawn.shape == (49,) and drawn.dtype == torch.int64
+    assert 0 <= int(drawn.min()) and int(drawn.max()) < 50
+    assert torch.equal(drawn, step_negatives(3, 7, 50, 49))  # the same on every rank
+    assert not torch.equal(drawn, step_negatives(3, 8, 50, 49))  # another step, others
+    # a run with more negatives than items trains on the full softmax
+    from tzrec_bench.train.distributed import DistContext
+    from tzrec_bench.train.factory import make_task
+    from tzrec_bench.train.loop import load_data
+
+    config = _config(tmp_path, num_negatives=500, max_steps=3, dropout=0.0)
+    ctx = DistContext(0, 0, 1, torch.device("cpu"))
+    task = make_task(config, load_data(config, ctx), ctx)
+    batch = task.batch(task.train_rows[:4], step=2)
+    assert task.num_items < 500
+    assert torch.equal(batch["negatives"], torch.arange(task.num_items))
+    losses = [r["loss"] for r in train(config).history["train"]]
+    assert len(losses) == 3 and all(map(math.isfinite, losses))
+
+
+def test_excluding_seen_items_only_helps_most_popular(tmp_path):
+    """MostPopular's ranking is the same for everyone, so a user's already-seen popular items
+    push the target down; with --exclude-seen they are left out (deterministic counts)."""
+    small = dict(synthetic_users=60, synthetic_items=50, max_seq_len=12, model="most-popular")
+    plain = train(_config(tmp_path, **small, out_dir=str(tmp_path / "plain")))
+    unseen = train(_config(tmp_path, **small, exclude_seen=True, out_dir=str(tmp_path / "x")))
+    assert plain.steps == unseen.steps == 0  # fitted, not trained
+    for metric in ("hr@10", "ndcg@10", "mrr"):
+        assert unseen.test[metric] >= plain.test[metric], metric
+    assert unseen.test["hr@10"] > plain.test["hr@10"]  # 0.56 against 0.47 when written
+    assert unseen.test["count"] == plain.test["count"] == 60
+
+
+def test_the_plot_marks_the_step_of_the_best_weights(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    figures = []
+    save = Figure.savefig
+
+    def savefig(self, *args, **kwargs):
+        figures.append(self)
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    from tzrec_bench.train.plot import plot_curves
+
+    history = {
+        "train": [{"step": s, "loss": 2.0 / s} for s in range(1, 7)],
+        "valid": [{"step": 3, "ndcg@10": 0.3}, {"step": 6, "ndcg@10": 0.2}],
+    }
+    path = plot_curves(history, ["ndcg@10"], tmp_path / "c.png", "t", best_step=3)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (figure,) = figures
+    for ax in figure.axes:  # the loss panel and the validation panel
+        marks = [line for line in ax.get_lines() if list(line.get_xdata()) == [3, 3]]
+        assert [line.get_label() for line in marks] == ["best weights (step 3)"]
+        assert "best weights (step 3)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    plot_curves(history, ["ndcg@10"], tmp_path / "d.png", "t")  # no mark, no loss legend
+    assert figures[1].axes[0].get_legend() is None
+
+
+def test_ctrl_c_sets_a_flag_and_a_second_one_raises():
+    before = signal.getsignal(signal.SIGINT)
+    with _deferred_interrupts(True) as interrupted:
+        assert interrupted == [False]
+        signal.raise_signal(signal.SIGINT)
+        assert interrupted == [True]
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+    with _deferred_interrupts(False) as interrupted:  # torchrun: Ctrl-C keeps its meaning
+        assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_the_batch_size_must_fit_the_training_users(tmp_path):
