@@ -22,6 +22,7 @@ import functools
 import io
 import os
 import pathlib
+import re
 import shlex
 import shutil
 import subprocess
@@ -377,6 +378,72 @@ for _short in ("gr", "acc"):
         COMPAT_SESSIONS.append(f"compat-{_short}-ops-{_ops}")
 
 
+# -- installing as a user does, on a CPU machine ---------------------------------------------
+
+# put before a fenced block of pip commands in a README: install-cpu runs them as written
+INSTALL_MARK = "<!-- nox -s install-cpu runs the next block as written -->"
+INSTALL_READMES = (
+    ROOT / "README.md", *(ROOT / "packages" / dist / "README.md" for dist in PACKAGES.values())
+)
+
+
+def _install_lines(readme: pathlib.Path) -> List[List[str]]:
+    """The commands of the blocks marked with :data:`INSTALL_MARK` in ``readme``, split as a
+    shell would (comments dropped); each must be a ``pip install``."""
+    text = readme.read_text()
+    commands = []
+    for block in re.findall(re.escape(INSTALL_MARK) + r"\s*```\w*\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            words = shlex.split(line, comments=True)
+            if not words:
+                continue
+            if words[:2] != ["pip", "install"]:
+                raise ValueError(f"{readme}: a marked install block runs {line!r}, not pip install")
+            commands.append(words)
+    if text.count(INSTALL_MARK) != len(re.findall(re.escape(INSTALL_MARK) + r"\s*```", text)):
+        raise ValueError(f"{readme}: {INSTALL_MARK} must come right before a fenced block")
+    return commands
+
+
+@nox.session(name="install-cpu", tags=["test"], venv_backend="venv", reuse_venv=False)
+def install_cpu(session: nox.Session) -> None:
+    """The READMEs' CPU install lines, as written, with pip in a fresh environment.
+
+    Runs every distinct command of the blocks marked ``INSTALL_MARK`` in the root README and
+    the packages' (torch's CPU build first, then the packages from this repository), the root
+    README's first. After each, the packages it named must import without a UserWarning
+    (torch warns when numpy is missing; tzrec-ops declares it); at the end torch must be the
+    pinned version with no CUDA package beside it. No constraints and no uv: this is what a
+    user types. An index the machine cannot reach (CI cannot reach download.pytorch.org) is
+    given up at once; pip then takes torch from its find-links.
+    """
+    session.env["PIP_RETRIES"] = "0"
+    commands: List[List[str]] = []
+    for readme in INSTALL_READMES:
+        found = _install_lines(readme)
+        if not found:
+            session.error(f"{readme.relative_to(ROOT)} has no block marked {INSTALL_MARK}")
+        commands += [c for c in found if c not in commands]
+    with session.chdir(ROOT):  # the lines name ./packages/...
+        for command in commands:
+            session.run(*command)
+            named = [pathlib.PurePath(w).name for w in command if w.startswith("./packages/")]
+            if named:
+                modules = ", ".join(name.replace("-", "_") for name in named)
+                session.run("python", "-W", "error::UserWarning", "-c", f"import {modules}")
+    torch_version = TORCH_PIN.split("==")[1].split("+")[0]
+    session.run("python", "-c", f"""
+import importlib.metadata as metadata
+import torch
+names = sorted(d.metadata["Name"].lower() for d in metadata.distributions())
+cuda = [n for n in names if n.startswith(("nvidia-", "cuda-")) or n == "triton"]
+assert not cuda, f"CUDA packages installed: {{cuda}}"
+assert torch.__version__.split("+")[0] == {torch_version!r}, torch.__version__
+assert torch.version.cuda is None, torch.version.cuda
+print("torch", torch.__version__, "(no CUDA);", len(names), "distributions")
+""")
+
+
 # -- lint, demo, CI ---------------------------------------------------------------------------
 
 
@@ -440,6 +507,7 @@ def demo(session: nox.Session) -> None:
 
 CI_SESSIONS = (
     "lint",
+    "install-cpu",
     "test-ops",
     "test-gr",
     "test-acc",

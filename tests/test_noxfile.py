@@ -58,6 +58,26 @@ def test_each_demo_run_gets_its_own_folder(noxfile):
     assert f"{(runs / 'hstu-retrieval-synthetic').relative_to(ROOT)}/curves.png" in readme
 
 
+def test_every_readme_has_a_cpu_install_block_that_pins_torch_first(noxfile, tmp_path):
+    assert "install-cpu" in noxfile.CI_SESSIONS
+    assert [r.relative_to(ROOT).as_posix() for r in noxfile.INSTALL_READMES] == [
+        "README.md", *(f"packages/{d}/README.md" for d in noxfile.PACKAGES.values())]
+    torch_version = noxfile.TORCH_PIN.split("==")[1].split("+")[0]
+    for readme in noxfile.INSTALL_READMES:
+        commands = noxfile._install_lines(readme)
+        assert commands[0][:3] == ["pip", "install", f"torch=={torch_version}"], readme
+        assert all(w.startswith("./packages/") for w in commands[-1][2:]), readme
+    root = noxfile._install_lines(ROOT / "README.md")
+    assert root[-1] == ["pip", "install", "./packages/tzrec-ops", "./packages/tzrec-gr"]
+    bad = tmp_path / "README.md"
+    bad.write_text(f"{noxfile.INSTALL_MARK}\n```bash\npip install x\nrm -rf y  # no\n```\n")
+    with pytest.raises(ValueError, match="runs 'rm -rf y  # no', not pip install"):
+        noxfile._install_lines(bad)
+    bad.write_text(f"{noxfile.INSTALL_MARK}\ntext\n```bash\npip install x\n```\n")
+    with pytest.raises(ValueError, match="must come right before a fenced block"):
+        noxfile._install_lines(bad)
+
+
 def test_ci_runs_every_dependent_against_both_ends_of_its_tzrec_ops_range(noxfile):
     dependents = [
         short
