@@ -126,6 +126,14 @@ def test_a_diverged_run_exits_1_with_one_line_naming_the_step(tmp_path, capsys):
     assert not (tmp_path / "metrics.json").exists()
 
 
+def test_a_count_baseline_ignores_a_batch_size_larger_than_the_users(tmp_path):
+    # fitted from every training event at once: the trainer's batch-size bound (128 by
+    # default, above these 60 users) must not refuse it, or run-configs' floors fail
+    small = [a for a in SMALL if a not in ("--batch-size", "16")]
+    assert main(["train", *small, "--model", "most-popular", "--out-dir", str(tmp_path)]) == 0
+    assert (tmp_path / "metrics.json").exists()
+
+
 @pytest.mark.parametrize("model, key", [("item-knn", "ndcg@10"), ("popularity-ranking", "auc")])
 def test_a_count_baseline_trains_and_evaluates_like_a_model(tmp_path, capsys, model, key):
     from tzrec_bench.train.loop import evaluate

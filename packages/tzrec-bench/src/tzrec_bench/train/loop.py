@@ -203,7 +203,8 @@ class Trainer:
         self.start_step = 0  # where this process began: a resumed run starts mid-history
         self._saved_step: Optional[int] = None
         num_rows = len(self.task.train_rows)
-        if not ctx.world_size <= config.batch_size <= num_rows:
+        # a fitted baseline reads every training event at once: it has no batch to check
+        if not self.fitted and not ctx.world_size <= config.batch_size <= num_rows:
             raise ConfigError(
                 "batch_size",
                 f"must be between the number of processes ({ctx.world_size}) and the "
