@@ -492,7 +492,7 @@ def demo(session: nox.Session) -> None:
     session.log(f"this run's folder: {out_dir}")
     session.run(
         "tzrec-bench", "train", "--model", DEMO_MODEL, "--data", DEMO_DATA,
-        "--max-seq-len", "100", "--epochs", "30",
+        "--max-seq-len", "100", "--epochs", "200",  # a guard: early stopping ends it
         *(() if named else ("--out-dir", str(out_dir))), *session.posargs,
     )
     # a short kernel benchmark: attention and layer norm on every available backend
