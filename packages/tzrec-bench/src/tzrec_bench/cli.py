@@ -9,8 +9,9 @@
     tzrec-bench run-configs hstu-retrieval-synthetic --repeats 3
 
 Each subcommand is a function that adds its parser and one that runs it (``SUBCOMMANDS``),
-so more subcommands slot in beside these. Bad option values exit with status 2 and a
-message naming the option; missing or malformed data files exit with status 1.
+so more subcommands slot in beside these. Bad option values and damaged checkpoints exit
+with status 2 and a message naming the option or file; missing or malformed data files and
+a diverged run (a NaN or infinite loss or score) exit with status 1; Ctrl-C exits 130.
 """
 
 from __future__ import annotations
