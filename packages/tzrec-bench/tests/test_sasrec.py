@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tzrec_bench.baselines import SASRec
-from tzrec_bench.train.losses import next_item_targets, sampled_softmax_loss
+from tzrec_gr.losses import sampled_softmax_loss
 
 NUM_ITEMS, DIM, MAX_LEN = 50, 16, 8
 
@@ -74,13 +74,6 @@ def test_rejects_a_padded_length_beyond_the_position_table():
         model(ids, lengths, ts, MAX_LEN + 1)
     with pytest.raises(ValueError, match="divisible by num_heads"):
         _model(num_heads=3)
-
-
-def test_next_item_targets():
-    ids = torch.tensor([10, 11, 12, 20, 30, 31])
-    next_ids, has_next = next_item_targets(ids, torch.tensor([3, 1, 0, 2]))
-    assert has_next.tolist() == [True, True, False, False, True, False]
-    assert next_ids[has_next].tolist() == [11, 12, 31]
 
 
 def test_loss_matches_a_direct_float64_sampled_softmax():

@@ -3,7 +3,8 @@
 STU layers and stacks with a functional KV cache, the HSTU transducer (with a serving
 cache for prefill / score / extend), its input
 preprocessors, positional encoder, content/action encoders, contextualized MLPs, output
-postprocessors, and two end-to-end models (retrieval and ranking). Inputs are plain jagged
+postprocessors, two end-to-end models (retrieval and ranking) and their losses
+(:mod:`tzrec_gr.losses`). Inputs are plain jagged
 tensors (values + offsets); torchrec inputs go through :mod:`tzrec_gr.torchrec_adapters`.
 """
 
@@ -21,6 +22,7 @@ from tzrec_gr.contextualize_mlps import (
 )
 from tzrec_gr.hstu_transducer import HSTUTransducer, TransducerOutput
 from tzrec_gr.layers import MLP, LayerNorm, Linear, SwishLayerNorm
+from tzrec_gr.losses import multitask_bce_loss, next_item_targets, sampled_softmax_loss
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
 from tzrec_gr.postprocessors import (
     L2NormPostprocessor,
@@ -72,4 +74,7 @@ __all__ = [
     "TimestampLayerNormPostprocessor",
     "TransducerOutput",
     "UIHPreprocessor",
+    "multitask_bce_loss",
+    "next_item_targets",
+    "sampled_softmax_loss",
 ]

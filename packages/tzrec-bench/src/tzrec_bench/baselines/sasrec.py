@@ -5,7 +5,7 @@ length), E = embedding width.
 
 The quality protocol compares HSTU with SASRec's architecture trained on the same sampled
 softmax (not SASRec's original binary cross-entropy), so the loss is
-:func:`tzrec_bench.train.losses.sampled_softmax_loss`.
+:func:`tzrec_gr.losses.sampled_softmax_loss`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tzrec_bench.train.losses import sampled_softmax_loss
-from tzrec_gr._jagged import lengths_to_offsets, row_positions
+from tzrec_gr.losses import sampled_softmax_loss
+from tzrec_ops.jagged import offsets_from_lengths, row_positions
 
 __all__ = ["SASRec"]
 
@@ -185,7 +185,7 @@ class SASRec(nn.Module):
                 f"max_seq_len must be in [1, {self.max_seq_len}] (the position table), "
                 f"got {max_seq_len}"
             )
-        return row_positions(lengths_to_offsets(lengths), item_ids.shape[0])
+        return row_positions(offsets_from_lengths(lengths), item_ids.shape[0])
 
     def forward(
         self,
@@ -214,7 +214,7 @@ class SASRec(nn.Module):
         full = self.forward(item_ids, lengths, timestamps, max_seq_len)
         if full.shape[0] == 0:
             return full.new_zeros(lengths.shape[0], self.embedding_dim)
-        last = (lengths_to_offsets(lengths)[1:] - 1).clamp(min=0)
+        last = (offsets_from_lengths(lengths)[1:] - 1).clamp(min=0)
         return full[last] * (lengths > 0).unsqueeze(1).to(full.dtype)
 
     def loss(

@@ -5,9 +5,9 @@
 - :mod:`~tzrec_bench.train.config`: ``TrainConfig``, every setting of a run;
 - :mod:`~tzrec_bench.train.factory`: models and tasks by name;
 - :mod:`~tzrec_bench.train.retrieval` / :mod:`~tzrec_bench.train.ranking`: the two tasks;
-- :mod:`~tzrec_bench.train.metrics` / :mod:`~tzrec_bench.train.losses`: metrics and the
-  shared sampled-softmax loss.
+- :mod:`~tzrec_bench.train.metrics`: metrics (the losses are the models' own, from
+  :mod:`tzrec_gr.losses`).
 
-Nothing is imported here, so that ``tzrec_bench.train.losses`` (which the baselines use)
-imports without the loop and its dependencies.
+Nothing is imported here, so that a module of this package imports without the loop and
+its dependencies.
 """

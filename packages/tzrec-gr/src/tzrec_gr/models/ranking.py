@@ -10,7 +10,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from tzrec_gr._backend import BackendArg
 from tzrec_gr.action_encoder import SimpleActionEncoder
@@ -18,6 +17,7 @@ from tzrec_gr.content_encoder import SliceContentEncoder
 from tzrec_gr.contextualize_mlps import SimpleContextualizedMLP
 from tzrec_gr.hstu_transducer import HSTUTransducer
 from tzrec_gr.layers import MLP, LayerNorm, Linear, SwishLayerNorm
+from tzrec_gr.losses import multitask_bce_loss
 from tzrec_gr.models._inputs import (
     check_appended,
     check_batch,
@@ -336,7 +336,8 @@ class HSTURanking(nn.Module):
         return self.head(out.candidate_embeddings, cand)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Weighted sum over tasks of the mean binary cross-entropy.
+        """Weighted sum over tasks of the mean binary cross-entropy
+        (:func:`tzrec_gr.losses.multitask_bce_loss`).
 
         Args:
             logits (torch.Tensor): [L_t, K] from ``forward``.
@@ -345,15 +346,7 @@ class HSTURanking(nn.Module):
         Returns:
             torch.Tensor: scalar.
         """
-        if labels.shape != logits.shape[:1]:
-            raise ValueError(
-                f"labels must be [L_t] = [{logits.shape[0]}] bitmasks, got {tuple(labels.shape)}"
-            )
-        targets = torch.bitwise_and(labels.to(torch.int64).unsqueeze(1), self._task_bits) > 0
-        per_task = F.binary_cross_entropy_with_logits(
-            logits.float(), targets.float(), reduction="none"
-        ).mean(dim=0)
-        return (per_task * self._task_weights).sum()
+        return multitask_bce_loss(logits, labels, self._task_bits, self._task_weights)
 
     # -- serving ---------------------------------------------------------------------------
 

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from tzrec_gr._backend import BackendArg
-from tzrec_gr._jagged import lengths_to_offsets, row_positions
 from tzrec_gr.hstu_transducer import HSTUTransducer
+from tzrec_gr.losses import sampled_softmax_loss
 from tzrec_gr.models._inputs import (
     check_appended,
     check_batch,
@@ -29,6 +29,7 @@ from tzrec_gr.postprocessors import L2NormPostprocessor
 from tzrec_gr.preprocessors import UIHPreprocessor
 from tzrec_gr.serving import ServingCache, longest
 from tzrec_gr.stu import STULayer, STUStack
+from tzrec_ops.jagged import offsets_from_lengths
 
 __all__ = ["HSTURetrieval"]
 
@@ -208,7 +209,7 @@ class HSTURetrieval(nn.Module):
         """[B, E] each user's last row of ``full`` (zeros for users without rows)."""
         if full.shape[0] == 0:
             return full.new_zeros(lengths.shape[0], full.shape[1])
-        last = (lengths_to_offsets(lengths)[1:] - 1).clamp(min=0)
+        last = (offsets_from_lengths(lengths)[1:] - 1).clamp(min=0)
         return full[last] * (lengths > 0).unsqueeze(1).to(full.dtype)
 
     def user_embedding(
@@ -229,7 +230,8 @@ class HSTURetrieval(nn.Module):
         max_seq_len: Optional[int] = None,
         negatives: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """Mean sampled-softmax loss over positions that have a next item.
+        """Mean sampled-softmax loss over positions that have a next item
+        (:func:`tzrec_gr.losses.sampled_softmax_loss`).
 
         Args:
             negatives (torch.Tensor | None): [N] negative ids; None draws N uniformly.
@@ -238,13 +240,6 @@ class HSTURetrieval(nn.Module):
             torch.Tensor: scalar.
         """
         user = self.forward(item_ids, lengths, timestamps, max_seq_len)
-        total = item_ids.shape[0]
-        offsets = lengths_to_offsets(lengths)
-        sample, pos = row_positions(offsets, total)
-        has_next = pos < (lengths.to(torch.int64)[sample] - 1)
-        next_ids = item_ids[
-            (torch.arange(total, device=item_ids.device) + 1).clamp(max=max(total - 1, 0))
-        ]
         if negatives is None:
             negatives = torch.randint(
                 0, self.num_items, (self.num_negatives,), device=item_ids.device
@@ -252,15 +247,9 @@ class HSTURetrieval(nn.Module):
         else:
             check_int_tensor("negatives", negatives)
             check_item_ids("negatives", negatives, self.num_items, self.validate_inputs)
-        pos_logit = (user * self.item_embedding(next_ids).to(user.dtype)).sum(-1) / self.temperature
-        neg_logit = user @ self.item_embedding(negatives).to(user.dtype).t() / self.temperature
-        neg_logit = neg_logit.masked_fill(
-            negatives.unsqueeze(0) == next_ids.unsqueeze(1), float("-inf")
+        return sampled_softmax_loss(
+            user, item_ids, lengths, self.item_embedding, negatives, self.temperature
         )
-        logits = torch.cat([pos_logit.unsqueeze(1), neg_logit], dim=1).float()
-        per_row = torch.logsumexp(logits, dim=1) - logits[:, 0]
-        weight = has_next.to(per_row.dtype)
-        return (per_row * weight).sum() / weight.sum().clamp(min=1.0)
 
     # -- serving ---------------------------------------------------------------------------
 

@@ -1,10 +1,12 @@
-"""Next-item sampled-softmax loss shared by every retrieval model of the harness.
+"""The models' training objectives, as functions any model with the same outputs can use.
 
 Legend: B = batch, L = total history tokens of a jagged batch, E = embedding width,
-N = negatives.
+N = negatives, L_t = total candidates, K = tasks.
 
-The maths is the one of ``tzrec_gr.models.HSTURetrieval.loss``, so that a baseline trained
-with :func:`sampled_softmax_loss` is compared with HSTU under the same objective.
+- :func:`sampled_softmax_loss`: next-item retrieval (``HSTURetrieval.loss``); a baseline
+  trained with it is compared with HSTU under the same objective. Negatives that cover the
+  whole catalogue make it the full softmax.
+- :func:`multitask_bce_loss`: multi-task ranking on label bitmasks (``HSTURanking.loss``).
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from __future__ import annotations
 from typing import Callable, Tuple
 
 import torch
+from torch.nn import functional as F
 
-from tzrec_gr._jagged import lengths_to_offsets, row_positions
+from tzrec_ops.jagged import offsets_from_lengths, row_positions
 
-__all__ = ["next_item_targets", "sampled_softmax_loss"]
+__all__ = ["multitask_bce_loss", "next_item_targets", "sampled_softmax_loss"]
 
 
 def next_item_targets(
@@ -32,7 +35,7 @@ def next_item_targets(
         meaningful only where ``has_next`` (p is not the last token of its sequence).
     """
     total = item_ids.shape[0]
-    sample, pos = row_positions(lengths_to_offsets(lengths), total)
+    sample, pos = row_positions(offsets_from_lengths(lengths), total)
     has_next = pos < lengths.to(torch.int64)[sample] - 1
     # the last token of the batch has no successor; clamp keeps the gather in range
     following = (torch.arange(total, device=item_ids.device) + 1).clamp(max=max(total - 1, 0))
@@ -53,8 +56,9 @@ def sampled_softmax_loss(
 
         loss_p = -log( exp(<u_p, e_t> / T) / (exp(<u_p, e_t> / T) + sum_j exp(<u_p, e_nj> / T)) )
 
-    A negative equal to t is an accidental positive and is left out of p's sum. With
-    L2-normalized embeddings the dot products are cosines. Logits are reduced in float32.
+    A negative equal to t is an accidental positive and is left out of p's sum (so
+    negatives listing every item give the full softmax). With L2-normalized embeddings the
+    dot products are cosines. Logits are reduced in float32.
 
     Args:
         user (torch.Tensor): [L, E] user embedding after each history token.
@@ -77,3 +81,37 @@ def sampled_softmax_loss(
     per_token = torch.logsumexp(logits, dim=1) - logits[:, 0]
     weight = has_next.to(per_token.dtype)
     return (per_token * weight).sum() / weight.sum().clamp(min=1.0)
+
+
+def multitask_bce_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    task_bits: torch.Tensor,
+    task_weights: torch.Tensor,
+) -> torch.Tensor:
+    """Weighted sum over tasks of the mean binary cross-entropy on label bitmasks.
+
+    Candidate i is positive for task k when ``labels[i] & task_bits[k] != 0``. The
+    cross-entropy is computed in float32.
+
+    Args:
+        logits (torch.Tensor): [L_t, K] one logit per candidate and task.
+        labels (torch.Tensor): [L_t] integer label bitmasks.
+        task_bits (torch.Tensor): [K] int64 label bit (mask) of each task.
+        task_weights (torch.Tensor): [K] float32 weight of each task's mean.
+
+    Returns:
+        torch.Tensor: scalar.
+
+    Raises:
+        ValueError: ``labels`` is not [L_t].
+    """
+    if labels.shape != logits.shape[:1]:
+        raise ValueError(
+            f"labels must be [L_t] = [{logits.shape[0]}] bitmasks, got {tuple(labels.shape)}"
+        )
+    targets = torch.bitwise_and(labels.to(torch.int64).unsqueeze(1), task_bits) > 0
+    per_task = F.binary_cross_entropy_with_logits(
+        logits.float(), targets.float(), reduction="none"
+    ).mean(dim=0)
+    return (per_task * task_weights).sum()
