@@ -14,6 +14,7 @@ from tzrec_ops.testing import conformance_suite
 from tzrec_ops.testing.conformance_suite import (  # noqa: F401
     pytest_generate_tests,
     test_bad_input_never_reaches_the_backend,
+    test_implementation_matches_the_declaration,
     test_matches_float64_oracle,
 )
 

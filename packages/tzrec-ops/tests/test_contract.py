@@ -13,7 +13,14 @@ import torch
 
 import tzrec_ops
 from tzrec_ops import contract, registry
-from tzrec_ops.contract import OPS, Backend, contract_markdown, op_table
+from tzrec_ops.contract import (
+    OPS,
+    Backend,
+    ContractError,
+    check_implementation,
+    contract_markdown,
+    op_table,
+)
 from tzrec_ops.testing import conformance_suite
 from tzrec_ops.testing.op_cases import CASES
 
@@ -147,3 +154,89 @@ def test_mirrored_op_table_follows_the_declared_modules():
     table = contract.mirrored_op_table("pkg", fast_paths=False)
     assert table == {n: f"pkg.{s.module}:{n}" for n, s in OPS.items() if not s.fast_path}
     assert set(contract.mirrored_op_table("pkg")) == set(OPS)
+
+
+# -- implementations against the declarations (as pluggy checks hookimpls) ------------------
+
+BUILTIN_BACKENDS = ("pytorch", "triton", "triton_tma")
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("backend", BUILTIN_BACKENDS)
+def test_builtin_implementation_matches_the_declaration(backend, op):
+    """Names, order, keyword passing, defaults and annotations of every built-in
+    implementation are the public op's."""
+    record = registry.get_backend(backend)
+    if op not in record.ops:
+        pytest.skip(f"{backend} does not implement {op}")
+    check_implementation(OPS[op], record.implementation(op), backend=backend, annotations=True)
+
+
+def _missing(x, weight, bias):
+    pass
+
+
+def _extra(x, weight, bias, eps, scale=1.0):
+    pass
+
+
+def _swapped(x, bias, weight, eps):
+    pass
+
+
+def _positional_only(x, weight, bias, eps, /):
+    pass
+
+
+def _catch_all(**kwargs):
+    pass
+
+
+def _other_default(x, weight=None, bias=None, eps=1e-6):
+    pass
+
+
+def _default_the_op_lacks(
+    x, u, weight=None, bias=None, eps=1e-5, dropout_ratio=0.0, training=0, concat_ux=0, seed=0
+):
+    pass
+
+
+def _misannotated(x: torch.Tensor, weight: int, bias, eps):
+    pass
+
+
+def _matching(x: torch.Tensor, weight, bias, eps: float = 1e-5):
+    pass
+
+
+@pytest.mark.parametrize(
+    "op, fn, message",
+    [
+        ("layer_norm", _missing, r"lacks parameter 'eps' \(declared: x, weight, bias, eps\)"),
+        ("layer_norm", _extra, r"has parameter 'scale', which layer_norm does not declare"),
+        ("layer_norm", _swapped, r"parameter 'bias' is at position 1, where layer_norm declares"),
+        ("layer_norm", _positional_only, r"parameter 'x' is positional-only"),
+        ("layer_norm", _catch_all, r"takes \*\*kwargs"),
+        ("layer_norm", _other_default, r"'eps' defaults to 1e-06, the public op's default is 1e-0"),
+        ("layer_norm_mul_dropout", _default_the_op_lacks, r"'weight' defaults to None, .* none"),
+    ],
+)
+def test_check_rejects_a_mismatch_naming_backend_op_and_parameter(op, fn, message):
+    where = rf"^backend 'acme': {op} implementation {__name__}:{fn.__name__}"
+    with pytest.raises(ContractError, match=rf"{where}.*{message}"):
+        check_implementation(OPS[op], fn, backend="acme")
+
+
+def test_annotations_are_checked_on_request():
+    check_implementation(OPS["layer_norm"], _misannotated)
+    message = r"'weight' is annotated int, the public op's is Optional\[torch.Tensor\]"
+    with pytest.raises(ContractError, match=message):
+        check_implementation(OPS["layer_norm"], _misannotated, annotations=True)
+    check_implementation(OPS["layer_norm"], _matching, annotations=True)
+
+
+def test_spec_arguments_follow_the_declaration():
+    scope = {"eps": 0.5, "bias": None, "x": 1, "weight": 2, "backend": "pytorch", "impl": 3}
+    expected = [("x", 1), ("weight", 2), ("bias", None), ("eps", 0.5)]
+    assert list(OPS["layer_norm"].arguments(scope).items()) == expected

@@ -8,6 +8,7 @@ import pytest
 import torch
 from _fake_plugins import FakePlugins, toy_backends
 
+from tzrec_ops.contract import ContractError
 from tzrec_ops.registry import (
     Backend,
     BackendError,
@@ -180,6 +181,73 @@ def test_duplicate_name_is_an_error_even_without_strict_mode(plugins, monkeypatc
     plugins.add("dist-b", "2.0", {"b": toy_backends({"name": "dup", "priority": 2})})
     with pytest.raises(PluginLoadError, match="backend names must be unique"):
         get_registry()
+
+
+# -- implementations held to the op contract -------------------------------------------------
+
+NORM_PLUGIN = """
+import torch
+import tzrec_ops
+from tzrec_ops.contract import Backend
+
+def layer_norm({params}):
+    return "skewed"
+
+@tzrec_ops.hookimpl
+def tzrec_ops_register_backends():
+    return [Backend(name="skewed", priority=100, ops={{"layer_norm": __name__ + ":layer_norm"}})]
+"""
+
+
+def _layer_norm(backend=None):
+    x = torch.randn(3, 4)
+    return select_backend("layer_norm", backend, device=CPU, dtype=x.dtype)
+
+
+@pytest.mark.parametrize(
+    "params, parameter",
+    [
+        ("x, weight, bias, epsilon", "'epsilon'"),  # wrong name
+        ("x, weight, bias", "'eps'"),  # missing
+        ("x, weight, bias, eps, scale=1.0", "'scale'"),  # extra
+    ],
+)
+def test_implementation_that_breaks_the_contract_is_skipped_with_a_warning(
+    plugins, params, parameter
+):
+    plugins.add("skewed-dist", "0.3", {"skewed": NORM_PLUGIN.format(params=params)})
+    with pytest.warns(
+        RuntimeWarning,
+        match=rf"skipping layer_norm of tzrec_ops backend 'skewed' from skewed-dist 0\.3: "
+        rf".*layer_norm implementation .*parameter {parameter}",
+    ):
+        impl = _layer_norm()
+    assert impl.__module__ == "tzrec_ops.backends.pytorch.layer_norm"  # the next backend
+    with pytest.raises(
+        BackendError,
+        match=rf"'skewed' .*cannot run layer_norm: its implementation does not match the "
+        rf"contract: .*{parameter}",
+    ):
+        _layer_norm("skewed")
+
+
+def test_strict_mode_turns_a_contract_mismatch_into_an_error(plugins, monkeypatch):
+    plugins.add("skewed-dist", "0.3", {"skewed": NORM_PLUGIN.format(params="x, weight, bias")})
+    monkeypatch.setenv("TZREC_OPS_STRICT_PLUGINS", "1")
+    with pytest.raises(
+        PluginLoadError,
+        match=r"'skewed' from skewed-dist 0\.3 breaks the op contract: .*lacks parameter 'eps'"
+        r".*TZREC_OPS_STRICT_PLUGINS",
+    ) as info:
+        _layer_norm()
+    assert isinstance(info.value.__cause__, ContractError)
+
+
+def test_implementation_that_matches_the_contract_runs(plugins):
+    plugins.add("skewed-dist", "0.3", {"skewed": NORM_PLUGIN.format(params="x, weight, bias, eps")})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _layer_norm()(x=None, weight=None, bias=None, eps=None) == "skewed"
 
 
 # -- automatic selection --------------------------------------------------------------------

@@ -15,8 +15,10 @@ Every op is declared once here, with
 * ``fast_path``: the public op falls back to other ops when no backend accepts the call, so a
   backend may leave it out without losing any call.
 
-The public functions dispatch with exactly these names (``tests/test_contract.py`` checks it
-with a recording backend), the built-in plugins build their op tables from :data:`OPS`
+The public functions dispatch with exactly these names, taken from their own arguments by
+:meth:`OpSpec.arguments` (``tests/test_contract.py`` checks it with a recording backend); every
+implementation a plugin registers is held to them by :func:`check_implementation`, as pluggy
+holds a hookimpl to its hookspec; the built-in plugins build their op tables from :data:`OPS`
 (:func:`mirrored_op_table`), and the hook contract in the tzrec-ops README is
 :func:`contract_markdown`'s output (a test compares them). A change here is a change of the
 plugin contract: see the README.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 
 Availability = Callable[[], Optional[str]]
@@ -53,6 +56,20 @@ class OpSpec:
     def call_keys(self) -> Tuple[str, ...]:
         """Every key of the ``call`` mapping a ``supports`` check receives for this op."""
         return (*COMMON_OPTIONS, *self.options)
+
+    def arguments(self, scope: Mapping[str, Any]) -> Dict[str, Any]:
+        """The implementation's keyword arguments: each declared param, in order, with its
+        value in ``scope``.
+
+        A public op passes its ``locals()`` once its checks are done, so its parameter list
+        is written once (its signature): a parameter it rebinds on the way (an autocast copy,
+        a total it derived) reaches the backend with the new value.
+        """
+        return {name: scope[name] for name in self.params}
+
+    def public_op(self) -> Callable[..., Any]:
+        """The public function of this op (imported from ``tzrec_ops.ops.<module>``)."""
+        return getattr(importlib.import_module(f"tzrec_ops.ops.{self.module}"), self.name)
 
 
 _ATTENTION_MASK = {
@@ -344,6 +361,109 @@ class Backend:
             module_name, _, attr = self.ops[op].partition(":")
             self._cache[key] = getattr(importlib.import_module(module_name), attr)
         return self._cache[key]
+
+
+class ContractError(TypeError):
+    """An implementation's parameters differ from its op's declaration."""
+
+
+def _describe(fn: Callable[..., Any]) -> str:
+    module = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    return f"{module}:{name}" if module else name
+
+
+def _signature(fn: Callable[..., Any], evaluated: bool) -> inspect.Signature:
+    """``fn``'s signature, its annotations evaluated when ``evaluated`` and possible (one
+    that names what its module imports only for type checkers stays a string)."""
+    if evaluated:
+        try:
+            return inspect.signature(fn, eval_str=True)
+        except Exception:  # noqa: BLE001 - any failing annotation: compare the strings
+            pass
+    return inspect.signature(fn)
+
+
+def _annotation_text(annotation: Any) -> str:
+    return annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+
+
+def check_implementation(
+    spec: OpSpec, fn: Callable[..., Any], *, backend: str = "", annotations: bool = False
+) -> None:
+    """Raise :class:`ContractError` unless ``fn`` implements ``spec`` as it is called.
+
+    As pluggy checks a hookimpl against its hookspec: ``fn``'s parameters are the declared
+    ``params``, with the same names in the same order, each one passable by keyword (no
+    positional-only parameter, no ``*args``, no ``**kwargs``, nothing more). An
+    implementation always receives every argument, so it need not give defaults; a default it
+    gives is the public op's. With ``annotations``, an annotation it gives equals the public
+    op's (the built-in backends and the conformance suite check this; the registry does
+    not reject a plugin for a type hint).
+
+    The message names the backend, the op, the implementation and the first parameter that
+    differs.
+    """
+    where = f"{spec.name} implementation {_describe(fn)}"
+    if backend:
+        where = f"backend {backend!r}: {where}"
+    try:
+        params = list(_signature(fn, annotations).parameters.values())
+    except (TypeError, ValueError) as exc:
+        raise ContractError(f"{where} has no signature to check ({exc})") from exc
+    public = {
+        name: p
+        for name, p in _signature(spec.public_op(), annotations).parameters.items()
+        if name in spec.params
+    }
+    declared = ", ".join(spec.params)
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            star = "*" if p.kind is p.VAR_POSITIONAL else "**"
+            raise ContractError(
+                f"{where} takes {star}{p.name}: name the declared parameters instead ({declared})"
+            )
+        if p.kind is p.POSITIONAL_ONLY:
+            raise ContractError(
+                f"{where}: parameter {p.name!r} is positional-only, but every argument is "
+                f"passed by keyword"
+            )
+        if p.name not in spec.params:
+            raise ContractError(
+                f"{where} has parameter {p.name!r}, which {spec.name} does not declare "
+                f"(declared: {declared})"
+            )
+    names = [p.name for p in params]
+    for name in spec.params:
+        if name not in names:
+            raise ContractError(f"{where} lacks parameter {name!r} (declared: {declared})")
+    for position, (p, name) in enumerate(zip(params, spec.params)):
+        if p.name != name:
+            raise ContractError(
+                f"{where}: parameter {p.name!r} is at position {position}, where {spec.name} "
+                f"declares {name!r} (declared: {declared})"
+            )
+    for p in params:
+        want = public[p.name]
+        if p.default is not p.empty and (
+            want.default is want.empty
+            or type(p.default) is not type(want.default)
+            or p.default != want.default
+        ):
+            expected = "none" if want.default is want.empty else repr(want.default)
+            raise ContractError(
+                f"{where}: parameter {p.name!r} defaults to {p.default!r}, the public op's "
+                f"default is {expected}"
+            )
+        if annotations and p.annotation is not p.empty and want.annotation is not want.empty:
+            got, expected = p.annotation, want.annotation
+            if isinstance(got, str) or isinstance(expected, str):
+                got, expected = _annotation_text(got), _annotation_text(expected)
+            if got != expected:
+                raise ContractError(
+                    f"{where}: parameter {p.name!r} is annotated {_annotation_text(got)}, "
+                    f"the public op's is {_annotation_text(expected)}"
+                )
 
 
 def contract_markdown() -> str:

@@ -43,8 +43,9 @@ def tzrec_ops_register_backends() -> List["Backend"]:
         ``tzrec_ops.Backend``). Each record names the ops it implements as
         ``"module:function"`` strings, so that announcing a backend imports none of its
         kernels; each function takes its op's declared arguments by keyword
-        (:data:`tzrec_ops.contract.OPS`). Backend names must be unique across all plugins;
-        a duplicate is an error.
+        (:data:`tzrec_ops.contract.OPS`), and its parameters are checked against them when
+        it is first chosen (:func:`tzrec_ops.contract.check_implementation`). Backend names
+        must be unique across all plugins; a duplicate is an error.
     """
 
 

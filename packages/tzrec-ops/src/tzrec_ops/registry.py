@@ -14,6 +14,12 @@ Plugins are discovered lazily, once, through the ``tzrec_ops`` entry-point group
 that fails to import is skipped with a warning naming its distribution and version
 (``TZREC_OPS_STRICT_PLUGINS=1`` makes that an error).
 
+A registered backend's implementation of an op is checked against the op's declaration
+(:func:`tzrec_ops.contract.check_implementation`, as pluggy checks a hookimpl) when it is
+first chosen, since announcing a backend imports none of its code. One that does not match
+is skipped with a warning, and the backend then refuses that op with the mismatch as its
+reason (``TZREC_OPS_STRICT_PLUGINS=1`` makes it an error).
+
 The ``Backend`` record and the op declarations are :mod:`tzrec_ops.contract`'s (re-exported
 here).
 
@@ -48,9 +54,18 @@ import pluggy
 import torch
 
 from tzrec_ops import hookspecs
-from tzrec_ops.contract import Availability, Backend, BackendError, Supports
+from tzrec_ops.contract import (
+    OPS,
+    Availability,
+    Backend,
+    BackendError,
+    ContractError,
+    Supports,
+    check_implementation,
+)
 
 __all__ = [
+    "BACKEND_ENV",
     "Availability",
     "Backend",
     "BackendError",
@@ -70,7 +85,8 @@ STRICT_PLUGINS_ENV = "TZREC_OPS_STRICT_PLUGINS"
 
 
 class PluginLoadError(RuntimeError):
-    """A plugin failed to load (raised only in strict mode or on a registry conflict)."""
+    """A plugin failed to load or breaks the op contract (raised only in strict mode or on
+    a registry conflict)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +114,8 @@ class Registry:
     failed_plugins: List[FailedPlugin]
     plugin_manager: pluggy.PluginManager
     origins: Dict[str, str]  # backend name -> "distribution version"
+    # (backend, op) -> None if its implementation matches the declaration, else the mismatch
+    contract_checks: Dict[Tuple[str, str], Optional[str]] = dataclasses.field(default_factory=dict)
 
     def ordered(self) -> List[Backend]:
         """Backends by descending priority, then name."""
@@ -371,6 +389,8 @@ def _choose(op: str, backend: Union[str, Backend, None], call: Mapping[str, Any]
         record = backend if isinstance(backend, Backend) else get_backend(backend)
         reason = record.rejection(op, call)
         if reason is None:
+            reason = _contract_rejection(record, op)
+        if reason is None:
             return record
         raise BackendError(
             f"backend {record.name!r} (requested by {source}) cannot run {op}: {reason}\n"
@@ -378,7 +398,11 @@ def _choose(op: str, backend: Union[str, Backend, None], call: Mapping[str, Any]
             f"candidates:{_candidate_report(op, call)}"
         )
     for record in backends():
-        if record.rejection(op, call) is None and record.automatic() is None:
+        if (
+            record.rejection(op, call) is None
+            and record.automatic() is None
+            and _contract_rejection(record, op) is None
+        ):
             return record
     raise BackendError(
         f"no backend can run {op}\ncall: {_describe_call(call)}\n"
@@ -386,10 +410,47 @@ def _choose(op: str, backend: Union[str, Backend, None], call: Mapping[str, Any]
     )
 
 
+def _contract_rejection(record: Backend, op: str) -> Optional[str]:
+    """Why a registered backend's implementation of a declared ``op`` cannot be called as
+    declared, or ``None``; checked once per registry (importing the implementation).
+
+    A mismatch is a broken plugin: a warning, or :class:`PluginLoadError` under
+    ``TZREC_OPS_STRICT_PLUGINS``. Records that are not registered (passed as ``backend=``)
+    and undeclared ops are not checked.
+    """
+    registry = get_registry()
+    if op not in OPS or registry.backends.get(record.name) is not record:
+        return None
+    key = (record.name, op)
+    if key not in registry.contract_checks:
+        try:
+            check_implementation(OPS[op], record.implementation(op), backend=record.name)
+            reason = None
+        except ContractError as exc:
+            origin = registry.origins.get(record.name, "")
+            if _strict():
+                raise PluginLoadError(
+                    f"tzrec_ops backend {record.name!r} from {origin} breaks the op contract: "
+                    f"{exc} ({STRICT_PLUGINS_ENV} is set)"
+                ) from exc
+            warnings.warn(
+                f"skipping {op} of tzrec_ops backend {record.name!r} from {origin}: {exc}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            reason = f"its implementation does not match the contract: {exc}"
+        registry.contract_checks[key] = reason
+    return registry.contract_checks[key]
+
+
 def _candidate_report(op: str, call: Mapping[str, Any]) -> str:
     lines = []
+    checked = get_registry().contract_checks
     for record in backends():
-        reason = record.rejection(op, call)
+        # a mismatch found earlier; the report imports no implementation to look for one
+        reason = checked.get((record.name, op))
+        if reason is None:
+            reason = record.rejection(op, call)
         if reason is None and record.automatic() is not None:
             reason = f"accepts this call when requested explicitly ({record.automatic()})"
         lines.append(f"\n  {record.name}: {'accepts this call' if reason is None else reason}")

@@ -2,6 +2,11 @@
 
 For each op the backend under test declares (its ``Backend.ops``):
 
+* ``test_implementation_matches_the_declaration``: the implementation's parameters are the
+  op's declared ones, by name and order, passable by keyword, with the public op's defaults
+  and annotations where it gives any (:func:`tzrec_ops.contract.check_implementation`; the
+  registry skips an implementation whose parameters differ, this test also holds the type
+  hints to the public op's).
 * ``test_matches_float64_oracle``: forward and backward of every case of
   :mod:`tzrec_ops.testing.op_cases` (jagged edge cases, every call option) in float32 and
   bfloat16 against the float64 oracle, with :mod:`tzrec_ops.testing.tolerances`. A call the
@@ -28,7 +33,7 @@ import pytest
 import torch
 
 import tzrec_ops
-from tzrec_ops.contract import OPS, BackendError
+from tzrec_ops.contract import OPS, BackendError, check_implementation
 from tzrec_ops.registry import get_backend
 from tzrec_ops.testing import bad_inputs
 from tzrec_ops.testing.op_cases import CASES, Case, as_outputs, float64_copies
@@ -43,6 +48,7 @@ __all__ = [
     "pytest_generate_tests",
     "test_bad_input_never_reaches_the_backend",
     "test_compiles_with_fullgraph",
+    "test_implementation_matches_the_declaration",
     "test_matches_float64_oracle",
     "test_opcheck_registered_ops",
 ]
@@ -148,6 +154,13 @@ def _first_accepted(backend: str, op: str, device: torch.device) -> Case:
             continue
         return case
     pytest.skip(f"{backend} refuses every float32 case of {op} on {device}")
+
+
+def test_implementation_matches_the_declaration(
+    backend_name: str, device: torch.device, op: str
+) -> None:
+    record = get_backend(backend_name)
+    check_implementation(OPS[op], record.implementation(op), backend=backend_name, annotations=True)
 
 
 def test_matches_float64_oracle(backend_name: str, device: torch.device, case: Case,

@@ -22,7 +22,7 @@ Legend: L = tokens, E = embedding dim, H = heads, A = q/k dim per head, V = valu
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -425,7 +425,7 @@ def hstu_preprocess_and_attention(
     recompute_normed_x_in_backward: bool,
     sort_by_length: bool,
     prefill: bool = False,
-    attn_func: Optional[Callable[..., torch.Tensor]] = None,
+    attn_func: Optional[torch.Tensor] = None,
     scaling_seqlen: int = -1,
 ) -> Tuple[torch.Tensor, torch.Tensor, None, None]:
     """Triton backend (fused) of :func:`tzrec_ops.ops.hstu_compute.hstu_preprocess_and_attention`.
