@@ -16,8 +16,8 @@ import torch
 
 import tzrec_ops
 from tzrec_gr import STULayer, STUStack
-from tzrec_gr._jagged import lengths_to_offsets
 from tzrec_gr.stu import _LAYER_OPS
+from tzrec_ops.jagged import offsets_from_lengths
 
 
 def _triton_missing_ops():
@@ -43,7 +43,7 @@ def _stacks(e, h, d, layers, device, dtype):
 
 def _compare(lengths, e, h, d, device, dtype, tol):
     ref, tri = _stacks(e, h, d, 2, device, dtype)
-    offsets = lengths_to_offsets(lengths).to(device)
+    offsets = offsets_from_lengths(lengths).to(device)
     targets = (lengths // 4).clamp(min=1).to(device)
     x = torch.randn(int(lengths.sum()), e, device=device, dtype=dtype)
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -101,7 +101,7 @@ def test_cached_forward_triton_interpreter_matches_full_forward(update_cache):
     tri.load_state_dict(ref.state_dict())
     delta = 3
     lengths = torch.tensor([9, 3, 20])  # the second sample has an empty history cache
-    offsets = lengths_to_offsets(lengths)
+    offsets = offsets_from_lengths(lengths)
     targets = torch.tensor([2, 3, 1])
     x = torch.randn(int(lengths.sum()), 32)
     rows = torch.cat([torch.arange(int(e) - delta, int(e)) for e in offsets[1:]])
@@ -148,7 +148,7 @@ def test_stack_triton_matches_float64_oracle_gpu():
     oracle = copy.deepcopy(tri).double()
     for layer in oracle.stu_layers:
         layer._backend = tzrec_ops.get_backend("pytorch")
-    offsets = lengths_to_offsets(lengths).cuda()
+    offsets = offsets_from_lengths(lengths).cuda()
     targets = (lengths // 4).clamp(min=1).cuda()
     x = torch.randn(int(lengths.sum()), 512, device="cuda", dtype=torch.bfloat16)
     x_tri, x_ref = x.clone().requires_grad_(), x.double().requires_grad_()
@@ -186,7 +186,7 @@ def test_cached_forward_triton_matches_float64_oracle_gpu(update_cache):
     oracle = copy.deepcopy(tri).double()
     for layer in oracle.stu_layers:
         layer._backend = tzrec_ops.get_backend("pytorch")
-    offsets = lengths_to_offsets(lengths).cuda()
+    offsets = offsets_from_lengths(lengths).cuda()
     targets = torch.randint(1, delta + 1, (64,)).cuda()
     x = torch.randn(int(lengths.sum()), 512, device="cuda", dtype=torch.bfloat16)
     rows = (offsets[1:, None] - delta + torch.arange(delta, device="cuda")).reshape(-1)

@@ -22,7 +22,7 @@ from tzrec_gr import (
     SliceContentEncoder,
     TimestampLayerNormPostprocessor,
 )
-from tzrec_gr._jagged import lengths_to_offsets
+from tzrec_ops.jagged import offsets_from_lengths
 
 PT = "pytorch"
 UIH_LEN = torch.tensor([2, 3, 0])
@@ -30,7 +30,7 @@ CAND_LEN = torch.tensor([1, 1, 2])
 
 
 def _jagged_cat(left, right, left_len, right_len):
-    lo, ro = lengths_to_offsets(left_len), lengths_to_offsets(right_len)
+    lo, ro = offsets_from_lengths(left_len), offsets_from_lengths(right_len)
     parts = []
     for b in range(len(left_len)):
         parts += [left[lo[b] : lo[b + 1]], right[ro[b] : ro[b + 1]]]
@@ -40,7 +40,7 @@ def _jagged_cat(left, right, left_len, right_len):
 def _content_args(du, dt):
     uih = torch.randn(int(UIH_LEN.sum()), du, dtype=torch.float64)
     cand = torch.randn(int(CAND_LEN.sum()), dt, dtype=torch.float64)
-    return uih, cand, (3, 2, lengths_to_offsets(UIH_LEN), lengths_to_offsets(CAND_LEN))
+    return uih, cand, (3, 2, offsets_from_lengths(UIH_LEN), offsets_from_lengths(CAND_LEN))
 
 
 def test_slice_content_encoder():
@@ -108,9 +108,9 @@ def test_action_encoder_matches_loop():
     out = enc(
         actions,
         3,
-        lengths_to_offsets(UIH_LEN),
+        offsets_from_lengths(UIH_LEN),
         2,
-        lengths_to_offsets(CAND_LEN),
+        offsets_from_lengths(CAND_LEN),
         int(CAND_LEN.sum()),
         watch,
     )
@@ -236,7 +236,7 @@ def test_positional_encoder_without_time():
     lengths = torch.tensor([3, 5])
     targets = torch.tensor([1, 2])
     x = torch.randn(8, 4, dtype=torch.float64)
-    out = enc(6, lengths, lengths_to_offsets(lengths), None, x, targets)
+    out = enc(6, lengths, offsets_from_lengths(lengths), None, x, targets)
     table = enc.position_embeddings_weight
     rows = []
     for n, t in zip(lengths.tolist(), targets.tolist()):
@@ -258,7 +258,7 @@ def test_positional_encoder_with_time():
     targets = torch.tensor([1, 2])
     ts = torch.tensor([0, 100, 700, 4000, 0, 60, 3000, 9000, 20000])
     x = torch.randn(9, 4, dtype=torch.float64)
-    out = enc(8, lengths, lengths_to_offsets(lengths), ts, x, targets)
+    out = enc(8, lengths, offsets_from_lengths(lengths), ts, x, targets)
     pos_t, time_t = enc.position_embeddings_weight, enc.timestamp_embeddings_weight
     rows, s = [], 0
     for n, t in zip(lengths.tolist(), targets.tolist()):
@@ -292,6 +292,7 @@ def test_positional_encoder_call_errors():
     enc = HSTUPositionalEncoder(4, 8, num_time_buckets=4, use_time_encoding=True)
     lengths = torch.tensor([2, 1])
     with pytest.raises(ValueError, match="seq_timestamps is required"):
-        enc(2, lengths, lengths_to_offsets(lengths), None, torch.randn(3, 4), None)
+        enc(2, lengths, offsets_from_lengths(lengths), None, torch.randn(3, 4), None)
     with pytest.raises(ValueError, match="seq_timestamps has 2 rows but seq_embeddings has 3"):
-        enc(2, lengths, lengths_to_offsets(lengths), torch.tensor([1, 2]), torch.randn(3, 4), None)
+        offsets = offsets_from_lengths(lengths)
+        enc(2, lengths, offsets, torch.tensor([1, 2]), torch.randn(3, 4), None)

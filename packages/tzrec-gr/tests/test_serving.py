@@ -23,7 +23,7 @@ from _models import (
 )
 
 from tzrec_gr import HSTUPositionalEncoder, STULayer, STUStack
-from tzrec_gr._jagged import lengths_to_offsets
+from tzrec_ops.jagged import offsets_from_lengths
 from tzrec_ops.testing.tolerances import assert_close
 
 HISTORY = ("uih.item_id", "uih_action.sequence", "uih_timestamp.sequence")
@@ -225,7 +225,7 @@ def test_positional_encoder_forward_appended_matches_forward(time):
     encoder = HSTUPositionalEncoder(8, 6, 5, use_time_encoding=time, contextual_seq_len=1)
     cached, new = torch.tensor([3, 1]), torch.tensor([2, 2])
     lengths = cached + new
-    offsets = lengths_to_offsets(lengths)
+    offsets = offsets_from_lengths(lengths)
     x = torch.randn(int(lengths.sum()), 8, dtype=torch.float64)
     ts = torch.tensor([0, 10, 50, 900, 900, 0, 7000, 7000])
     query_time = torch.tensor([1000, 9000])
@@ -233,12 +233,12 @@ def test_positional_encoder_forward_appended_matches_forward(time):
     full = encoder(8, lengths, offsets, ts, x, targets, query_time)
     rows = torch.tensor([3, 4, 6, 7])
     out = encoder.forward_appended(
-        x[rows], lengths_to_offsets(new), cached, ts[rows], query_time, targets=time
+        x[rows], offsets_from_lengths(new), cached, ts[rows], query_time, targets=time
     )
     torch.testing.assert_close(out, full[rows])
     if time:
         with pytest.raises(NotImplementedError, match="appending history is not possible"):
-            encoder.forward_appended(x[rows], lengths_to_offsets(new), cached, ts, None, False)
+            encoder.forward_appended(x[rows], offsets_from_lengths(new), cached, ts, None, False)
 
 
 def test_stu_cached_forward_warns_without_a_fixed_divisor():

@@ -8,7 +8,7 @@ from _reference import stu_layer as ref_stu_layer
 from _reference import truncate as ref_truncate
 
 from tzrec_gr import KVCache, STULayer, STUStack
-from tzrec_gr._jagged import lengths_to_offsets
+from tzrec_ops.jagged import offsets_from_lengths
 
 E, H, A, V = 16, 2, 8, 4
 
@@ -37,7 +37,7 @@ def _layer(**kw) -> STULayer:
 def test_stu_layer_matches_reference(kw, targets):
     layer = _layer(**kw)
     lengths = [4, 7, 3]
-    offsets = lengths_to_offsets(torch.tensor(lengths))
+    offsets = offsets_from_lengths(torch.tensor(lengths))
     x = torch.randn(sum(lengths), E, dtype=torch.float64)
     nt = torch.tensor(targets) if targets is not None else None
     out = layer(x, offsets, 8, nt).out
@@ -48,7 +48,7 @@ def test_stu_layer_matches_reference(kw, targets):
 def test_stu_layer_float32_and_grad():
     layer = _layer()
     lengths = [5, 2]
-    offsets = lengths_to_offsets(torch.tensor(lengths))
+    offsets = offsets_from_lengths(torch.tensor(lengths))
     x = torch.randn(7, E, requires_grad=True)
     out = layer(x, offsets, 5).out
     torch.testing.assert_close(
@@ -70,7 +70,7 @@ def test_prefill_then_cached_forward_equals_full_forward(n_layers):
     delta = 2
     lengths = torch.tensor([6, 4, 9])
     targets = torch.tensor([2, 1, 2])
-    offsets = lengths_to_offsets(lengths)
+    offsets = offsets_from_lengths(lengths)
     x = torch.randn(int(lengths.sum()), E, dtype=torch.float64)
     with torch.inference_mode():
         full = stack(x, offsets, 12, targets).x
@@ -102,7 +102,7 @@ def test_incremental_decoding_several_steps():
         cat = torch.cat([s[: int(n)] for s, n in zip(xs, prime)])
         caches = stack(
             cat,
-            lengths_to_offsets(prime),
+            offsets_from_lengths(prime),
             16,
             kv_caching_lengths=prime,
             total_kv_caching_len=int(prime.sum()),
@@ -112,7 +112,7 @@ def test_incremental_decoding_several_steps():
             delta_x = torch.cat([s[int(a) : int(a) + delta] for s, a in zip(xs, start)])
             out, caches = stack.cached_forward(delta_x, caches)
             seen = start + delta
-            offsets = lengths_to_offsets(seen)
+            offsets = offsets_from_lengths(seen)
             full = stack(torch.cat([s[: int(n)] for s, n in zip(xs, seen)]), offsets, 16).x
             rows = torch.cat([torch.arange(int(e) - delta, int(e)) for e in offsets[1:]])
             torch.testing.assert_close(out, full[rows], rtol=1e-9, atol=1e-9)
@@ -126,7 +126,7 @@ def test_cached_forward_keeps_old_cache_for_new_candidates():
     with torch.inference_mode():
         caches = stack(
             hist_x,
-            lengths_to_offsets(history),
+            offsets_from_lengths(history),
             16,
             kv_caching_lengths=history,
             total_kv_caching_len=10,
@@ -136,7 +136,7 @@ def test_cached_forward_keeps_old_cache_for_new_candidates():
             nt = torch.tensor([3, 3])
             out, _ = stack.cached_forward(cand, caches, nt)
             full_x = torch.cat([hist_x[:4], cand[:3], hist_x[4:], cand[3:]])
-            full = stack(full_x, lengths_to_offsets(history + 3), 16, nt).x
+            full = stack(full_x, offsets_from_lengths(history + 3), 16, nt).x
             torch.testing.assert_close(
                 out, torch.cat([full[4:7], full[13:16]]), rtol=1e-9, atol=1e-9
             )
@@ -144,7 +144,7 @@ def test_cached_forward_keeps_old_cache_for_new_candidates():
 
 def _primed(stack: STUStack, lengths: torch.Tensor, delta: int, targets, max_len: int = 16):
     """Full forward, the caches of all but the last ``delta`` tokens, and those tokens."""
-    offsets = lengths_to_offsets(lengths)
+    offsets = offsets_from_lengths(lengths)
     x = torch.randn(int(lengths.sum()), E, dtype=torch.float64)
     full = stack(x, offsets, max_len, targets).x
     caches = stack(
@@ -215,7 +215,7 @@ def test_cached_forward_trims_cache_with_kv_caching_lengths():
 def test_stack_truncation_matches_reference(lengths, targets, context, tail, sync_free):
     layers = [_layer(contextual_seq_len=context, scaling_seqlen=32) for _ in range(3)]
     stack = STUStack(layers, truncate_split_layer=2, truncate_tail_len=tail)
-    offsets = lengths_to_offsets(torch.tensor(lengths))
+    offsets = offsets_from_lengths(torch.tensor(lengths))
     x = torch.randn(sum(lengths), E, dtype=torch.float64)
     nt = torch.tensor(targets) if targets is not None else None
     kept = ref_truncate(lengths, targets, context, tail)
@@ -230,7 +230,7 @@ def test_stack_truncation_matches_reference(lengths, targets, context, tail, syn
     rows = torch.cat(
         [torch.tensor(k, dtype=torch.int64) + int(offsets[b]) for b, k in enumerate(kept)]
     )
-    new_offsets = lengths_to_offsets(torch.tensor([len(k) for k in kept]))
+    new_offsets = offsets_from_lengths(torch.tensor([len(k) for k in kept]))
     expected = ref_stu_layer(layers[2], h[rows], new_offsets.tolist(), 32, targets)
     assert out.x_offsets.tolist() == new_offsets.tolist()
     assert out.plan is not None

@@ -1,7 +1,7 @@
 """Sync-free steps: a jagged batch's index tensors are read back at most once per batch.
 
 The ops check the values of offsets, lengths and ``num_targets`` on host copies of them
-(:mod:`tzrec_ops.ops.host_copies`). CPU: a batch's index tensors are each read at most once,
+(:mod:`tzrec_ops.jagged`). CPU: a batch's index tensors are each read at most once,
 however many layers see them, and not at all when the caller registered their CPU values
 (``remember_host_copy``, the CPU analogue of ``to_device``); the index tensors the modules
 derive (cache offsets, truncation plans, the preprocessors' offsets) get copies without a
@@ -28,9 +28,8 @@ from tzrec_gr import (
     STULayer,
     STUStack,
 )
-from tzrec_gr._jagged import offsets_from_lengths
+from tzrec_ops.jagged import known_host_copy, offsets_from_lengths, remember_host_copy, to_device
 from tzrec_ops.ops import host_copies, validation
-from tzrec_ops.ops.host_copies import known_host_copy, remember_host_copy, to_device
 
 E, H, D = 16, 2, 8
 PT = "pytorch"

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from tzrec_gr._backend import BackendArg, resolve_module_backend
-from tzrec_ops.ops.jagged import concat_2D_jagged
+from tzrec_ops import concat_2D_jagged
 
 __all__ = ["SimpleActionEncoder"]
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from tzrec_gr._backend import BackendArg, resolve_module_backend
 from tzrec_gr.layers import MLP
-from tzrec_ops.ops.jagged import concat_2D_jagged
+from tzrec_ops import concat_2D_jagged
 
 __all__ = ["ContentEncoder", "SliceContentEncoder", "PadContentEncoder", "MLPContentEncoder"]
 

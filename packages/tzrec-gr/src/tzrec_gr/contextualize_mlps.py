@@ -15,7 +15,7 @@ from torch import nn
 
 from tzrec_gr._backend import BackendArg, resolve_module_backend
 from tzrec_gr.layers import LayerNorm, Linear, SwishLayerNorm
-from tzrec_ops.ops.jagged import jagged_dense_bmm_broadcast_add
+from tzrec_ops import jagged_dense_bmm_broadcast_add
 
 __all__ = [
     "ContextualizedMLP",

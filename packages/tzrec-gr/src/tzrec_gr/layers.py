@@ -12,8 +12,7 @@ import torch
 from torch import nn
 
 from tzrec_gr._backend import BackendArg, resolve_module_backend
-from tzrec_ops.ops.layer_norm import layer_norm, swish_layer_norm
-from tzrec_ops.ops.mm import addmm
+from tzrec_ops import addmm, layer_norm, swish_layer_norm
 
 __all__ = ["Linear", "LayerNorm", "SwishLayerNorm", "MLP"]
 

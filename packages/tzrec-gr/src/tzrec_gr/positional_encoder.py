@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from tzrec_gr._backend import BackendArg, resolve_module_backend
-from tzrec_gr._jagged import row_positions
-from tzrec_ops.ops.position import add_positional_embeddings, add_timestamp_positional_embeddings
+from tzrec_ops import add_positional_embeddings, add_timestamp_positional_embeddings
+from tzrec_ops.jagged import row_positions
 
 __all__ = ["HSTUPositionalEncoder"]
 

@@ -22,7 +22,7 @@ from typing import Iterator, List, Optional, Tuple
 import torch
 
 from tzrec_gr.stu import KVCache
-from tzrec_ops.ops.host_copies import host_copy, remember_host_copy
+from tzrec_ops.jagged import host_copy, remember_host_copy
 
 __all__ = ["ServingCache"]
 

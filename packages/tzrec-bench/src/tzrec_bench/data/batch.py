@@ -18,6 +18,7 @@ import torch
 
 from tzrec_bench.data.dataset import Rows, SequenceDataset, segment_index
 from tzrec_bench.data.split import HeldOut
+from tzrec_ops.jagged import offsets_from_lengths
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,7 +48,7 @@ class SequenceBatch:
     @property
     def offsets(self) -> torch.Tensor:
         """[B + 1] int64 where each user's events start, then L."""
-        return torch.cat([self.lengths.new_zeros(1), torch.cumsum(self.lengths, 0)])
+        return offsets_from_lengths(self.lengths)
 
 
 def make_batch(ds: SequenceDataset, rows: Rows, max_seq_len: int) -> SequenceBatch:

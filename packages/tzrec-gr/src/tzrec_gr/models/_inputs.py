@@ -3,7 +3,7 @@
 Shapes and dtypes are checked on every call. Values are checked without reading the device
 in a steady step:
 
-* lengths (``[B]``) on their host copies (:func:`tzrec_ops.ops.validation.check_once`): no
+* lengths (``[B]``) on their host copies (:func:`tzrec_ops.jagged.check_once`): no
   read for CPU tensors or tensors moved with ``tzrec_ops.to_device``, else one read per
   batch, shared with the ops' own checks;
 * item ids (``[L]``, too large to copy): when they are on the CPU, or on any device when the
@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from tzrec_ops.ops.validation import check_once, first_true, value_checks_enabled
+from tzrec_ops.jagged import check_once, first_true, value_checks_enabled
 
 
 def check_int_tensor(name: str, t: object, ndim: int = 1) -> None:

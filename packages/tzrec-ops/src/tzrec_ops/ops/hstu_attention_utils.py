@@ -9,6 +9,7 @@ from typing import Optional, Union
 
 import torch
 
+from tzrec_ops.jagged import lengths_from_offsets
 from tzrec_ops.ops.validation import (
     check_jagged,
     check_non_negative,
@@ -82,7 +83,7 @@ def build_sla_func_tensor(
     )
     device = seq_offsets.device if device is None else torch.device(device)
     offsets = seq_offsets.to(device=device, dtype=torch.int32)
-    lengths = offsets[1:] - offsets[:-1]
+    lengths = lengths_from_offsets(offsets)
     history_end = lengths
     if num_targets is not None:
         history_end = torch.clamp(lengths - num_targets.to(device=device, dtype=torch.int32), min=0)

@@ -6,7 +6,7 @@ tokens are dropped. Example, C = 1, tail = 2, one sequence ``[c, h0, h1, h2, t0]
 becomes ``[c, h1, h2, t0]``.
 
 :func:`compute_stu_truncation_plan` reads the offsets and targets back at most once (from
-their host copies, see :mod:`tzrec_ops.ops.host_copies`) for the plan's integer sizes;
+their host copies, see :mod:`tzrec_ops.jagged`) for the plan's integer sizes;
 :func:`apply_stu_truncation_plan` reads nothing back, so one plan can be replayed on every
 tensor of the batch (embeddings, timestamps, ...).
 """
@@ -18,7 +18,13 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from tzrec_ops.ops.host_copies import host_copies, known_host_copy, mirror
+from tzrec_ops.jagged import (
+    host_copies,
+    known_host_copy,
+    lengths_from_offsets,
+    mirror,
+    offsets_from_lengths,
+)
 from tzrec_ops.ops.jagged import concat_2D_jagged, split_2D_jagged
 from tzrec_ops.ops.validation import (
     check_dim,
@@ -68,10 +74,6 @@ class STUTruncationPlan:
     total_rest: int
 
 
-def _cumsum_with_zero(counts: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.pad(torch.cumsum(counts, 0), (1, 0))
-
-
 PlanOffsets = Tuple[torch.Tensor, ...]
 
 
@@ -88,7 +90,7 @@ def _plan_offsets(
     it on the host copies.
     """
     offsets = x_offsets.to(torch.int64)
-    lengths = offsets[1:] - offsets[:-1]
+    lengths = lengths_from_offsets(offsets)
     targets = torch.zeros_like(lengths) if num_targets is None else num_targets.to(torch.int64)
     history = lengths - targets - contextual_seq_len
     dropped = history - history.clamp(max=truncate_tail_len)
@@ -96,9 +98,9 @@ def _plan_offsets(
     offsets_prefix = torch.arange(lengths.numel() + 1, device=offsets.device) * contextual_seq_len
     return (
         new_lengths.to(x_offsets.dtype),
-        _cumsum_with_zero(new_lengths).to(x_offsets.dtype),
-        _cumsum_with_zero(dropped),
-        _cumsum_with_zero(new_lengths - contextual_seq_len),
+        offsets_from_lengths(new_lengths).to(x_offsets.dtype),
+        offsets_from_lengths(dropped),
+        offsets_from_lengths(new_lengths - contextual_seq_len),
         offsets_prefix,
         offsets - offsets_prefix,
     )
@@ -125,7 +127,7 @@ def compute_stu_truncation_plan(
     Returns:
         The :class:`STUTruncationPlan`. Its sizes come from the host copies of
         ``x_offsets`` and ``num_targets`` (one device-to-host transfer for both, none for
-        tensors moved with :func:`~tzrec_ops.ops.host_copies.to_device`), and its index
+        tensors moved with :func:`~tzrec_ops.jagged.to_device`), and its index
         tensors carry host copies too, so applying the plan reads nothing back.
     """
     check_non_negative("truncate_tail_len", truncate_tail_len)

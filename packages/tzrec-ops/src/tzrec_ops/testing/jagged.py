@@ -22,23 +22,10 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
+from tzrec_ops.jagged import offsets_from_lengths
+
 LAYOUTS = ("contiguous", "fused", "strided")
 OFFSET_DTYPES = (torch.int32, torch.int64)
-
-
-def offsets_from_lengths(
-    lengths: Sequence[int] | torch.Tensor, dtype: torch.dtype = torch.int64
-) -> torch.Tensor:
-    """``[B + 1]`` offsets (leading 0, then the running sum) of ``lengths`` ``[B]``."""
-    lengths = torch.as_tensor(lengths, dtype=torch.int64).reshape(-1)
-    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(lengths, 0)
-    return offsets.to(dtype)
-
-
-def lengths_from_offsets(offsets: torch.Tensor) -> List[int]:
-    """The per-sequence lengths of ``[B + 1]`` offsets, as Python ints (host sync)."""
-    return [int(x) for x in (offsets[1:] - offsets[:-1]).tolist()]
 
 
 def random_lengths(batch: int, max_len: int, seed: int = 0, min_len: int = 0) -> List[int]:

@@ -20,10 +20,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from tzrec_ops.contract import OPS
+from tzrec_ops.jagged import offsets_from_lengths
 from tzrec_ops.ops.hstu_attention_utils import build_sla_func_tensor
 from tzrec_ops.testing import ops_oracle
 from tzrec_ops.testing.attention_oracle import delta_hstu_mha_oracle, hstu_mha_oracle
-from tzrec_ops.testing.jagged import make_attention_inputs, offsets_from_lengths
+from tzrec_ops.testing.jagged import make_attention_inputs
 
 Args = Dict[str, Any]
 Outputs = Tuple[Optional[torch.Tensor], ...]
@@ -57,10 +58,6 @@ class Case:
 def _draw(shape: Sequence[int], seed: int, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(tuple(shape), generator=g, dtype=torch.float64) * scale).to(dtype)
-
-
-def _offsets(lengths: Sequence[int]) -> torch.Tensor:
-    return offsets_from_lengths(list(lengths))
 
 
 def _ints(t: Optional[torch.Tensor]) -> Optional[List[int]]:
@@ -152,7 +149,7 @@ def _cached(name: str, split: bool, delta: int = 1, targets: bool = True, **opti
             cached = [s + p for s, n in zip(starts, lengths) for p in range(n - delta)]
             args.update(
                 k=inp.k[cached], v=inp.v[cached],
-                seq_offsets=_offsets([n - delta for n in lengths]),
+                seq_offsets=offsets_from_lengths([n - delta for n in lengths]),
                 delta_k=inp.k[new], delta_v=inp.v[new],
             )
         else:
@@ -167,7 +164,7 @@ def _cached(name: str, split: bool, delta: int = 1, targets: bool = True, **opti
                            for p in (k[s:e], a["delta_k"][b * delta:(b + 1) * delta])])
             v = torch.cat([p for b, (s, e) in enumerate(spans)
                            for p in (v[s:e], a["delta_v"][b * delta:(b + 1) * delta])])
-            offsets = _offsets(list(lengths))
+            offsets = offsets_from_lengths(list(lengths))
         return (
             delta_hstu_mha_oracle(
                 a["max_seq_len"], a["alpha"], a["delta_q"], k, v, offsets,
@@ -254,8 +251,8 @@ def _concat(name: str, dense_right: bool) -> Case:
         return dict(
             values_left=_draw((sum(left), 3), 1, dtype),
             values_right=_draw((rows_right, 3), 2, dtype),
-            max_len_left=3, max_len_right=2, offsets_left=_offsets(left),
-            offsets_right=None if dense_right else _offsets(right),
+            max_len_left=3, max_len_right=2, offsets_left=offsets_from_lengths(left),
+            offsets_right=None if dense_right else offsets_from_lengths(right),
         )
 
     def oracle(a: Args) -> Outputs:
@@ -279,7 +276,8 @@ def _split(name: str) -> Case:
     def build(dtype: torch.dtype) -> Args:
         return dict(
             max_seq_len=5, values=_draw((sum(left) + sum(right), 3), 1, dtype),
-            total_len_left=sum(left), offsets_left=_offsets(left), offsets_right=_offsets(right),
+            total_len_left=sum(left), offsets_left=offsets_from_lengths(left),
+            offsets_right=offsets_from_lengths(right),
         )
 
     return Case(
@@ -293,7 +291,7 @@ def _bmm(name: str) -> Case:
 
     def build(dtype: torch.dtype) -> Args:
         return dict(
-            max_seq_len=3, seq_offsets=_offsets(lengths),
+            max_seq_len=3, seq_offsets=offsets_from_lengths(lengths),
             jagged=_draw((sum(lengths), 4), 1, dtype), dense=_draw((4, 4, 3), 2, dtype),
             bias=_draw((4, 3), 3, dtype),
         )
@@ -318,7 +316,7 @@ def _position(name: str, targets: bool, interleave: bool = False) -> Case:
         return dict(
             alpha=0.7, max_seq_len=MAX_SEQ_LEN,
             position_embeddings_weight=_draw((3, 5), 1, dtype),  # 3 rows: indices clamp
-            seq_offsets=_offsets(lengths), seq_lengths=torch.tensor(lengths),
+            seq_offsets=offsets_from_lengths(lengths), seq_lengths=torch.tensor(lengths),
             seq_embeddings=_draw((sum(lengths), 5), 2, dtype),
             num_targets=torch.tensor((0, 0, 2, 1)) if targets else None,
             interleave_targets=interleave,
@@ -344,7 +342,7 @@ def _timestamp(name: str, fn: str = "sqrt", query_time: bool = False) -> Case:
             alpha=0.7, max_seq_len=MAX_SEQ_LEN, max_contextual_seq_len=1,
             position_embeddings_weight=_draw((6, 5), 1, dtype),
             timestamp_embeddings_weight=_draw((5, 5), 2, dtype),
-            seq_offsets=_offsets(lengths), seq_lengths=torch.tensor(lengths),
+            seq_offsets=offsets_from_lengths(lengths), seq_lengths=torch.tensor(lengths),
             seq_embeddings=_draw((sum(lengths), 5), 3, dtype), timestamps=times,
             num_targets=torch.tensor((0, 1, 1, 1)), interleave_targets=False,
             time_bucket_fn=fn, time_bucket_increments=60.0,
@@ -425,7 +423,7 @@ def _preprocess(name: str, targets: bool = True, **options: Any) -> Case:
     def build(dtype: torch.dtype) -> Args:
         args: Args = dict(
             **_uqvk_args(dtype, sum(LENGTHS)), max_seq_len=MAX_SEQ_LEN,
-            seq_offsets=_offsets(LENGTHS), attn_alpha=0.5, causal=True,
+            seq_offsets=offsets_from_lengths(LENGTHS), attn_alpha=0.5, causal=True,
             num_targets=torch.tensor(TARGETS) if targets else None, max_attn_len=0,
             contextual_seq_len=0, recompute_uvqk_in_backward=False,
             recompute_normed_x_in_backward=False, sort_by_length=False,

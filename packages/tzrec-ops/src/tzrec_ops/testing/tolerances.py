@@ -22,6 +22,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+__all__ = ["Tolerance", "assert_close", "tolerance", "torch_tolerance"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Tolerance:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from tzrec_ops.jagged import lengths_from_offsets, row_positions
+
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 for float64 input, float32 for every other dtype."""
@@ -35,36 +37,42 @@ HAS_FBGEMM: bool = _import_fbgemm()
 _FBGEMM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def segment_ids(offsets: torch.Tensor, total: int) -> torch.Tensor:
-    """The sequence index of every token: [L] int64 for ``offsets`` [B + 1]."""
-    offsets = offsets.to(torch.int64)
-    lengths = offsets[1:] - offsets[:-1]
-    batch = torch.arange(lengths.numel(), device=offsets.device)
-    return torch.repeat_interleave(batch, lengths, output_size=total)
+def jagged_to_padded(
+    values: torch.Tensor, offsets: torch.Tensor, max_len: int, use_fbgemm: bool = HAS_FBGEMM
+) -> torch.Tensor:
+    """``[L, *rest]`` jagged -> ``[B, max_len, *rest]``, zero padded (lengths <= max_len).
 
-
-def positions(offsets: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
-    """The position of every token inside its sequence: [L] int64."""
-    token = torch.arange(seg.numel(), device=seg.device)
-    return token - offsets.to(torch.int64)[seg]
-
-
-def jagged_to_padded(values: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
-    """[L, D] jagged values -> [B, max_len, D], zero padded (lengths must be <= max_len)."""
-    batch = offsets.numel() - 1
-    if HAS_FBGEMM and values.dtype in _FBGEMM_DTYPES:
-        return torch.ops.fbgemm.jagged_to_padded_dense(
-            values, [offsets.to(torch.int64)], [max_len], 0.0
+    fbgemm's ``jagged_to_padded_dense`` when ``use_fbgemm`` (and the dtype is one it has),
+    else one gather that reads an appended zero row for the padded slots.
+    """
+    rest = values.shape[1:]
+    flat = values.flatten(1) if values.dim() > 1 else values[:, None]
+    if use_fbgemm and values.dtype in _FBGEMM_DTYPES:
+        dense = torch.ops.fbgemm.jagged_to_padded_dense(
+            flat, [offsets.to(torch.int64)], [max_len], 0.0
         )
-    seg = segment_ids(offsets, values.shape[0])
-    pos = positions(offsets, seg)
-    padded = values.new_zeros(batch, max_len, values.shape[1])
-    return padded.index_put((seg, pos), values)
+    else:
+        batch = offsets.shape[0] - 1
+        pos = torch.arange(max_len, device=values.device)
+        index = offsets[:-1].to(torch.int64)[:, None] + pos[None, :]
+        # padded slots read the appended zero row at index L
+        index = torch.where(
+            pos[None, :] < lengths_from_offsets(offsets)[:, None], index, values.shape[0]
+        )
+        extended = torch.cat([flat, flat.new_zeros(1, flat.shape[1])])
+        dense = extended[index.reshape(-1)].reshape(batch, max_len, flat.shape[1])
+    return dense.reshape(dense.shape[0], max_len, *rest)
 
 
-def padded_to_jagged(padded: torch.Tensor, offsets: torch.Tensor, total: int) -> torch.Tensor:
-    """[B, N, D] padded -> [L, D]: the first ``length_b`` rows of every sequence."""
-    if HAS_FBGEMM and padded.dtype in _FBGEMM_DTYPES:
-        return torch.ops.fbgemm.dense_to_jagged(padded, [offsets.to(torch.int64)], total)[0]
-    seg = segment_ids(offsets, total)
-    return padded[seg, positions(offsets, seg)]
+def padded_to_jagged(
+    dense: torch.Tensor, offsets: torch.Tensor, total: int, use_fbgemm: bool = HAS_FBGEMM
+) -> torch.Tensor:
+    """``[B, N, *rest]`` padded -> ``[total, *rest]``: the first ``length_b`` rows of each."""
+    max_len, rest = dense.shape[1], dense.shape[2:]
+    flat = dense.flatten(2) if dense.dim() > 2 else dense[..., None]
+    if use_fbgemm and dense.dtype in _FBGEMM_DTYPES:
+        values = torch.ops.fbgemm.dense_to_jagged(flat, [offsets.to(torch.int64)], total)[0]
+    else:
+        sample, pos = row_positions(offsets, total)
+        values = flat.flatten(0, 1)[sample * max_len + pos]
+    return values.reshape(total, *rest)

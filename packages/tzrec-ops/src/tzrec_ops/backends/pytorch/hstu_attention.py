@@ -39,17 +39,30 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from tzrec_ops.backends.pytorch._common import HAS_FBGEMM
+from tzrec_ops.backends.pytorch._common import (
+    HAS_FBGEMM,
+    compute_dtype,
+    jagged_to_padded,
+    padded_to_jagged,
+)
 from tzrec_ops.backends.pytorch.jagged import concat_2D_jagged
+from tzrec_ops.jagged import lengths_from_offsets
 from tzrec_ops.registry import assume_constant_result
+
+__all__ = [
+    "CHUNK_ENV",
+    "chunk_elements",
+    "delta_hstu_mha",
+    "fbgemm_enabled",
+    "hstu_mha",
+    "set_chunk_elements",
+    "set_use_fbgemm",
+]
 
 CHUNK_ENV = "TZREC_OPS_PYTORCH_ATTN_CHUNK"
 DEFAULT_CHUNK_ELEMENTS = 1 << 28
 # stands in for a symbolic size in _chunk_sizes: more than any chunk holds
 _UNBOUNDED = 1 << 62
-
-# dtypes fbgemm's jagged/padded conversions support (float64 raises "not implemented")
-_FBGEMM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 _chunk_elements_override: Optional[int] = None
 _use_fbgemm_override: Optional[bool] = None
@@ -97,49 +110,6 @@ def fbgemm_enabled() -> bool:
     if _use_fbgemm_override and not available:
         raise RuntimeError("set_use_fbgemm(True) but fbgemm-gpu is not installed")
     return available
-
-
-# ------------------------------------------------------------------------------------------
-# jagged <-> padded
-# ------------------------------------------------------------------------------------------
-
-
-def _to_padded(values: torch.Tensor, offsets: torch.Tensor, max_len: int) -> torch.Tensor:
-    """``[L, *rest]`` jagged -> ``[B, max_len, *rest]`` zero-padded."""
-    rest = values.shape[1:]
-    flat = values.flatten(1) if values.dim() > 1 else values[:, None]
-    if fbgemm_enabled() and values.dtype in _FBGEMM_DTYPES:
-        dense = torch.ops.fbgemm.jagged_to_padded_dense(
-            flat, [offsets.to(torch.int64)], [max_len], 0.0
-        )
-    else:
-        batch = offsets.shape[0] - 1
-        pos = torch.arange(max_len, device=values.device)
-        lengths = (offsets[1:] - offsets[:-1]).to(torch.int64)
-        index = offsets[:-1].to(torch.int64)[:, None] + pos[None, :]
-        # padded slots read an appended zero row at index L
-        index = torch.where(pos[None, :] < lengths[:, None], index, values.shape[0])
-        extended = torch.cat([flat, flat.new_zeros(1, flat.shape[1])])
-        dense = extended[index.reshape(-1)].reshape(batch, max_len, flat.shape[1])
-    return dense.reshape(dense.shape[0], max_len, *rest)
-
-
-def _to_jagged(dense: torch.Tensor, offsets: torch.Tensor, total: int) -> torch.Tensor:
-    """``[B, N, *rest]`` padded -> ``[total, *rest]`` jagged (positions past a length dropped)."""
-    batch, max_len = dense.shape[0], dense.shape[1]
-    rest = dense.shape[2:]
-    flat = dense.flatten(2) if dense.dim() > 2 else dense[..., None]
-    if fbgemm_enabled() and dense.dtype in _FBGEMM_DTYPES:
-        values = torch.ops.fbgemm.dense_to_jagged(flat, [offsets.to(torch.int64)], total)[0]
-    else:
-        offsets64 = offsets.to(torch.int64)
-        lengths = offsets64[1:] - offsets64[:-1]
-        owner = torch.repeat_interleave(
-            torch.arange(batch, device=dense.device), lengths, output_size=total
-        )
-        pos = torch.arange(total, device=dense.device) - offsets64[owner]
-        values = flat.flatten(0, 1)[owner * max_len + pos]
-    return values.reshape(total, *rest)
 
 
 # ------------------------------------------------------------------------------------------
@@ -212,10 +182,6 @@ def _func_mask(
 # ------------------------------------------------------------------------------------------
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _attend_chunk(
     mask_fn: Callable[..., torch.Tensor],
     alpha: float,
@@ -231,7 +197,7 @@ def _attend_chunk(
     func: Optional[torch.Tensor],
 ) -> torch.Tensor:
     """One chunk: q ``[b, r, H, A]``, k ``[b, N, H, A]``, v ``[b, N, H, V]`` -> ``[b, r, H, V]``."""
-    compute = _compute_dtype(q.dtype)
+    compute = compute_dtype(q.dtype)
     qc = q.to(compute).permute(0, 2, 1, 3)
     kc = k.to(compute).permute(0, 2, 3, 1)
     vc = v.to(compute).permute(0, 2, 1, 3)
@@ -414,13 +380,14 @@ def hstu_mha(
     """Jagged HSTU attention ``[L, H, V]`` (arguments as :func:`tzrec_ops.ops.hstu_attention.
     hstu_mha`; already validated). ``sort_by_length`` is ignored."""
     total = q.shape[0]
-    lengths = (seq_offsets[1:] - seq_offsets[:-1]).to(torch.int64)
+    lengths = lengths_from_offsets(seq_offsets).to(torch.int64)
     batch = lengths.shape[0]
-    qp, kp, vp = (_to_padded(t, seq_offsets, max_seq_len) for t in (q, k, v))
+    fbgemm = fbgemm_enabled()
+    qp, kp, vp = (jagged_to_padded(t, seq_offsets, max_seq_len, fbgemm) for t in (q, k, v))
     rows = torch.arange(max_seq_len, device=q.device).expand(batch, max_seq_len)
     func = None
     if attn_func is not None:
-        func = _to_padded(attn_func.permute(2, 0, 1), seq_offsets, max_seq_len)
+        func = jagged_to_padded(attn_func.permute(2, 0, 1), seq_offsets, max_seq_len, fbgemm)
         mask_fn: Callable[..., torch.Tensor] = functools.partial(_func_mask, max_len=max_seq_len)
     else:
         mask_fn = functools.partial(
@@ -446,7 +413,7 @@ def hstu_mha(
         dropout_pr,
         training,
     )
-    return _to_jagged(out, seq_offsets, total)
+    return padded_to_jagged(out, seq_offsets, total, fbgemm)
 
 
 def _append_new_tokens(
@@ -499,9 +466,9 @@ def delta_hstu_mha(
             v = _append_new_tokens(v, delta_v, seq_offsets, delta)
             steps = torch.arange(batch + 1, device=seq_offsets.device, dtype=seq_offsets.dtype)
             seq_offsets = seq_offsets + steps * delta
-        lengths = (seq_offsets[1:] - seq_offsets[:-1]).to(torch.int64)
+        lengths = lengths_from_offsets(seq_offsets).to(torch.int64)
         qd = delta_q.reshape(batch, delta, heads, delta_q.shape[2])
-        kp, vp = (_to_padded(t, seq_offsets, max_seq_len) for t in (k, v))
+        kp, vp = (jagged_to_padded(t, seq_offsets, max_seq_len, fbgemm_enabled()) for t in (k, v))
         rows = lengths[:, None] - delta + torch.arange(delta, device=k.device)[None, :]
         mask_fn = functools.partial(
             _fixed_mask,

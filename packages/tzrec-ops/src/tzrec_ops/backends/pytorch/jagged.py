@@ -15,8 +15,8 @@ from tzrec_ops.backends.pytorch._common import (
     compute_dtype,
     jagged_to_padded,
     padded_to_jagged,
-    segment_ids,
 )
+from tzrec_ops.jagged import row_positions
 
 
 def _batch_size(
@@ -50,8 +50,8 @@ def _interleave_index(
     ``j + off_left[b + 1]`` (after all of sequence b's left rows).
     """
     device = off_left.device
-    seg_l = segment_ids(off_left, total_left)
-    seg_r = segment_ids(off_right, total_right)
+    seg_l = row_positions(off_left, total_left)[0]
+    seg_r = row_positions(off_right, total_right)[0]
     dest_l = torch.arange(total_left, device=device) + off_right[seg_l]
     dest_r = torch.arange(total_right, device=device) + off_left[seg_r + 1]
     return torch.cat([dest_l, dest_r])

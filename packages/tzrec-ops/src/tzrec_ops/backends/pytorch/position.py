@@ -10,7 +10,8 @@ from typing import Optional
 
 import torch
 
-from tzrec_ops.backends.pytorch._common import compute_dtype, positions, segment_ids
+from tzrec_ops.backends.pytorch._common import compute_dtype
+from tzrec_ops.jagged import row_positions
 
 
 def _history_end(
@@ -37,9 +38,9 @@ def add_positional_embeddings(
     """[L, D]: ``alpha * x[p] + P[min(p, high_b, K - 1)]``, high_b = the first target's index."""
     cd = compute_dtype(seq_embeddings.dtype)
     rows = seq_embeddings.shape[0]
-    seg = segment_ids(seq_offsets, rows)
+    seg, pos = row_positions(seq_offsets, rows)
     high = _history_end(seq_lengths, num_targets, interleave_targets)
-    index = torch.minimum(positions(seq_offsets, seg), high[seg])
+    index = torch.minimum(pos, high[seg])
     index = index.clamp(max=position_embeddings_weight.shape[0] - 1)
     table = position_embeddings_weight.to(cd)
     out = seq_embeddings.to(cd) * alpha + table.index_select(0, index)
@@ -87,8 +88,7 @@ def add_timestamp_positional_embeddings(
     """
     cd = compute_dtype(seq_embeddings.dtype)
     rows = seq_embeddings.shape[0]
-    seg = segment_ids(seq_offsets, rows)
-    pos = positions(seq_offsets, seg)
+    seg, pos = row_positions(seq_offsets, rows)
     high = _history_end(seq_lengths, num_targets, interleave_targets)[seg]
     from_end = high - torch.minimum(pos, high) + max_contextual_seq_len
     pos_index = torch.where(pos < max_contextual_seq_len, pos, from_end)
