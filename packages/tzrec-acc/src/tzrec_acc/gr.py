@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from tzrec_acc._extras import require
+from tzrec_ops.extras import require
 
 __all__ = [
     "SUPPORTED_MODELS",
@@ -38,19 +38,27 @@ __all__ = [
 ]
 
 SUPPORTED_MODELS = ("HSTURanking", "HSTURetrieval")
-HISTORY_KEYS = (
-    "uih.item_id",
-    "uih.sequence_length",
-    "uih_action.sequence",
-    "uih_timestamp.sequence",
-)
-CANDIDATE_KEYS = ("candidate.item_id", "candidate.sequence_length", "candidate_timestamp.sequence")
 
 Args = Tuple[Any, ...]
 
 
 def _models() -> Any:
     return require("tzrec_gr.models", "tzrec-acc[gr]", "exporting tzrec-gr models")
+
+
+def _keys() -> Any:
+    """:mod:`tzrec_gr.features`, the feature keys."""
+    return require("tzrec_gr.features", "tzrec-acc[gr]", "exporting tzrec-gr models")
+
+
+def _history_keys() -> Tuple[str, ...]:
+    keys = _keys()
+    return (keys.UIH_ITEM_ID, keys.UIH_LENGTHS, keys.UIH_ACTIONS, keys.UIH_TIMESTAMPS)
+
+
+def _candidate_keys() -> Tuple[str, ...]:
+    keys = _keys()
+    return (keys.CANDIDATE_ITEM_ID, keys.CANDIDATE_LENGTHS, keys.CANDIDATE_TIMESTAMPS)
 
 
 def model_kind(model: nn.Module) -> str:
@@ -130,18 +138,19 @@ def sample_inputs(
     targets = _new_lengths(batch, candidates, gen)
     n = int(targets.sum())
     pre = model.transducer.input_preprocessor
+    keys = _keys()
     features = {
-        "uih.item_id": ids,
-        "uih.sequence_length": lengths,
-        "uih_action.sequence": torch.randint(0, 256, (total,), generator=gen),
-        "uih_timestamp.sequence": timestamps,
-        "candidate.item_id": torch.randint(0, model.num_items, (n,), generator=gen),
-        "candidate.sequence_length": targets,
-        "candidate_timestamp.sequence": torch.full((n,), int(timestamps.max()) + 600),
+        keys.UIH_ITEM_ID: ids,
+        keys.UIH_LENGTHS: lengths,
+        keys.UIH_ACTIONS: torch.randint(0, 256, (total,), generator=gen),
+        keys.UIH_TIMESTAMPS: timestamps,
+        keys.CANDIDATE_ITEM_ID: torch.randint(0, model.num_items, (n,), generator=gen),
+        keys.CANDIDATE_LENGTHS: targets,
+        keys.CANDIDATE_TIMESTAMPS: torch.full((n,), int(timestamps.max()) + 600),
     }
     width = pre.contextual_seq_len() * pre.contextual_feature_dim
     if width:
-        features["contextual"] = torch.randn(batch, width, generator=gen)
+        features[keys.CONTEXTUAL] = torch.randn(batch, width, generator=gen)
     return ({k: v.to(device) for k, v in features.items()},)
 
 
@@ -165,13 +174,14 @@ def dynamic_shapes(model: nn.Module, args: Args, max_batch: int = 256) -> Any:
     if model_kind(model) == "retrieval":
         return ({0: history}, {0: users}, {0: history})
     (features,) = args
+    keys = _keys()
     shapes: Dict[str, Any] = {}
     for key in features:
-        if key.endswith("sequence_length") or key == "query_time":
+        if key in (keys.UIH_LENGTHS, keys.CANDIDATE_LENGTHS, keys.QUERY_TIME):
             shapes[key] = {0: users}
-        elif key == "contextual":
+        elif key == keys.CONTEXTUAL:
             shapes[key] = {0: users, 1: Dim.STATIC}
-        elif key.startswith("candidate"):
+        elif key in _candidate_keys():
             shapes[key] = {0: targets}
         else:
             shapes[key] = {0: history}
@@ -280,15 +290,16 @@ def _ranking_request(
     """(step, cache of the sample's histories, the candidates, the dims of the step's
     arguments after the cache's tensors) for ranking."""
     (features,) = args
-    history = {k: v for k, v in features.items() if k in (*HISTORY_KEYS, "contextual")}
-    batch = features["uih.sequence_length"].shape[0]
-    query_time = features["candidate_timestamp.sequence"].max().repeat(batch)
+    keys = _keys()
+    history = {k: v for k, v in features.items() if k in (*_history_keys(), keys.CONTEXTUAL)}
+    batch = features[keys.UIH_LENGTHS].shape[0]
+    query_time = features[keys.CANDIDATE_TIMESTAMPS].max().repeat(batch)
     cache = model.prefill(history, query_time)
-    request = {k: features[k] for k in CANDIDATE_KEYS}
+    request = {k: features[k] for k in _candidate_keys()}
     shapes = (
         None if cache.query_time is None else {0: users},
         None if cache.contextual is None else {0: users, 1: Dim.STATIC},
-        {k: {0: users} if k.endswith("length") else {0: candidates} for k in CANDIDATE_KEYS},
+        {k: {0: users} if k == keys.CANDIDATE_LENGTHS else {0: candidates} for k in request},
     )
     return RankingServingStep(model), cache, (request,), shapes
 

@@ -5,7 +5,7 @@ embedding widths, E = output width, C = contextual prefix tokens, Fc = width of 
 contextual feature, U_b / T_b = history / candidate tokens of sample b.
 
 Features are a plain ``Dict[str, torch.Tensor]`` (use :mod:`tzrec_gr.torchrec_adapters` for
-torchrec inputs). With ``name = "uih"`` the keys are:
+torchrec inputs). With ``name = "uih"`` the keys are (:mod:`tzrec_gr.features` names them):
 
 =============================== ===================== =====================================
 key                             shape                 meaning
@@ -39,18 +39,31 @@ import torch
 from torch import nn
 
 from tzrec_gr._backend import BackendArg, resolve_module_backend
-from tzrec_gr._jagged import (
-    as_int64,
-    concat_jagged_rows,
-    lengths_to_offsets,
-    row_positions,
-)
 from tzrec_gr.action_encoder import SimpleActionEncoder
 from tzrec_gr.content_encoder import ContentEncoder
 from tzrec_gr.contextualize_mlps import ContextualizedMLP
+from tzrec_gr.features import (
+    CANDIDATE_LENGTHS,
+    CANDIDATE_SEQUENCE,
+    CANDIDATE_TIMESTAMPS,
+    CONTEXTUAL,
+    HISTORY,
+    UIH_LENGTHS,
+    actions_key,
+    lengths_key,
+    sequence_key,
+    timestamps_key,
+    watchtimes_key,
+)
 from tzrec_gr.layers import Linear
-from tzrec_ops.ops.host_copies import mirror
-from tzrec_ops.ops.jagged import concat_2D_jagged
+from tzrec_ops import concat_2D_jagged
+from tzrec_ops.jagged import (
+    as_int64,
+    concat_jagged_rows,
+    mirror,
+    offsets_from_lengths,
+    row_positions,
+)
 
 __all__ = [
     "PreprocessorOutput",
@@ -117,7 +130,7 @@ def _check_lengths(name: str, lengths: torch.Tensor, batch: Optional[int]) -> No
         raise ValueError(f"{name} must be 1-D [B], got shape {tuple(lengths.shape)}")
     if batch is not None and lengths.shape[0] != batch:
         raise ValueError(
-            f"{name} has B = {lengths.shape[0]} entries but uih.sequence_length has "
+            f"{name} has B = {lengths.shape[0]} entries but {UIH_LENGTHS} has "
             f"{batch}; every feature must have the same batch size"
         )
 
@@ -229,7 +242,7 @@ class _ContextualBase(InputPreprocessor):
         self._contextual_seq_len = max_contextual_seq_len
         self.contextual_feature_dim = contextual_feature_dim
         self.contextual_group_name = contextual_group_name
-        self.name = name or "uih"
+        self.name = name or HISTORY
         self.contextual = (
             ContextualProjection(
                 max_contextual_seq_len, contextual_feature_dim, output_embedding_dim, device=device
@@ -287,7 +300,7 @@ class _ContextualBase(InputPreprocessor):
             total_uih_len=out.total_uih_len + batch * c,
             total_targets=out.total_targets,
             seq_lengths=lengths,
-            seq_offsets=lengths_to_offsets(lengths),
+            seq_offsets=mirror(offsets_from_lengths, lengths),
             seq_timestamps=ts,
             seq_embeddings=emb,
             num_targets=out.num_targets,
@@ -336,9 +349,9 @@ class ContextualInterleavePreprocessor(_ContextualBase):
         action_mlp: Optional[ContextualizedMLP] = None,
         contextual_feature_dim: int = 0,
         max_contextual_seq_len: int = 0,
-        contextual_group_name: str = "contextual",
+        contextual_group_name: str = CONTEXTUAL,
         enable_interleaving: bool = False,
-        name: str = "uih",
+        name: str = HISTORY,
         backend: BackendArg = None,
         device: Optional[torch.device] = None,
     ) -> None:
@@ -385,33 +398,33 @@ class ContextualInterleavePreprocessor(_ContextualBase):
         self, features: Features, max_uih_len: int, max_targets: int = 0
     ) -> PreprocessorOutput:
         k = self.name
-        uih = _get(features, f"{k}.sequence")
-        uih_lengths = _get(features, f"{k}.sequence_length")
-        cand = _get(features, "candidate.sequence")
-        cand_lengths = _get(features, "candidate.sequence_length")
-        _check_lengths(f"{k}.sequence_length", uih_lengths, None)
+        uih = _get(features, sequence_key(k))
+        uih_lengths = _get(features, lengths_key(k))
+        cand = _get(features, CANDIDATE_SEQUENCE)
+        cand_lengths = _get(features, CANDIDATE_LENGTHS)
+        _check_lengths(lengths_key(k), uih_lengths, None)
         batch = uih_lengths.shape[0]
-        _check_lengths("candidate.sequence_length", cand_lengths, batch)
+        _check_lengths(CANDIDATE_LENGTHS, cand_lengths, batch)
         total_uih, total_t = uih.shape[0], cand.shape[0]
         uih_ts = _flat1(
-            f"{k}_timestamp.sequence",
-            _get(features, f"{k}_timestamp.sequence"),
+            timestamps_key(k),
+            _get(features, timestamps_key(k)),
             total_uih,
             "history",
         )
         cand_ts = _flat1(
-            "candidate_timestamp.sequence",
-            _get(features, "candidate_timestamp.sequence"),
+            CANDIDATE_TIMESTAMPS,
+            _get(features, CANDIDATE_TIMESTAMPS),
             total_t,
             "candidate",
         )
         raw_ctx = self._raw_contextual(features, batch)
 
-        uih_offsets = lengths_to_offsets(uih_lengths)
-        cand_offsets = lengths_to_offsets(cand_lengths)
+        uih_offsets = mirror(offsets_from_lengths, uih_lengths)
+        cand_offsets = mirror(offsets_from_lengths, cand_lengths)
         num_targets = as_int64(cand_lengths)
         lengths = mirror(torch.add, as_int64(uih_lengths), num_targets)
-        offsets = lengths_to_offsets(lengths)
+        offsets = mirror(offsets_from_lengths, lengths)
         max_len = max_uih_len + max_targets
         content = self.content_encoder(
             uih, cand, max_uih_len, max_targets, uih_offsets, cand_offsets
@@ -427,14 +440,12 @@ class ContextualInterleavePreprocessor(_ContextualBase):
             )
             return self._add_prefix(out, raw_ctx)
 
-        actions = _flat1(
-            f"{k}_action.sequence", _get(features, f"{k}_action.sequence"), total_uih, "history"
-        )
+        actions = _flat1(actions_key(k), _get(features, actions_key(k)), total_uih, "history")
         watch = None
         if self.action_encoder.need_watchtime:
             watch = _flat1(
-                f"{k}_watchtime.sequence",
-                _get(features, f"{k}_watchtime.sequence"),
+                watchtimes_key(k),
+                _get(features, watchtimes_key(k)),
                 total_uih,
                 "history",
             )
@@ -495,7 +506,7 @@ class ContextualInterleavePreprocessor(_ContextualBase):
         """History tokens -> (content, action) pairs; candidates keep their content only."""
         uih_len = lengths - num_targets
         new_lengths = mirror(_interleaved_lengths, lengths, num_targets)
-        new_offsets = lengths_to_offsets(new_lengths)
+        new_offsets = mirror(offsets_from_lengths, new_lengths)
         total = 2 * total_uih + total_t
         sample, pos = row_positions(new_offsets, total)
         hist = uih_len[sample]
@@ -541,10 +552,10 @@ class UIHPreprocessor(_ContextualBase):
         output_embedding_dim: int,
         contextual_feature_dim: int = 0,
         max_contextual_seq_len: int = 0,
-        contextual_group_name: str = "contextual",
+        contextual_group_name: str = CONTEXTUAL,
         action_encoder: Optional[SimpleActionEncoder] = None,
         action_mlp: Optional[ContextualizedMLP] = None,
-        name: str = "uih",
+        name: str = HISTORY,
         backend: BackendArg = None,
         device: Optional[torch.device] = None,
     ) -> None:
@@ -573,30 +584,26 @@ class UIHPreprocessor(_ContextualBase):
         self, features: Features, max_uih_len: int, max_targets: int = 0
     ) -> PreprocessorOutput:
         k = self.name
-        uih = _get(features, f"{k}.sequence")
-        lengths = _get(features, f"{k}.sequence_length")
-        _check_lengths(f"{k}.sequence_length", lengths, None)
+        uih = _get(features, sequence_key(k))
+        lengths = _get(features, lengths_key(k))
+        _check_lengths(lengths_key(k), lengths, None)
         if uih.dim() != 2 or uih.shape[1] != self.uih_embedding_dim:
             raise ValueError(
-                f"{k}.sequence must be [L_u, {self.uih_embedding_dim}], got {tuple(uih.shape)}"
+                f"{sequence_key(k)} must be [L_u, {self.uih_embedding_dim}], got {tuple(uih.shape)}"
             )
         batch, total = lengths.shape[0], uih.shape[0]
-        ts = _flat1(
-            f"{k}_timestamp.sequence", _get(features, f"{k}_timestamp.sequence"), total, "history"
-        )
+        ts = _flat1(timestamps_key(k), _get(features, timestamps_key(k)), total, "history")
         raw_ctx = self._raw_contextual(features, batch)
         lengths = as_int64(lengths)
-        offsets = lengths_to_offsets(lengths)
+        offsets = mirror(offsets_from_lengths, lengths)
         emb = self.projection(uih)
         if self.action_encoder is not None and self.action_mlp is not None:
-            actions = _flat1(
-                f"{k}_action.sequence", _get(features, f"{k}_action.sequence"), total, "history"
-            )
+            actions = _flat1(actions_key(k), _get(features, actions_key(k)), total, "history")
             watch = None
             if self.action_encoder.need_watchtime:
                 watch = _flat1(
-                    f"{k}_watchtime.sequence",
-                    _get(features, f"{k}_watchtime.sequence"),
+                    watchtimes_key(k),
+                    _get(features, watchtimes_key(k)),
                     total,
                     "history",
                 )

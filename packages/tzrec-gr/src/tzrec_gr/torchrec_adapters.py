@@ -10,6 +10,8 @@ from typing import Any, Dict, Mapping
 
 import torch
 
+from tzrec_gr.features import lengths_key, sequence_key
+
 __all__ = ["features_from_jagged_tensors", "features_from_kjt"]
 
 
@@ -38,8 +40,8 @@ def features_from_jagged_tensors(groups: Mapping[str, Any]) -> Dict[str, torch.T
     out: Dict[str, torch.Tensor] = {}
     for name, value in groups.items():
         if isinstance(value, jagged_cls):
-            out[f"{name}.sequence"] = value.values()
-            out[f"{name}.sequence_length"] = value.lengths()
+            out[sequence_key(name)] = value.values()
+            out[lengths_key(name)] = value.lengths()
         elif isinstance(value, torch.Tensor):
             out[name] = value
         else:

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from tzrec_bench.data.dataset import SequenceDataset
+from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, UIH_ACTIONS, UIH_LENGTHS
 
 __all__ = ["ItemKNN", "ItemTransitions", "MostPopular", "PopularityRanking"]
 
@@ -397,10 +398,10 @@ class PopularityRanking(nn.Module):
         if max_seq_len <= 0:
             raise ValueError(f"max_seq_len must be > 0, got {max_seq_len}")
         device = self.item_rates.device
-        lengths = features["uih.sequence_length"].to(device)
-        actions = features["uih_action.sequence"].to(device)
-        candidates = features["candidate.item_id"].to(device)
-        candidate_lengths = features["candidate.sequence_length"].to(device)
+        lengths = features[UIH_LENGTHS].to(device)
+        actions = features[UIH_ACTIONS].to(device)
+        candidates = features[CANDIDATE_ITEM_ID].to(device)
+        candidate_lengths = features[CANDIDATE_LENGTHS].to(device)
         rows, ages = _recency(lengths, actions.shape[0])
         seen = ages <= max_seq_len
         bits = torch.tensor(self.task_bitmasks, device=device)

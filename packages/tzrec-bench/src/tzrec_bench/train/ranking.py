@@ -28,7 +28,16 @@ from tzrec_bench.train.config import RANKING_TASKS, ConfigError, TrainConfig
 from tzrec_bench.train.distributed import DistContext, shard
 from tzrec_bench.train.metrics import TaskAUC
 from tzrec_bench.train.task import Batch, amp_dtype, autocast, chunks, eval_rows
-from tzrec_ops.ops.host_copies import to_device
+from tzrec_gr.features import (
+    CANDIDATE_ITEM_ID,
+    CANDIDATE_LENGTHS,
+    CANDIDATE_TIMESTAMPS,
+    UIH_ACTIONS,
+    UIH_ITEM_ID,
+    UIH_LENGTHS,
+    UIH_TIMESTAMPS,
+)
+from tzrec_ops.jagged import to_device
 
 TASK_BITS = {"click": Action.CLICK, "like": Action.LIKE, "long_view": Action.LONG_VIEW}
 
@@ -121,13 +130,13 @@ class RankingTask:
             return torch.from_numpy(values).to(device, non_blocking=True)
 
         features = {
-            "uih.item_id": put(history_ds.item_ids[hist]),
-            "uih.sequence_length": to_device(torch.from_numpy(history_lengths), device),
-            "uih_action.sequence": put(history_ds.actions[hist]),
-            "uih_timestamp.sequence": put(history_ds.timestamps[hist]),
-            "candidate.item_id": put(candidate_ds.item_ids[candidate_index]),
-            "candidate.sequence_length": to_device(torch.from_numpy(candidate_lengths), device),
-            "candidate_timestamp.sequence": put(candidate_ds.timestamps[candidate_index]),
+            UIH_ITEM_ID: put(history_ds.item_ids[hist]),
+            UIH_LENGTHS: to_device(torch.from_numpy(history_lengths), device),
+            UIH_ACTIONS: put(history_ds.actions[hist]),
+            UIH_TIMESTAMPS: put(history_ds.timestamps[hist]),
+            CANDIDATE_ITEM_ID: put(candidate_ds.item_ids[candidate_index]),
+            CANDIDATE_LENGTHS: to_device(torch.from_numpy(candidate_lengths), device),
+            CANDIDATE_TIMESTAMPS: put(candidate_ds.timestamps[candidate_index]),
         }
         return {"features": features, "labels": put(candidate_ds.actions[candidate_index])}
 

@@ -15,6 +15,19 @@ from tzrec_gr._backend import BackendArg
 from tzrec_gr.action_encoder import SimpleActionEncoder
 from tzrec_gr.content_encoder import SliceContentEncoder
 from tzrec_gr.contextualize_mlps import SimpleContextualizedMLP
+from tzrec_gr.features import (
+    CANDIDATE_ITEM_ID,
+    CANDIDATE_LENGTHS,
+    CANDIDATE_SEQUENCE,
+    CANDIDATE_TIMESTAMPS,
+    CONTEXTUAL,
+    QUERY_TIME,
+    UIH_ACTIONS,
+    UIH_ITEM_ID,
+    UIH_LENGTHS,
+    UIH_SEQUENCE,
+    UIH_TIMESTAMPS,
+)
 from tzrec_gr.hstu_transducer import HSTUTransducer
 from tzrec_gr.layers import MLP, LayerNorm, Linear, SwishLayerNorm
 from tzrec_gr.losses import multitask_bce_loss
@@ -35,8 +48,6 @@ from tzrec_gr.serving import ServingCache, constant_lengths, longest
 from tzrec_gr.stu import STULayer, STUStack
 
 Batch = Dict[str, torch.Tensor]
-_CONTEXTUAL = "contextual"
-_QUERY_TIME = "query_time"
 
 __all__ = ["HSTURanking"]
 
@@ -187,7 +198,7 @@ class HSTURanking(nn.Module):
             action_mlp=SimpleContextualizedMLP(action_encoder.output_dim, e, 2 * e, **kw),
             contextual_feature_dim=contextual_feature_dim,
             max_contextual_seq_len=max_contextual_seq_len,
-            contextual_group_name=_CONTEXTUAL,
+            contextual_group_name=CONTEXTUAL,
             enable_interleaving=enable_interleaving,
             **kw,
         )
@@ -246,15 +257,15 @@ class HSTURanking(nn.Module):
 
     def _check_history(self, arg: str, batch: Batch, max_uih_len: int, contextual: bool) -> int:
         """Checks the history features of ``batch`` (the argument ``arg``); returns B."""
-        ids = self._get(arg, batch, "uih.item_id")
-        lengths = self._get(arg, batch, "uih.sequence_length")
-        ids_name = f"{arg}['uih.item_id']"
+        ids = self._get(arg, batch, UIH_ITEM_ID)
+        lengths = self._get(arg, batch, UIH_LENGTHS)
+        ids_name = f"{arg}[{UIH_ITEM_ID!r}]"
         check_int_tensor(ids_name, ids)
-        for key in ("uih_action.sequence", "uih_timestamp.sequence"):
+        for key in (UIH_ACTIONS, UIH_TIMESTAMPS):
             check_int_tensor(f"{arg}[{key!r}]", self._get(arg, batch, key))
             check_rows(f"{arg}[{key!r}]", batch[key], ids.shape[0], ids_name)
         check_lengths(
-            f"{arg}['uih.sequence_length']",
+            f"{arg}[{UIH_LENGTHS!r}]",
             lengths,
             max_uih_len,
             "max_uih_len",
@@ -263,26 +274,26 @@ class HSTURanking(nn.Module):
         )
         check_item_ids(ids_name, ids, self.num_items, self.validate_inputs)
         if contextual and self.contextual_seq_len > 0:
-            ctx = self._get(arg, batch, _CONTEXTUAL)
+            ctx = self._get(arg, batch, CONTEXTUAL)
             if not isinstance(ctx, torch.Tensor) or not ctx.is_floating_point():
                 raise ValueError(
-                    f"{arg}[{_CONTEXTUAL!r}] must be a float tensor, got "
+                    f"{arg}[{CONTEXTUAL!r}] must be a float tensor, got "
                     f"{getattr(ctx, 'dtype', type(ctx).__name__)}"
                 )
-            check_batch(f"{arg}[{_CONTEXTUAL!r}]", ctx, lengths.shape[0], "uih.sequence_length")
-            check_finite(f"{arg}[{_CONTEXTUAL!r}]", ctx, self.validate_inputs)
+            check_batch(f"{arg}[{CONTEXTUAL!r}]", ctx, lengths.shape[0], UIH_LENGTHS)
+            check_finite(f"{arg}[{CONTEXTUAL!r}]", ctx, self.validate_inputs)
         return lengths.shape[0]
 
     def _check_candidates(self, arg: str, batch: Batch, max_targets: int, users: int) -> None:
         """Checks the candidate features of ``batch`` for ``users`` users."""
-        ids = self._get(arg, batch, "candidate.item_id")
-        lengths = self._get(arg, batch, "candidate.sequence_length")
-        ts = self._get(arg, batch, "candidate_timestamp.sequence")
-        ids_name = f"{arg}['candidate.item_id']"
-        lengths_name = f"{arg}['candidate.sequence_length']"
+        ids = self._get(arg, batch, CANDIDATE_ITEM_ID)
+        lengths = self._get(arg, batch, CANDIDATE_LENGTHS)
+        ts = self._get(arg, batch, CANDIDATE_TIMESTAMPS)
+        ids_name = f"{arg}[{CANDIDATE_ITEM_ID!r}]"
+        lengths_name = f"{arg}[{CANDIDATE_LENGTHS!r}]"
         check_int_tensor(ids_name, ids)
-        check_int_tensor(f"{arg}['candidate_timestamp.sequence']", ts)
-        check_rows(f"{arg}['candidate_timestamp.sequence']", ts, ids.shape[0], ids_name)
+        check_int_tensor(f"{arg}[{CANDIDATE_TIMESTAMPS!r}]", ts)
+        check_rows(f"{arg}[{CANDIDATE_TIMESTAMPS!r}]", ts, ids.shape[0], ids_name)
         check_int_tensor(lengths_name, lengths)
         check_batch(lengths_name, lengths, users, "the history")
         check_lengths(lengths_name, lengths, max_targets, "max_targets", ids.shape[0], ids_name)
@@ -308,9 +319,9 @@ class HSTURanking(nn.Module):
             the item embeddings of the ids; the candidates' embeddings [L_t, Du]).
         """
         features = dict(batch)
-        features["uih.sequence"] = self.item_embeddings(batch["uih.item_id"])
-        cand = self.item_embeddings(batch["candidate.item_id"])
-        features["candidate.sequence"] = cand
+        features[UIH_SEQUENCE] = self.item_embeddings(batch[UIH_ITEM_ID])
+        cand = self.item_embeddings(batch[CANDIDATE_ITEM_ID])
+        features[CANDIDATE_SEQUENCE] = cand
         return features, cand
 
     def head(self, user: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
@@ -329,8 +340,8 @@ class HSTURanking(nn.Module):
         max_targets = check_bound("max_targets", max_targets, self.max_targets)
         users = self._check_history("batch", batch, max_uih_len, contextual=True)
         self._check_candidates("batch", batch, max_targets, users)
-        query_time = batch.get(_QUERY_TIME)
-        self._check_query_time(f"batch[{_QUERY_TIME!r}]", query_time, users)
+        query_time = batch.get(QUERY_TIME)
+        self._check_query_time(f"batch[{QUERY_TIME!r}]", query_time, users)
         features, cand = self.embed_features(batch)
         out = self.transducer(features, max_uih_len, max_targets, query_time=query_time)
         return self.head(out.candidate_embeddings, cand)
@@ -358,15 +369,15 @@ class HSTURanking(nn.Module):
         return {k: lengths if k.endswith("sequence_length") else empty for k in keys}
 
     def _no_candidates(self, users: int, like: torch.Tensor) -> Batch:
-        keys = ("candidate.item_id", "candidate.sequence_length", "candidate_timestamp.sequence")
+        keys = (CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS)
         return self._empty(keys, users, like)
 
     def _no_history(self, users: int, like: torch.Tensor) -> Batch:
         keys = (
-            "uih.item_id",
-            "uih.sequence_length",
-            "uih_action.sequence",
-            "uih_timestamp.sequence",
+            UIH_ITEM_ID,
+            UIH_LENGTHS,
+            UIH_ACTIONS,
+            UIH_TIMESTAMPS,
         )
         return self._empty(keys, users, like)
 
@@ -399,7 +410,7 @@ class HSTURanking(nn.Module):
                 "candidates scored against it are measured from it"
             )
         self._check_query_time("query_time", query_time, users)
-        lengths = history["uih.sequence_length"]
+        lengths = history[UIH_LENGTHS]
         features, _ = self.embed_features({**history, **self._no_candidates(users, lengths)})
         _, cache = self.transducer.prefill(features, max_uih_len, query_time=query_time)
         return cache
@@ -432,7 +443,7 @@ class HSTURanking(nn.Module):
             cache.query_time,
             cache.contextual,
             candidates,
-            longest(candidates["candidate.sequence_length"]),
+            longest(candidates[CANDIDATE_LENGTHS]),
             cache.max_len,
         )
 
@@ -479,7 +490,7 @@ class HSTURanking(nn.Module):
             contextual=contextual,
         )
         users = lengths.shape[0]
-        like = candidates["candidate.sequence_length"]
+        like = candidates[CANDIDATE_LENGTHS]
         features, cand = self.embed_features({**self._no_history(users, like), **candidates})
         max_new = self.max_targets if max_candidates is None else max_candidates
         user, _, _ = self.transducer.cached_forward(features, cache, max_new, targets=True)
@@ -506,10 +517,10 @@ class HSTURanking(nn.Module):
         self.transducer.check_cache(cache)
         self._check_extendable()
         self._check_history("events", events, self.max_uih_len, contextual=False)
-        lengths = events["uih.sequence_length"]
-        check_batch("events['uih.sequence_length']", lengths, cache.batch_size, "the cache")
+        lengths = events[UIH_LENGTHS]
+        check_batch(f"events[{UIH_LENGTHS!r}]", lengths, cache.batch_size, "the cache")
         check_appended(
-            "events['uih.sequence_length']",
+            f"events[{UIH_LENGTHS!r}]",
             cache.lengths,
             lengths,
             self._tokens_per_event(),
@@ -567,7 +578,7 @@ class HSTURanking(nn.Module):
         max_new = self.max_uih_len if max_events is None else max_events
         after = min(before + self._tokens_per_event() * max_new, self.max_cached_len)
         users = lengths.shape[0]
-        like = events["uih.sequence_length"]
+        like = events[UIH_LENGTHS]
         features, _ = self.embed_features({**events, **self._no_candidates(users, like)})
         _, _, new = self.transducer.cached_forward(
             features, cache, max_new, targets=False, update_cache=True, max_cached_len=after

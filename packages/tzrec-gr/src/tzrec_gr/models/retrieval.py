@@ -13,6 +13,11 @@ import torch
 from torch import nn
 
 from tzrec_gr._backend import BackendArg
+from tzrec_gr.features import (
+    UIH_LENGTHS,
+    UIH_SEQUENCE,
+    UIH_TIMESTAMPS,
+)
 from tzrec_gr.hstu_transducer import HSTUTransducer
 from tzrec_gr.losses import sampled_softmax_loss
 from tzrec_gr.models._inputs import (
@@ -29,7 +34,7 @@ from tzrec_gr.postprocessors import L2NormPostprocessor
 from tzrec_gr.preprocessors import UIHPreprocessor
 from tzrec_gr.serving import ServingCache, longest
 from tzrec_gr.stu import STULayer, STUStack
-from tzrec_ops.jagged import offsets_from_lengths
+from tzrec_ops.jagged import mirror, offsets_from_lengths
 
 __all__ = ["HSTURetrieval"]
 
@@ -184,9 +189,9 @@ class HSTURetrieval(nn.Module):
         """The transducer's features of a history (unchecked): ``uih.sequence`` [L, E]
         (the ids' embeddings), ``uih.sequence_length`` [B], ``uih_timestamp.sequence`` [L]."""
         return {
-            "uih.sequence": self.item_embeddings(item_ids),
-            "uih.sequence_length": lengths,
-            "uih_timestamp.sequence": timestamps,
+            UIH_SEQUENCE: self.item_embeddings(item_ids),
+            UIH_LENGTHS: lengths,
+            UIH_TIMESTAMPS: timestamps,
         }
 
     def forward(
@@ -209,7 +214,7 @@ class HSTURetrieval(nn.Module):
         """[B, E] each user's last row of ``full`` (zeros for users without rows)."""
         if full.shape[0] == 0:
             return full.new_zeros(lengths.shape[0], full.shape[1])
-        last = (offsets_from_lengths(lengths)[1:] - 1).clamp(min=0)
+        last = (mirror(offsets_from_lengths, lengths)[1:] - 1).clamp(min=0)
         return full[last] * (lengths > 0).unsqueeze(1).to(full.dtype)
 
     def user_embedding(
