@@ -29,23 +29,19 @@ import torch
 from torch import nn
 
 from tzrec_gr._backend import BackendArg, resolve_module_backend
-from tzrec_gr._jagged import lengths_to_offsets, offsets_from_lengths
-from tzrec_ops.ops.host_copies import host_copy, mirror
-from tzrec_ops.ops.hstu_attention import delta_hstu_mha
-from tzrec_ops.ops.hstu_attention_utils import build_sla_func_tensor
-from tzrec_ops.ops.hstu_compute import (
+from tzrec_ops import (
+    STUTruncationPlan,
+    apply_stu_truncation_plan,
+    build_sla_func_tensor,
+    compute_stu_truncation_plan,
+    concat_2D_jagged,
+    delta_hstu_mha,
     hstu_compute_output,
     hstu_compute_uqvk,
     hstu_preprocess_and_attention,
+    split_2D_jagged,
 )
-from tzrec_ops.ops.jagged import concat_2D_jagged, split_2D_jagged
-from tzrec_ops.ops.truncation import (
-    STUTruncationPlan,
-    apply_stu_truncation_plan,
-    compute_stu_truncation_plan,
-)
-from tzrec_ops.ops.utils import tracing
-from tzrec_ops.ops.validation import check_once
+from tzrec_ops.jagged import host_copy, mirror, offsets_from_lengths, tracing
 
 __all__ = ["KVCache", "STU", "STULayer", "STUOutput", "STUStack", "STUStackOutput"]
 
@@ -225,8 +221,8 @@ class STULayer(STU):
     Sync-free steps: the ops check the values of ``x_offsets``, ``num_targets`` and
     ``kv_caching_lengths`` (and the layer needs ``sum(kv_caching_lengths)`` when
     ``total_kv_caching_len`` is None) on host copies of them
-    (:mod:`tzrec_ops.ops.host_copies`). Move them to the device with
-    :func:`tzrec_ops.ops.host_copies.to_device` (or build them from lengths moved that way)
+    (:mod:`tzrec_ops.jagged`). Move them to the device with
+    :func:`tzrec_ops.jagged.to_device` (or build them from lengths moved that way)
     and a step reads nothing back from the device; the offsets the layer derives (cache
     offsets, the extended cache's offsets) get host copies from them. Otherwise the first
     op that needs a value reads the batch once, and every later op and layer reuses it.
@@ -388,15 +384,15 @@ class STULayer(STU):
         Returns:
             (x' [L', E], offsets' [B + 1], max_seq_len', plan).
         """
-        plan = _compute_plan(
+        plan = compute_stu_truncation_plan(
             x_offsets,
             num_targets,
             max_seq_len,
-            x.shape[0],
-            truncate_tail_len,
-            self._contextual_seq_len,
-            total_kept,
-            new_max_seq_len,
+            truncate_tail_len=truncate_tail_len,
+            contextual_seq_len=self._contextual_seq_len,
+            total_len=x.shape[0],
+            truncated_total_len=total_kept,
+            truncated_max_seq_len=new_max_seq_len,
         )
         x = apply_stu_truncation_plan(x, plan, backend=self._backend)
         return x, plan.new_x_offsets, plan.new_max_seq_len, plan
@@ -535,7 +531,7 @@ class STULayer(STU):
             # one read shared with every later layer and op that sees these lengths (and
             # read before the offsets below are derived, so that they get a copy too)
             total_kv_caching_len = host_copy(kv_caching_lengths).stat("sum", _sum)
-        cache_offsets = lengths_to_offsets(kv_caching_lengths)
+        cache_offsets = mirror(offsets_from_lengths, kv_caching_lengths)
         rest_offsets = mirror(_difference, offsets, cache_offsets)
         total = k.shape[0]
         caches = []
@@ -742,118 +738,6 @@ class STUStackOutput(NamedTuple):
     kv_caches: Optional[List[KVCache]]
 
 
-def _plan_tensors(
-    x_offsets: torch.Tensor,
-    num_targets: Optional[torch.Tensor],
-    truncate_tail_len: int,
-    contextual_seq_len: int,
-) -> Tuple[torch.Tensor, ...]:
-    """A truncation plan's index tensors, in plain torch (run on the device and on the host).
-
-    Returns:
-        (new_lengths, new_x_offsets, offsets_head, offsets_tail, offsets_prefix,
-        offsets_rest), as in :class:`STUTruncationPlan`.
-    """
-    c = contextual_seq_len
-    offsets = x_offsets.to(torch.int64)
-    lengths = offsets[1:] - offsets[:-1]
-    targets = torch.zeros_like(lengths) if num_targets is None else num_targets.to(torch.int64)
-    history = lengths - targets - c
-    dropped = history - history.clamp(max=truncate_tail_len)
-    new_lengths = lengths - dropped
-    offsets_prefix = torch.arange(offsets.numel(), device=offsets.device, dtype=torch.int64) * c
-    return (
-        new_lengths.to(x_offsets.dtype),
-        offsets_from_lengths(new_lengths).to(x_offsets.dtype),
-        offsets_from_lengths(dropped),
-        offsets_from_lengths(new_lengths - c),
-        offsets_prefix,
-        offsets - offsets_prefix,
-    )
-
-
-def _check_total_kept(
-    x_offsets: torch.Tensor,
-    num_targets: Optional[torch.Tensor],
-    truncate_tail_len: int,
-    contextual_seq_len: int,
-    total_kept: int,
-) -> None:
-    """The caller's ``truncated_total_len`` is the real row count after truncation.
-
-    Checked on the inputs' host copies, once per batch and value; without this check the
-    plan's splits would fail with a message that does not name ``truncated_total_len``.
-    """
-
-    def check(offsets: torch.Tensor, targets: Optional[torch.Tensor]) -> None:
-        new_offsets = _plan_tensors(offsets, targets, truncate_tail_len, contextual_seq_len)[1]
-        kept = int(new_offsets[-1])
-        if kept != total_kept:
-            raise ValueError(
-                f"truncated_total_len ({total_kept}) must equal the number of tokens left "
-                f"after truncation ({kept})"
-            )
-
-    key = ("truncated_total_len", total_kept, truncate_tail_len, contextual_seq_len)
-    check_once(key, (x_offsets, num_targets), check)
-
-
-def _compute_plan(
-    x_offsets: torch.Tensor,
-    num_targets: Optional[torch.Tensor],
-    max_seq_len: int,
-    total_len: int,
-    truncate_tail_len: int,
-    contextual_seq_len: int,
-    total_kept: Optional[int],
-    new_max_seq_len: Optional[int],
-) -> STUTruncationPlan:
-    """The truncation plan; without host syncs when the caller gives ``total_kept``.
-
-    ``total_kept`` is the row count after truncation (prefix included);
-    ``new_max_seq_len`` bounds the new lengths (default: ``max_seq_len``).
-    Without ``total_kept``, :func:`compute_stu_truncation_plan` takes the sizes from the
-    host copies of the offsets and the exact new maximum length is used. With it, it is
-    checked against those copies (read once per batch at most, and not at all when known).
-    """
-    if total_kept is None:
-        return compute_stu_truncation_plan(
-            x_offsets,
-            num_targets,
-            max_seq_len,
-            truncate_tail_len=truncate_tail_len,
-            contextual_seq_len=contextual_seq_len,
-        )
-    batch = x_offsets.numel() - 1
-    c = contextual_seq_len
-    total_prefix = batch * c
-    if not total_prefix <= total_kept <= total_len:
-        raise ValueError(
-            f"truncated_total_len ({total_kept}) must be between B * C ({total_prefix}) and "
-            f"the number of tokens ({total_len})"
-        )
-    # before the plan is derived, so that the plan's tensors get host copies too
-    _check_total_kept(x_offsets, num_targets, truncate_tail_len, c, total_kept)
-    new_lengths, new_x_offsets, offsets_head, offsets_tail, offsets_prefix, offsets_rest = mirror(
-        _plan_tensors, x_offsets, num_targets, truncate_tail_len, c
-    )
-    return STUTruncationPlan(
-        new_lengths=new_lengths,
-        new_x_offsets=new_x_offsets,
-        new_max_seq_len=min(max_seq_len, new_max_seq_len or max_seq_len),
-        pre_max_seq_len=max_seq_len,
-        contextual_seq_len=c,
-        offsets_head=offsets_head,
-        offsets_tail=offsets_tail,
-        total_dropped=total_len - total_kept,
-        total_kept=total_kept - total_prefix,
-        offsets_prefix=offsets_prefix,
-        offsets_rest=offsets_rest,
-        total_prefix=total_prefix,
-        total_rest=total_len - total_prefix,
-    )
-
-
 class STUStack(nn.Module):
     """STU layers run in order, with optional history truncation before one layer.
 
@@ -884,7 +768,7 @@ class STUStack(nn.Module):
         STUStackOutput: ``(x [L', E], x_offsets [B + 1], max_seq_len, plan, kv_caches)``.
 
     Sync-free steps: pass ``x_offsets``, ``num_targets`` and ``kv_caching_lengths`` moved
-    with :func:`tzrec_ops.ops.host_copies.to_device` (or built from lengths moved that way):
+    with :func:`tzrec_ops.jagged.to_device` (or built from lengths moved that way):
     then neither a training step nor a cached serving step reads anything back from the
     device (a truncation plan is derived from their host copies too). Otherwise the first
     op that needs a value reads the batch once (one transfer) and every later layer reuses

@@ -19,6 +19,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from tzrec_ops.jagged import (
+    check_once,
     host_copies,
     known_host_copy,
     lengths_from_offsets,
@@ -106,6 +107,74 @@ def _plan_offsets(
     )
 
 
+def _check_truncated_total_len(
+    x_offsets: torch.Tensor,
+    num_targets: Optional[torch.Tensor],
+    truncate_tail_len: int,
+    contextual_seq_len: int,
+    truncated_total_len: int,
+) -> None:
+    """The caller's ``truncated_total_len`` is the real token count after truncation.
+
+    Checked on the inputs' host copies, once per batch and value; without this check the
+    plan's splits would fail with a message that does not name ``truncated_total_len``.
+    """
+
+    def check(offsets: torch.Tensor, targets: Optional[torch.Tensor]) -> None:
+        new_offsets = _plan_offsets(offsets, targets, truncate_tail_len, contextual_seq_len)[1]
+        kept = int(new_offsets[-1])
+        if kept != truncated_total_len:
+            raise ValueError(
+                f"truncated_total_len ({truncated_total_len}) must equal the number of tokens "
+                f"left after truncation ({kept})"
+            )
+
+    key = ("truncated_total_len", truncated_total_len, truncate_tail_len, contextual_seq_len)
+    check_once(key, (x_offsets, num_targets), check)
+
+
+def _plan_of_known_size(
+    x_offsets: torch.Tensor,
+    num_targets: Optional[torch.Tensor],
+    max_seq_len: int,
+    truncate_tail_len: int,
+    contextual_seq_len: int,
+    total_len: Optional[int],
+    truncated_total_len: int,
+    truncated_max_seq_len: Optional[int],
+) -> STUTruncationPlan:
+    """:func:`compute_stu_truncation_plan` with the sizes from the caller (no host read)."""
+    if total_len is None:
+        raise ValueError("truncated_total_len needs total_len, the token count before truncation")
+    c = contextual_seq_len
+    total_prefix = (x_offsets.numel() - 1) * c
+    if not total_prefix <= truncated_total_len <= total_len:
+        raise ValueError(
+            f"truncated_total_len ({truncated_total_len}) must be between B * C "
+            f"({total_prefix}) and the number of tokens ({total_len})"
+        )
+    # before the plan is derived, so that the plan's tensors get host copies too
+    _check_truncated_total_len(x_offsets, num_targets, truncate_tail_len, c, truncated_total_len)
+    new_lengths, new_x_offsets, offsets_head, offsets_tail, offsets_prefix, offsets_rest = mirror(
+        _plan_offsets, x_offsets, num_targets, truncate_tail_len, c
+    )
+    return STUTruncationPlan(
+        new_lengths=new_lengths,
+        new_x_offsets=new_x_offsets,
+        new_max_seq_len=min(max_seq_len, truncated_max_seq_len or max_seq_len),
+        pre_max_seq_len=max_seq_len,
+        contextual_seq_len=c,
+        offsets_head=offsets_head,
+        offsets_tail=offsets_tail,
+        total_dropped=total_len - truncated_total_len,
+        total_kept=truncated_total_len - total_prefix,
+        offsets_prefix=offsets_prefix,
+        offsets_rest=offsets_rest,
+        total_prefix=total_prefix,
+        total_rest=total_len - total_prefix,
+    )
+
+
 def compute_stu_truncation_plan(
     x_offsets: torch.Tensor,
     num_targets: Optional[torch.Tensor],
@@ -113,6 +182,9 @@ def compute_stu_truncation_plan(
     *,
     truncate_tail_len: int,
     contextual_seq_len: int = 0,
+    total_len: Optional[int] = None,
+    truncated_total_len: Optional[int] = None,
+    truncated_max_seq_len: Optional[int] = None,
 ) -> STUTruncationPlan:
     """Plan keeping the newest ``truncate_tail_len`` history tokens of every sequence.
 
@@ -123,13 +195,33 @@ def compute_stu_truncation_plan(
         max_seq_len: the batch's current max_seq_len bound (kept as ``pre_max_seq_len``).
         truncate_tail_len: history tokens to keep per sequence (>= 0).
         contextual_seq_len: C, the prefix kept in front of every sequence (>= 0).
+        total_len: L, the batch's token count (``x.shape[0]``); needed with
+            ``truncated_total_len``. Default: None.
+        truncated_total_len: the token count after truncation (the B * C prefix tokens
+            included), from the caller: the plan then takes no size from the offsets, and
+            this count is checked on their host copies once per batch (no read when they are
+            known). Default: None (the sizes come from the host copies).
+        truncated_max_seq_len: with ``truncated_total_len``, an upper bound on the new
+            lengths. Default: None (``max_seq_len``).
 
     Returns:
         The :class:`STUTruncationPlan`. Its sizes come from the host copies of
         ``x_offsets`` and ``num_targets`` (one device-to-host transfer for both, none for
-        tensors moved with :func:`~tzrec_ops.jagged.to_device`), and its index
-        tensors carry host copies too, so applying the plan reads nothing back.
+        tensors moved with :func:`~tzrec_ops.jagged.to_device`), or from the caller's
+        ``truncated_total_len``; its index tensors carry host copies too, so applying the
+        plan reads nothing back.
     """
+    if truncated_total_len is not None:
+        return _plan_of_known_size(
+            x_offsets,
+            num_targets,
+            max_seq_len,
+            truncate_tail_len,
+            contextual_seq_len,
+            total_len,
+            truncated_total_len,
+            truncated_max_seq_len,
+        )
     check_non_negative("truncate_tail_len", truncate_tail_len)
     check_non_negative("contextual_seq_len", contextual_seq_len)
     check_non_negative("max_seq_len", max_seq_len)
