@@ -13,19 +13,19 @@ import torch
 from torch import nn
 
 from tzrec_gr._backend import BackendArg, resolve_module_backend
-from tzrec_gr._jagged import (
-    lengths_to_offsets,
-    offsets_to_lengths,
-    row_positions,
-    select_jagged_rows,
-)
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
 from tzrec_gr.postprocessors import OutputPostprocessor
 from tzrec_gr.preprocessors import InputPreprocessor, PreprocessorOutput
 from tzrec_gr.serving import ServingCache, constant_lengths, longest, new_owner_id
 from tzrec_gr.stu import KVCache, STUStack
-from tzrec_ops.ops.host_copies import mirror
-from tzrec_ops.ops.jagged import split_2D_jagged
+from tzrec_ops import split_2D_jagged
+from tzrec_ops.jagged import (
+    lengths_from_offsets,
+    mirror,
+    offsets_from_lengths,
+    row_positions,
+    select_jagged_rows,
+)
 
 Features = Dict[str, torch.Tensor]
 
@@ -245,7 +245,7 @@ class HSTUTransducer(nn.Module):
         )
         lengths, timestamps, total_uih = pre.seq_lengths, pre.seq_timestamps, pre.total_uih_len
         if out.plan is not None:
-            lengths = offsets_to_lengths(out.x_offsets)
+            lengths = mirror(lengths_from_offsets, out.x_offsets)
             timestamps = self._replay_on_timestamps(pre, out.x_offsets, out.x.shape[0])
             total_uih = out.x.shape[0] - pre.total_targets
         return self._compose(
@@ -481,7 +481,7 @@ class HSTUTransducer(nn.Module):
         if c == 0:
             return pre.seq_embeddings, pre.seq_timestamps, pre.seq_lengths, pre.seq_offsets
         lengths = mirror(torch.sub, pre.seq_lengths, c)
-        offsets = lengths_to_offsets(lengths)
+        offsets = mirror(offsets_from_lengths, lengths)
         total = pre.seq_embeddings.shape[0] - c * lengths.shape[0]
         start = torch.full_like(lengths, c)
         emb, ts = (
@@ -531,7 +531,7 @@ class HSTUTransducer(nn.Module):
         (``total`` in all), by one gather index shared by the layers. (A jagged split into
         kept and dropped rows would size a tensor by the dropped padding, which a trace
         with dynamic shapes cannot keep symbolic.)"""
-        offsets = lengths_to_offsets(kept)
+        offsets = mirror(offsets_from_lengths, kept)
         sample, pos = row_positions(offsets, total)
         index = caches[0].offsets.to(torch.int64)[sample] + pos
         return [
@@ -545,7 +545,7 @@ class HSTUTransducer(nn.Module):
         """The truncation applied to the timestamps: rows ``[0, C)`` of each sample are
         kept, then the rows after the ``old_len - new_len`` dropped history rows."""
         c = self.stu.contextual_seq_len
-        new_len = new_offsets[1:] - new_offsets[:-1]
+        new_len = lengths_from_offsets(new_offsets)
         dropped = pre.seq_lengths.to(torch.int64) - new_len.to(torch.int64)
         sample, pos = row_positions(new_offsets, total_kept)
         source = pre.seq_offsets[sample] + pos + (pos >= c).to(torch.int64) * dropped[sample]
@@ -567,8 +567,8 @@ class HSTUTransducer(nn.Module):
             encoded = self._postprocess(encoded, timestamps)
             full = encoded
         uih_lengths = mirror(torch.sub, lengths, num_targets)
-        uih_offsets = lengths_to_offsets(uih_lengths)
-        cand_offsets = lengths_to_offsets(num_targets)
+        uih_offsets = mirror(offsets_from_lengths, uih_lengths)
+        cand_offsets = mirror(offsets_from_lengths, num_targets)
         _, cand = split_2D_jagged(
             max_seq_len=max_seq_len,
             values=encoded,
