@@ -16,6 +16,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from tzrec_ops.contract import OPS
 from tzrec_ops.ops.autocast import autocast_inputs
 from tzrec_ops.ops.host_copies import host_copy
 from tzrec_ops.ops.validation import (
@@ -133,14 +134,7 @@ def concat_2D_jagged(
     impl = select_backend(
         "concat_2D_jagged", backend, device=values_left.device, dtype=values_left.dtype
     )
-    return impl(
-        values_left=values_left,
-        values_right=values_right,
-        max_len_left=max_len_left,
-        max_len_right=max_len_right,
-        offsets_left=offsets_left,
-        offsets_right=offsets_right,
-    )
+    return impl(**OPS["concat_2D_jagged"].arguments(locals()))
 
 
 def split_2D_jagged(
@@ -216,16 +210,8 @@ def split_2D_jagged(
     _check_side("right", total_len_right, "total_len_right", offsets_right, max_len_right, batch)
     _check_split_lengths(max_seq_len, offsets_left, offsets_right, max_len_left, max_len_right)
     impl = select_backend("split_2D_jagged", backend, device=values.device, dtype=values.dtype)
-    return impl(
-        max_seq_len=max_seq_len,
-        values=values,
-        total_len_left=total_len_left,
-        total_len_right=total_len_right,
-        max_len_left=max_len_left,
-        max_len_right=max_len_right,
-        offsets_left=offsets_left,
-        offsets_right=offsets_right,
-    )
+    # the totals as derived above, not as given
+    return impl(**OPS["split_2D_jagged"].arguments(locals()))
 
 
 def _dense_total(side: str, given: Optional[int], expected: int) -> int:
@@ -308,6 +294,4 @@ def jagged_dense_bmm_broadcast_add(
     impl = select_backend(
         "jagged_dense_bmm_broadcast_add", backend, device=jagged.device, dtype=jagged.dtype
     )
-    return impl(
-        max_seq_len=max_seq_len, seq_offsets=seq_offsets, jagged=jagged, dense=dense, bias=bias
-    )
+    return impl(**OPS["jagged_dense_bmm_broadcast_add"].arguments(locals()))
