@@ -25,7 +25,7 @@ Decisions:
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import triton
@@ -429,112 +429,79 @@ def _define(tma: bool):
     return forward, delta
 
 
-_hstu_mha_op, _delta_hstu_mha_op = _define(tma=False)
-_hstu_mha_tma_op, _delta_hstu_mha_tma_op = _define(tma=True)
-
-
 # ---------------------------------------------------------------------------------------------
 # backend functions (the public signatures minus ``backend``)
 # ---------------------------------------------------------------------------------------------
 
 
-def _mha(op, max_seq_len, alpha, q, k, v, seq_offsets, causal, dropout_pr, training,
-         num_targets, max_attn_len, contextual_seq_len, min_full_attn_seq_len, sort_by_length,
-         attn_func, scaling_seqlen) -> torch.Tensor:
-    _reject_unsupported(dropout_pr, training, min_full_attn_seq_len, attn_func)
-    return op(int(max_seq_len), float(alpha), q, k, v, seq_offsets, bool(causal), num_targets,
-              int(max_attn_len), int(contextual_seq_len), bool(sort_by_length),
-              int(scaling_seqlen))
+Attention = Callable[..., torch.Tensor]
 
 
-def hstu_mha(
-    max_seq_len: int,
-    alpha: float,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    seq_offsets: torch.Tensor,
-    causal: bool = True,
-    dropout_pr: float = 0.0,
-    training: bool = True,
-    num_targets: Optional[torch.Tensor] = None,
-    max_attn_len: int = 0,
-    contextual_seq_len: int = 0,
-    min_full_attn_seq_len: int = 0,
-    sort_by_length: bool = False,
-    attn_func: Optional[torch.Tensor] = None,
-    scaling_seqlen: int = -1,
-) -> torch.Tensor:
-    """HSTU attention ``[L, H, V]`` with pointer loads (``tzrec_ops::hstu_mha_triton``)."""
-    return _mha(_hstu_mha_op, max_seq_len, alpha, q, k, v, seq_offsets, causal, dropout_pr,
-                training, num_targets, max_attn_len, contextual_seq_len, min_full_attn_seq_len,
-                sort_by_length, attn_func, scaling_seqlen)
+def _backend_functions(tma: bool) -> Tuple[Attention, Attention]:
+    """The ``hstu_mha`` and ``delta_hstu_mha`` implementations of backend ``triton``
+    (pointer loads) or, with ``tma``, ``triton_tma`` (tensor descriptors): one kernel with a
+    flag, each variant with its own ``tzrec_ops::*_triton[_tma]`` ops (see :func:`_define`)."""
+    forward_op, delta_op = _define(tma)
+    suffix = "_tma" if tma else ""
+    loads = "tensor descriptors" if tma else "pointer loads"
+
+    def hstu_mha(
+        max_seq_len: int,
+        alpha: float,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        seq_offsets: torch.Tensor,
+        causal: bool = True,
+        dropout_pr: float = 0.0,
+        training: bool = True,
+        num_targets: Optional[torch.Tensor] = None,
+        max_attn_len: int = 0,
+        contextual_seq_len: int = 0,
+        min_full_attn_seq_len: int = 0,
+        sort_by_length: bool = False,
+        attn_func: Optional[torch.Tensor] = None,
+        scaling_seqlen: int = -1,
+    ) -> torch.Tensor:
+        _reject_unsupported(dropout_pr, training, min_full_attn_seq_len, attn_func)
+        return forward_op(
+            int(max_seq_len), float(alpha), q, k, v, seq_offsets, bool(causal), num_targets,
+            int(max_attn_len), int(contextual_seq_len), bool(sort_by_length), int(scaling_seqlen),
+        )
+
+    def delta_hstu_mha(
+        max_seq_len: int,
+        alpha: float,
+        delta_q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        seq_offsets: torch.Tensor,
+        num_targets: Optional[torch.Tensor] = None,
+        max_attn_len: int = 0,
+        contextual_seq_len: int = 0,
+        scaling_seqlen: int = -1,
+        *,
+        delta_k: Optional[torch.Tensor] = None,
+        delta_v: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        return delta_op(
+            int(max_seq_len), float(alpha), delta_q, k, v, seq_offsets, num_targets,
+            int(max_attn_len), int(contextual_seq_len), int(scaling_seqlen), delta_k, delta_v,
+        )
+
+    hstu_mha.__doc__ = (
+        f"HSTU attention ``[L, H, V]`` with {loads} (``tzrec_ops::hstu_mha_triton{suffix}``)."
+    )
+    delta_hstu_mha.__doc__ = (
+        f"Cached attention ``[B * D, H, V]`` of each sequence's last D queries (forward only) "
+        f"with {loads} (``tzrec_ops::delta_hstu_mha_triton{suffix}``); with ``delta_k``/"
+        f"``delta_v`` the split form, which reads the cache in place through pointer loads "
+        f"(see :func:`hstu_attention_fwd`)."
+    )
+    for fn in (hstu_mha, delta_hstu_mha):
+        fn.__name__ = fn.__qualname__ = fn.__name__ + suffix
+    return hstu_mha, delta_hstu_mha
 
 
-def hstu_mha_tma(
-    max_seq_len: int,
-    alpha: float,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    seq_offsets: torch.Tensor,
-    causal: bool = True,
-    dropout_pr: float = 0.0,
-    training: bool = True,
-    num_targets: Optional[torch.Tensor] = None,
-    max_attn_len: int = 0,
-    contextual_seq_len: int = 0,
-    min_full_attn_seq_len: int = 0,
-    sort_by_length: bool = False,
-    attn_func: Optional[torch.Tensor] = None,
-    scaling_seqlen: int = -1,
-) -> torch.Tensor:
-    """HSTU attention ``[L, H, V]`` through tensor descriptors (``..._triton_tma``)."""
-    return _mha(_hstu_mha_tma_op, max_seq_len, alpha, q, k, v, seq_offsets, causal, dropout_pr,
-                training, num_targets, max_attn_len, contextual_seq_len, min_full_attn_seq_len,
-                sort_by_length, attn_func, scaling_seqlen)
-
-
-def delta_hstu_mha(
-    max_seq_len: int,
-    alpha: float,
-    delta_q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    seq_offsets: torch.Tensor,
-    num_targets: Optional[torch.Tensor] = None,
-    max_attn_len: int = 0,
-    contextual_seq_len: int = 0,
-    scaling_seqlen: int = -1,
-    *,
-    delta_k: Optional[torch.Tensor] = None,
-    delta_v: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """Cached attention ``[B * D, H, V]`` of each sequence's last D queries (forward only);
-    with ``delta_k``/``delta_v`` the split form (cache read in place)."""
-    return _delta_hstu_mha_op(int(max_seq_len), float(alpha), delta_q, k, v, seq_offsets,
-                              num_targets, int(max_attn_len), int(contextual_seq_len),
-                              int(scaling_seqlen), delta_k, delta_v)
-
-
-def delta_hstu_mha_tma(
-    max_seq_len: int,
-    alpha: float,
-    delta_q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    seq_offsets: torch.Tensor,
-    num_targets: Optional[torch.Tensor] = None,
-    max_attn_len: int = 0,
-    contextual_seq_len: int = 0,
-    scaling_seqlen: int = -1,
-    *,
-    delta_k: Optional[torch.Tensor] = None,
-    delta_v: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """:func:`delta_hstu_mha` through tensor descriptors (the split form, ``delta_k``/
-    ``delta_v`` given, uses pointer loads: see :func:`hstu_attention_fwd`)."""
-    return _delta_hstu_mha_tma_op(int(max_seq_len), float(alpha), delta_q, k, v, seq_offsets,
-                                  num_targets, int(max_attn_len), int(contextual_seq_len),
-                                  int(scaling_seqlen), delta_k, delta_v)
-
+hstu_mha, delta_hstu_mha = _backend_functions(tma=False)
+hstu_mha_tma, delta_hstu_mha_tma = _backend_functions(tma=True)
