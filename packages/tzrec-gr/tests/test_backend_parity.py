@@ -16,7 +16,7 @@ import torch
 
 import tzrec_ops
 from tzrec_gr import STULayer, STUStack
-from tzrec_gr.stu import _LAYER_OPS
+from tzrec_gr.stu.layer import _LAYER_OPS
 from tzrec_ops.jagged import offsets_from_lengths
 
 

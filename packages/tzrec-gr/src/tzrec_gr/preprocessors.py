@@ -27,6 +27,10 @@ Sizes are never read from the device: the caller passes upper bounds ``max_uih_l
 Output sequence of sample b: ``[C contextual tokens | U_b history | T_b candidates]``
 (with interleaving, each history token becomes a (content, action) pair; in training the
 candidates too).
+
+One module, a little over 600 lines, on purpose: the two preprocessors share the
+contextual-prefix base, the jagged helpers and the feature table above, and each is about
+a hundred to two hundred lines; split them when a third preprocessor comes.
 """
 
 from __future__ import annotations

@@ -1,49 +1,35 @@
-"""STU (sequential transduction unit) layers and stacks, with a functional KV cache.
+"""One STU layer: :class:`STULayer`, its full, truncated and cached (KV cache) forwards.
 
 Legend: B = batch, L = total tokens of the jagged batch, E = embedding dim, H = heads,
 A = attention (q/k) dim per head, V = hidden (v/u) dim per head, C = contextual prefix
 length, T_b = number of targets (candidates) at the end of sample b, N = ``max_seq_len``.
-
-Each sample is laid out as ``[contextual prefix (C) | history (U_b) | targets (T_b)]``.
-
-KV cache design: the cache is a **value**, not module state. :class:`KVCache` holds one
-layer's cached keys/values; :meth:`STULayer.forward` returns a new cache when asked to
-(``kv_caching_lengths``), and :meth:`STULayer.cached_forward` takes a cache and returns
-``(output, full_cache)`` where ``full_cache`` is the input cache with the new tokens
-appended (or ``None`` with ``update_cache=False``, for scoring candidates against a fixed
-history). Keeping the old cache, rolling forward to the new one, or trimming it is the
-caller's choice, so a layer can serve many requests at once and is safe to re-enter.
-Attention reads the cache in place (the split form of ``delta_hstu_mha``); only
-``update_cache=True`` copies it, to build the returned cache.
 """
 
 from __future__ import annotations
 
-import abc
-import dataclasses
 import math
 import warnings
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
 
 from tzrec_gr._backend import BackendArg, resolve_module_backend
+from tzrec_gr.stu.interface import STU, STUOutput
+from tzrec_gr.stu.kv_cache import KVCache, append_to_kv_cache, prefix_kv_cache
 from tzrec_ops import (
     STUTruncationPlan,
     apply_stu_truncation_plan,
     build_sla_func_tensor,
     compute_stu_truncation_plan,
-    concat_2D_jagged,
     delta_hstu_mha,
     hstu_compute_output,
     hstu_compute_uqvk,
     hstu_preprocess_and_attention,
-    split_2D_jagged,
 )
-from tzrec_ops.jagged import host_copy, mirror, offsets_from_lengths, tracing
+from tzrec_ops.jagged import tracing
 
-__all__ = ["KVCache", "STU", "STULayer", "STUOutput", "STUStack", "STUStackOutput"]
+__all__ = ["STULayer"]
 
 _NORM_EPS = 1e-6
 _LAYER_OPS = (
@@ -54,111 +40,6 @@ _LAYER_OPS = (
     "split_2D_jagged",
     "concat_2D_jagged",
 )
-
-
-def _sum(values: torch.Tensor) -> int:
-    return int(values.sum())
-
-
-def _difference(offsets: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """int64 ``offsets - other`` (the offsets of the rows after each sample's first part)."""
-    return offsets.to(torch.int64) - other.to(torch.int64)
-
-
-def _extended_offsets(offsets: torch.Tensor, delta: int) -> torch.Tensor:
-    """The offsets after appending ``delta`` rows to every sample."""
-    steps = torch.arange(offsets.numel(), device=offsets.device, dtype=torch.int64) * delta
-    return offsets.to(torch.int64) + steps
-
-
-@dataclasses.dataclass(frozen=True)
-class KVCache:
-    """One STU layer's cached keys and values for a jagged batch.
-
-    Attributes:
-        k (torch.Tensor): [sum_b n_b, H * A] cached keys.
-        v (torch.Tensor): [sum_b n_b, H * V] cached values.
-        offsets (torch.Tensor): [B + 1] int64 offsets of the cached tokens.
-        max_len (int): an upper bound on the cached lengths n_b.
-    """
-
-    k: torch.Tensor
-    v: torch.Tensor
-    offsets: torch.Tensor
-    max_len: int
-
-
-class STUOutput(NamedTuple):
-    """What :meth:`STU.forward` returns.
-
-    Attributes:
-        out: [L, E] the layer output.
-        attn_func: [H, 3, L] the semi-local-attention mask used, or the one passed in.
-        kv_cache: the prefix cache when ``kv_caching_lengths`` was given, else None.
-    """
-
-    out: torch.Tensor
-    attn_func: Optional[torch.Tensor]
-    kv_cache: Optional[KVCache]
-
-
-class STU(nn.Module, abc.ABC):
-    """Interface of a sequential transduction unit over jagged sequences."""
-
-    @abc.abstractmethod
-    def forward(
-        self,
-        x: torch.Tensor,
-        x_offsets: torch.Tensor,
-        max_seq_len: int,
-        num_targets: Optional[torch.Tensor] = None,
-        *,
-        kv_caching_lengths: Optional[torch.Tensor] = None,
-        max_kv_caching_len: int = 0,
-        total_kv_caching_len: Optional[int] = None,
-        prev_attn_func: Optional[torch.Tensor] = None,
-        prev_attn_func_sig: Optional[str] = None,
-    ) -> STUOutput:
-        """Transduce ``x`` [L, E] -> [L, E]; optionally return a KV cache of each prefix."""
-
-    @abc.abstractmethod
-    def cached_forward(
-        self,
-        delta_x: torch.Tensor,
-        kv_cache: KVCache,
-        num_targets: Optional[torch.Tensor] = None,
-        *,
-        kv_caching_lengths: Optional[torch.Tensor] = None,
-        max_kv_caching_len: int = 0,
-        total_kv_caching_len: Optional[int] = None,
-        update_cache: bool = True,
-    ) -> Tuple[torch.Tensor, Optional[KVCache]]:
-        """Transduce Δ new tokens per sample against ``kv_cache``; return (out, new cache),
-        the new cache being None when ``update_cache`` is False."""
-
-    @property
-    @abc.abstractmethod
-    def contextual_seq_len(self) -> int:
-        """C, the contextual prefix length this unit was built for."""
-
-    @property
-    @abc.abstractmethod
-    def attn_func_sig(self) -> Optional[str]:
-        """Identifies the attention mask this unit builds (None: it builds none)."""
-
-    @abc.abstractmethod
-    def truncate_input(
-        self,
-        x: torch.Tensor,
-        x_offsets: torch.Tensor,
-        max_seq_len: int,
-        num_targets: Optional[torch.Tensor],
-        *,
-        truncate_tail_len: int,
-        total_kept: Optional[int] = None,
-        new_max_seq_len: Optional[int] = None,
-    ) -> Tuple[torch.Tensor, torch.Tensor, int, STUTruncationPlan]:
-        """Drop the oldest history tokens so at most ``truncate_tail_len`` remain per sample."""
 
 
 class STULayer(STU):
@@ -497,7 +378,7 @@ class STULayer(STU):
                     "hstu_preprocess_and_attention(prefill=True) returned no k/v; "
                     "the backend must materialize them for the KV cache"
                 )
-            kv_cache = self._prefix_cache(
+            kv_cache = prefix_kv_cache(
                 k.reshape(k.shape[0], -1),
                 v.reshape(v.shape[0], -1),
                 x_offsets,
@@ -505,79 +386,10 @@ class STULayer(STU):
                 kv_caching_lengths,
                 max_kv_caching_len,
                 total_kv_caching_len,
+                self._backend,
             )
         out = self._output(attn, u, x, params)
         return STUOutput(out, attn_func, kv_cache)
-
-    def _prefix_cache(
-        self,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        offsets: torch.Tensor,
-        max_seq_len: int,
-        kv_caching_lengths: torch.Tensor,
-        max_kv_caching_len: int,
-        total_kv_caching_len: Optional[int],
-    ) -> KVCache:
-        """Keep the first ``kv_caching_lengths[b]`` rows of k and v of each sample."""
-        batch = offsets.numel() - 1
-        if kv_caching_lengths.dim() != 1 or kv_caching_lengths.numel() != batch:
-            raise ValueError(
-                f"kv_caching_lengths must have shape [B] = [{batch}] (from the offsets), "
-                f"got {tuple(kv_caching_lengths.shape)}"
-            )
-        if total_kv_caching_len is None:
-            # from the host copy: none to read when the lengths came with to_device, else
-            # one read shared with every later layer and op that sees these lengths (and
-            # read before the offsets below are derived, so that they get a copy too)
-            total_kv_caching_len = host_copy(kv_caching_lengths).stat("sum", _sum)
-        cache_offsets = mirror(offsets_from_lengths, kv_caching_lengths)
-        rest_offsets = mirror(_difference, offsets, cache_offsets)
-        total = k.shape[0]
-        caches = []
-        for t in (k, v):
-            kept, _ = split_2D_jagged(
-                max_seq_len=max_seq_len,
-                values=t,
-                total_len_left=total_kv_caching_len,
-                total_len_right=total - total_kv_caching_len,
-                max_len_left=None,
-                max_len_right=None,
-                offsets_left=cache_offsets,
-                offsets_right=rest_offsets,
-                backend=self._backend,
-            )
-            caches.append(kept)
-        return KVCache(caches[0], caches[1], cache_offsets, max_kv_caching_len or max_seq_len)
-
-    def construct_full_kv(
-        self, kv_cache: KVCache, delta_k: torch.Tensor, delta_v: torch.Tensor
-    ) -> KVCache:
-        """Append Δ new rows per sample to the cache: ``[cache_b ; delta_b]``.
-
-        Args:
-            kv_cache: the cache, B samples.
-            delta_k: [B * Δ, H * A]. delta_v: [B * Δ, H * V].
-
-        Returns:
-            KVCache over ``n_b + Δ`` tokens per sample, ``max_len + Δ``.
-        """
-        batch = kv_cache.offsets.numel() - 1
-        delta = delta_k.shape[0] // batch
-        full = [
-            concat_2D_jagged(
-                values_left=cached,
-                values_right=new,
-                max_len_left=kv_cache.max_len,
-                max_len_right=delta,
-                offsets_left=kv_cache.offsets,
-                offsets_right=None,
-                backend=self._backend,
-            )
-            for cached, new in ((kv_cache.k, delta_k), (kv_cache.v, delta_v))
-        ]
-        offsets = mirror(_extended_offsets, kv_cache.offsets, delta)
-        return KVCache(full[0], full[1], offsets, kv_cache.max_len + delta)
 
     def cached_forward(
         self,
@@ -687,9 +499,11 @@ class STULayer(STU):
         out = self._output(attn.reshape(rows, -1), u, delta_x, params)
         if not update_cache:
             return out, None
-        full = self.construct_full_kv(kv_cache, new_k.reshape(rows, -1), new_v.reshape(rows, -1))
+        full = append_to_kv_cache(
+            kv_cache, new_k.reshape(rows, -1), new_v.reshape(rows, -1), self._backend
+        )
         if kv_caching_lengths is not None:
-            full = self._prefix_cache(
+            full = prefix_kv_cache(
                 full.k,
                 full.v,
                 full.offsets,
@@ -697,6 +511,7 @@ class STULayer(STU):
                 kv_caching_lengths,
                 max_kv_caching_len,
                 total_kv_caching_len,
+                self._backend,
             )
         return out, full
 
@@ -718,218 +533,3 @@ class STULayer(STU):
                 f"num_targets must have shape [B] = [{batch}] (B from x_offsets), "
                 f"got {tuple(num_targets.shape)}"
             )
-
-
-class STUStackOutput(NamedTuple):
-    """What :meth:`STUStack.forward` returns.
-
-    Attributes:
-        x: [L', E] the output (L' < L when truncation dropped history tokens).
-        x_offsets: [B + 1] offsets of ``x``.
-        max_seq_len: upper bound on the output lengths.
-        plan: the truncation plan that was applied, or None.
-        kv_caches: one :class:`KVCache` per layer when ``kv_caching_lengths`` was given.
-    """
-
-    x: torch.Tensor
-    x_offsets: torch.Tensor
-    max_seq_len: int
-    plan: Optional[STUTruncationPlan]
-    kv_caches: Optional[List[KVCache]]
-
-
-class STUStack(nn.Module):
-    """STU layers run in order, with optional history truncation before one layer.
-
-    With truncation on, layers ``[0, truncate_split_layer)`` see the full sequence and the
-    later ones only ``[C | last truncate_tail_len history tokens | targets]`` of each sample.
-    Consecutive SLA layers with the same mask signature share one mask tensor.
-
-    Args:
-        stu_list (Sequence[STU]): the layers; all must have the same ``embedding_dim``.
-        truncate_split_layer (int): index of the first layer that sees the truncated
-            sequence; 0 with ``truncate_tail_len = 0`` turns truncation off. Default: 0.
-        truncate_tail_len (int): history tokens kept per sample. Default: 0.
-
-    Call Args:
-        x (torch.Tensor): [L, E].
-        x_offsets (torch.Tensor): [B + 1].
-        max_seq_len (int): upper bound on sample lengths.
-        num_targets (torch.Tensor | None): [B].
-        kv_caching_lengths, max_kv_caching_len, total_kv_caching_len: as in
-            :meth:`STULayer.forward`; returns one cache per layer. Not with truncation.
-        truncated_total_len (int | None): rows left after truncation, from the caller (the
-            plan then needs no sizes from the offsets; checked against their host copies).
-            Default: None (the plan takes its sizes from the offsets' host copies).
-        truncated_max_seq_len (int | None): upper bound on the lengths after truncation,
-            used with ``truncated_total_len``. Default: None (``max_seq_len``).
-
-    Returns:
-        STUStackOutput: ``(x [L', E], x_offsets [B + 1], max_seq_len, plan, kv_caches)``.
-
-    Sync-free steps: pass ``x_offsets``, ``num_targets`` and ``kv_caching_lengths`` moved
-    with :func:`tzrec_ops.jagged.to_device` (or built from lengths moved that way):
-    then neither a training step nor a cached serving step reads anything back from the
-    device (a truncation plan is derived from their host copies too). Otherwise the first
-    op that needs a value reads the batch once (one transfer) and every later layer reuses
-    it; the checks a batch passed are not run again by the next layer.
-
-    Example::
-
-        offsets = to_device(torch.tensor([0, 3, 7]), "cuda")  # CPU copy kept on the host
-        out = stack(x, offsets, max_seq_len=4, num_targets=to_device(targets, "cuda"))
-    """
-
-    def __init__(
-        self,
-        stu_list: Sequence[STU],
-        truncate_split_layer: int = 0,
-        truncate_tail_len: int = 0,
-    ) -> None:
-        super().__init__()
-        if len(stu_list) == 0:
-            raise ValueError("stu_list must contain at least one STU layer, got []")
-        if truncate_split_layer < 0 or truncate_tail_len < 0:
-            raise ValueError(
-                "truncate_split_layer and truncate_tail_len must be non-negative, got "
-                f"{truncate_split_layer} and {truncate_tail_len}"
-            )
-        if (truncate_split_layer > 0) != (truncate_tail_len > 0):
-            raise ValueError(
-                "truncate_split_layer and truncate_tail_len must both be > 0 (truncation on) "
-                f"or both 0 (off), got {truncate_split_layer} and {truncate_tail_len}"
-            )
-        if truncate_split_layer >= len(stu_list) and truncate_split_layer > 0:
-            raise ValueError(
-                f"truncate_split_layer ({truncate_split_layer}) must be < the number of "
-                f"layers ({len(stu_list)})"
-            )
-        dims = {getattr(s, "embedding_dim", None) for s in stu_list}
-        if len(dims) != 1:
-            raise ValueError(
-                f"every STU layer must have the same embedding_dim, got {sorted(dims)}"
-            )
-        self.stu_layers = nn.ModuleList(stu_list)
-        self.embedding_dim = dims.pop()
-        self.truncate_split_layer = truncate_split_layer
-        self.truncate_tail_len = truncate_tail_len
-        # the attention mask is rebuilt at layer 0 and where truncation changes the sequences
-        self._prev_sigs: List[Optional[str]] = [
-            None
-            if i == 0 or (self.truncation_enabled and i == truncate_split_layer)
-            else stu_list[i - 1].attn_func_sig
-            for i in range(len(stu_list))
-        ]
-
-    @property
-    def truncation_enabled(self) -> bool:
-        return self.truncate_tail_len > 0
-
-    @property
-    def contextual_seq_len(self) -> int:
-        return self.stu_layers[0].contextual_seq_len
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        x_offsets: torch.Tensor,
-        max_seq_len: int,
-        num_targets: Optional[torch.Tensor] = None,
-        *,
-        kv_caching_lengths: Optional[torch.Tensor] = None,
-        max_kv_caching_len: int = 0,
-        total_kv_caching_len: Optional[int] = None,
-        truncated_total_len: Optional[int] = None,
-        truncated_max_seq_len: Optional[int] = None,
-    ) -> STUStackOutput:
-        if kv_caching_lengths is not None and self.truncation_enabled:
-            raise NotImplementedError(
-                "KV caching with truncation is not supported: the cache would hold the "
-                "untruncated prefix for early layers and the truncated one for later layers"
-            )
-        plan: Optional[STUTruncationPlan] = None
-        attn_func: Optional[torch.Tensor] = None
-        caches: List[KVCache] = []
-        for i, layer in enumerate(self.stu_layers):
-            if self.truncation_enabled and i == self.truncate_split_layer:
-                x, x_offsets, max_seq_len, plan = layer.truncate_input(
-                    x,
-                    x_offsets,
-                    max_seq_len,
-                    num_targets,
-                    truncate_tail_len=self.truncate_tail_len,
-                    total_kept=truncated_total_len,
-                    new_max_seq_len=truncated_max_seq_len,
-                )
-                attn_func = None
-            out = layer(
-                x,
-                x_offsets,
-                max_seq_len,
-                num_targets,
-                kv_caching_lengths=kv_caching_lengths,
-                max_kv_caching_len=max_kv_caching_len,
-                total_kv_caching_len=total_kv_caching_len,
-                prev_attn_func=attn_func,
-                prev_attn_func_sig=self._prev_sigs[i],
-            )
-            x, attn_func = out.out, out.attn_func
-            if out.kv_cache is not None:
-                caches.append(out.kv_cache)
-        return STUStackOutput(x, x_offsets, max_seq_len, plan, caches if caches else None)
-
-    def cached_forward(
-        self,
-        delta_x: torch.Tensor,
-        kv_caches: Sequence[KVCache],
-        num_targets: Optional[torch.Tensor] = None,
-        *,
-        kv_caching_lengths: Optional[torch.Tensor] = None,
-        max_kv_caching_len: int = 0,
-        total_kv_caching_len: Optional[int] = None,
-        update_cache: bool = True,
-    ) -> Tuple[torch.Tensor, Optional[List[KVCache]]]:
-        """Each layer's :meth:`STULayer.cached_forward` in turn (inference only).
-
-        Every layer reads its cache in place; ``update_cache=True`` also copies each cache
-        into the extended one it returns (decoding); ``False`` builds no new caches (scoring
-        candidates against a fixed history).
-
-        Args:
-            delta_x (torch.Tensor): [B * Δ, E].
-            kv_caches (Sequence[KVCache]): one per layer, e.g. from ``forward`` with
-                ``kv_caching_lengths``.
-            num_targets, kv_caching_lengths, max_kv_caching_len, total_kv_caching_len,
-                update_cache: as in :meth:`STULayer.cached_forward`.
-
-        Returns:
-            (out [B * Δ, E], new caches, one per layer, or None when ``update_cache`` is
-            False).
-
-        Raises:
-            NotImplementedError: truncation is on (the cache would not match training).
-        """
-        if self.truncation_enabled:
-            raise NotImplementedError(
-                "cached_forward is not supported with truncation (truncate_tail_len > 0)"
-            )
-        if len(kv_caches) != len(self.stu_layers):
-            raise ValueError(
-                f"kv_caches has {len(kv_caches)} entries but the stack has "
-                f"{len(self.stu_layers)} layers; pass one cache per layer"
-            )
-        new_caches: List[KVCache] = []
-        x = delta_x
-        for layer, cache in zip(self.stu_layers, kv_caches):
-            x, new = layer.cached_forward(
-                x,
-                cache,
-                num_targets,
-                kv_caching_lengths=kv_caching_lengths,
-                max_kv_caching_len=max_kv_caching_len,
-                total_kv_caching_len=total_kv_caching_len,
-                update_cache=update_cache,
-            )
-            if new is not None:
-                new_caches.append(new)
-        return x, new_caches if update_cache else None
