@@ -31,6 +31,8 @@ from typing import Any, Dict, Iterable, Optional, Tuple, Type
 import torch
 from torch import nn
 
+from tzrec_ops.extras import require
+
 __all__ = [
     "MARKS",
     "TraceableRanking",
@@ -119,6 +121,11 @@ def default_leaf_modules() -> Tuple[Type[nn.Module], ...]:
     return (HSTUTransducer, STU, Linear, LayerNorm, SwishLayerNorm)
 
 
+def _features() -> Any:
+    """:mod:`tzrec_gr.features`, the feature keys of tzrec-gr's models."""
+    return require("tzrec_gr.features", "tzrec-acc[gr]", "tracing tzrec-gr models")
+
+
 def _base_tracer() -> Tuple[type, bool]:
     """(torchrec's tracer class, True) when torchrec imports, else (torch.fx.Tracer, False)."""
     try:
@@ -169,30 +176,36 @@ def symbolic_trace(
 class TraceableRanking(nn.Module):
     """``HSTURanking.forward`` over plain tensors, embedding lookups marked sparse.
 
-    Call Args: the ranking batch's features in this order: ``uih.item_id``,
-    ``uih.sequence_length``, ``uih_action.sequence``, ``uih_timestamp.sequence``,
-    ``candidate.item_id``, ``candidate.sequence_length``, ``candidate_timestamp.sequence``,
-    ``contextual`` (None for a model without contextual features).
+    Call Args: the ranking batch's features in the order of :meth:`keys`
+    (``uih.item_id``, ``uih.sequence_length``, ``uih_action.sequence``,
+    ``uih_timestamp.sequence``, ``candidate.item_id``, ``candidate.sequence_length``,
+    ``candidate_timestamp.sequence``), then ``contextual`` (None for a model without
+    contextual features).
     """
-
-    KEYS = (
-        "uih.item_id",
-        "uih.sequence_length",
-        "uih_action.sequence",
-        "uih_timestamp.sequence",
-        "candidate.item_id",
-        "candidate.sequence_length",
-        "candidate_timestamp.sequence",
-    )
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
+    @staticmethod
+    def keys() -> Tuple[str, ...]:
+        """The feature keys of the call's tensor arguments before ``contextual``, in order
+        (named by :mod:`tzrec_gr.features`)."""
+        f = _features()
+        return (
+            f.UIH_ITEM_ID,
+            f.UIH_LENGTHS,
+            f.UIH_ACTIONS,
+            f.UIH_TIMESTAMPS,
+            f.CANDIDATE_ITEM_ID,
+            f.CANDIDATE_LENGTHS,
+            f.CANDIDATE_TIMESTAMPS,
+        )
+
     @classmethod
     def inputs(cls, batch: Dict[str, torch.Tensor]) -> Tuple[Optional[torch.Tensor], ...]:
         """The call arguments for a ranking batch (a dict of features)."""
-        return (*(batch[k] for k in cls.KEYS), batch.get("contextual"))
+        return (*(batch[k] for k in cls.keys()), batch.get(_features().CONTEXTUAL))
 
     def forward(
         self,
@@ -205,21 +218,21 @@ class TraceableRanking(nn.Module):
         candidate_timestamps: torch.Tensor,
         contextual: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        model = self.model
-        cand = mark_sparse("candidate.sequence", model.item_embeddings(candidate_ids))
+        model, f = self.model, _features()
+        cand = mark_sparse(f.CANDIDATE_SEQUENCE, model.item_embeddings(candidate_ids))
         features = {
-            "uih.item_id": uih_ids,
-            "uih.sequence_length": uih_lengths,
-            "uih_action.sequence": uih_actions,
-            "uih_timestamp.sequence": uih_timestamps,
-            "uih.sequence": mark_sparse("uih.sequence", model.item_embeddings(uih_ids)),
-            "candidate.item_id": candidate_ids,
-            "candidate.sequence_length": candidate_lengths,
-            "candidate_timestamp.sequence": candidate_timestamps,
-            "candidate.sequence": cand,
+            f.UIH_ITEM_ID: uih_ids,
+            f.UIH_LENGTHS: uih_lengths,
+            f.UIH_ACTIONS: uih_actions,
+            f.UIH_TIMESTAMPS: uih_timestamps,
+            f.UIH_SEQUENCE: mark_sparse(f.UIH_SEQUENCE, model.item_embeddings(uih_ids)),
+            f.CANDIDATE_ITEM_ID: candidate_ids,
+            f.CANDIDATE_LENGTHS: candidate_lengths,
+            f.CANDIDATE_TIMESTAMPS: candidate_timestamps,
+            f.CANDIDATE_SEQUENCE: cand,
         }
         if contextual is not None:
-            features["contextual"] = mark_dense("contextual", contextual)
+            features[f.CONTEXTUAL] = mark_dense(f.CONTEXTUAL, contextual)
         out = model.transducer(features, model.max_uih_len, model.max_targets)
         return model.head(out.candidate_embeddings, cand)
 
@@ -234,11 +247,11 @@ class TraceableRetrieval(nn.Module):
     def forward(
         self, item_ids: torch.Tensor, lengths: torch.Tensor, timestamps: torch.Tensor
     ) -> torch.Tensor:
-        model = self.model
+        model, f = self.model, _features()
         features = {
-            "uih.sequence": mark_sparse("uih.sequence", model.item_embeddings(item_ids)),
-            "uih.sequence_length": lengths,
-            "uih_timestamp.sequence": timestamps,
+            f.UIH_SEQUENCE: mark_sparse(f.UIH_SEQUENCE, model.item_embeddings(item_ids)),
+            f.UIH_LENGTHS: lengths,
+            f.UIH_TIMESTAMPS: timestamps,
         }
         return model.transducer(features, model.max_seq_len).full_embeddings
 
