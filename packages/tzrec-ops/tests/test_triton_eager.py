@@ -23,7 +23,8 @@ import triton.language as tl  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from tzrec_ops.backends.triton import _eager  # noqa: E402
-from tzrec_ops.backends.triton.layer_norm import _norm_fwd_kernel, layer_norm_op  # noqa: E402
+from tzrec_ops.backends.triton._norm_kernels import _norm_fwd_kernel  # noqa: E402
+from tzrec_ops.backends.triton.layer_norm import layer_norm_op  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

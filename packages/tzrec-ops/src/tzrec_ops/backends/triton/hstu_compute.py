@@ -31,13 +31,8 @@ from torch.utils.checkpoint import checkpoint
 from tzrec_ops.backends.triton import hstu_attention as attention
 from tzrec_ops.backends.triton._eager import triton_library_op
 from tzrec_ops.backends.triton._kernel_utils import draw_seed
-from tzrec_ops.backends.triton.layer_norm import (
-    MUL,
-    PLAIN,
-    layer_norm_op,
-    norm_backward,
-    norm_forward,
-)
+from tzrec_ops.backends.triton._norm_kernels import MUL, PLAIN, norm_backward, norm_forward
+from tzrec_ops.backends.triton.layer_norm import layer_norm_op
 from tzrec_ops.backends.triton.mm import addmm_fwd, matmul
 from tzrec_ops.backends.triton.refusals import raise_if_refused
 from tzrec_ops.backends.triton.silu import silu_backward
