@@ -44,6 +44,11 @@ with the c_b cached keys/values read in place from K/V (offsets ``seq_offsets``)
 ones from DK/DV (rows ``b * D + j``), so nothing concatenates them in memory. Key positions
 below c_b come from the cache, the others from the new rows; the masks are those of the full
 sequence of length ``c_b + D``.
+
+Why one file of ~1000 lines: the three kernels are built from the ``@triton.jit`` helpers
+above them (ids, mask, key ranges, tile and descriptor loads, SiLU and its derivative), and
+the mask maths must be the same in the forward and both backward passes; the helpers and
+the kernels that inline them are read and changed together.
 """
 
 from __future__ import annotations

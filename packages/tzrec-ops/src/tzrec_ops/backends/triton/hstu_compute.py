@@ -18,6 +18,12 @@ Legend: L = tokens, E = embedding dim, H = heads, A = q/k dim per head, V = valu
   adds the residual (whose gradient is ``d_out`` itself, returned without a copy). With
   ``recompute_y_in_backward`` y is not saved; the norm backward kernel rebuilds it (same
   dropout seed) for ``dW = y^T @ d_out``.
+
+Why over 600 lines: the built-in backends mirror :mod:`tzrec_ops.ops` (an op lives in
+``backends/triton/<its OpSpec.module>.py``, :func:`tzrec_ops.contract.mirrored_op_table`), so
+this module holds every op of ``tzrec_ops.ops.hstu_compute``: the three STU blocks, each a
+``torch.library`` op with its autograd over the norm, GEMM and attention kernels. It is only a
+few lines over, so nothing is moved out as the norms' kernels were (``_norm_kernels``).
 """
 
 from __future__ import annotations

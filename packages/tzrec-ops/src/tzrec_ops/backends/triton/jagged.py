@@ -9,6 +9,12 @@ without offsets is dense: ``max_len`` rows per sequence.
 * ``out_b = jagged_b @ dense_b + bias_b``: a tiled kernel over ``(N tiles, row tiles, B)``;
   ``d_jagged_b = d_out_b @ dense_b^T`` reuses it through strides; ``d_dense_b = jagged_b^T @
   d_out_b`` reduces over the sequence's rows while the same programs sum ``d_bias_b``.
+
+Why over 600 lines: the built-in backends mirror :mod:`tzrec_ops.ops` (an op lives in
+``backends/triton/<its OpSpec.module>.py``, :func:`tzrec_ops.contract.mirrored_op_table`), so
+this module holds every op of ``tzrec_ops.ops.jagged``: the concat/split copy kernel and the
+jagged-dense bmm kernels, each next to its launcher and autograd. It is only a few lines over,
+so nothing is moved out as the norms' kernels were (``_norm_kernels``).
 """
 
 from __future__ import annotations

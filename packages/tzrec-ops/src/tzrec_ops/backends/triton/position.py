@@ -16,6 +16,12 @@ the index of sequence b's first target.
   float64 like the reference. The forward stores both indices; the backward sorts each index
   array, sums runs of equal keys inside a block of sorted tokens with a segmented scan, and
   adds each run's total to the fp32 table gradient with one atomic per run and block.
+
+Why over 600 lines: the built-in backends mirror :mod:`tzrec_ops.ops` (an op lives in
+``backends/triton/<its OpSpec.module>.py``, :func:`tzrec_ops.contract.mirrored_op_table`), so
+this module holds every op of ``tzrec_ops.ops.position``: the positional and the timestamp
+embedding kernels, each next to its launcher and autograd. It is only a few lines over, so
+nothing is moved out as the norms' kernels were (``_norm_kernels``).
 """
 
 from __future__ import annotations
