@@ -1,5 +1,5 @@
 """``tzrec-bench ops``: every op on the pytorch backend at tiny CPU shapes, its CSV and plot,
-the FLOP formulas, option errors (exit 2, one line), and the old benchmark modules' aliases."""
+the FLOP formulas, option errors (exit 2, one line), and the attention table without triton."""
 
 from __future__ import annotations
 
@@ -159,14 +159,12 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch, capsys, tmp_path):
     assert "pip install 'tzrec-bench[plot]'" in capsys.readouterr().err
 
 
-def test_attention_alias_runs_without_triton(monkeypatch, tmp_path, capsys):
-    from tzrec_bench.kernels import hstu_attention
-
+def test_attention_table_runs_without_triton(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "triton", None)  # as on a machine without it
-    code = hstu_attention.main(["--providers", "pytorch", "--batch", "2", "--seq-lens", "16",
-                                "--heads", "2", "--attn-dim", "8", "--hidden-dim", "8",
-                                "--dtype", "fp32", "--rep", "1", "--no-progress",
-                                "--csv", str(tmp_path / "a.csv")])
+    code = main(["ops", "--op", "hstu_mha", "--backends", "pytorch", "--batch", "2",
+                 "--seq-lens", "16", "--heads", "2", "--dim", "8", "--hidden-dim", "8",
+                 "--dtype", "fp32", "--backend-max-seq-len", "pytorch=512", "--rep", "1",
+                 "--no-progress", "--csv", str(tmp_path / "a.csv")])
     assert code == 0
     rows = _rows(tmp_path / "a.csv")
     assert {(r["op"], r["provider"], r["mode"]) for r in rows} == {

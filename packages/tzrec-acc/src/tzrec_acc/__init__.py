@@ -9,8 +9,8 @@ Modules: :mod:`~tzrec_acc.settings` (environment toggles), :mod:`~tzrec_acc.fx` 
 :mod:`~tzrec_acc.passes` (graph passes), :mod:`~tzrec_acc.aot` (torch.export, AOTInductor,
 parity), :mod:`~tzrec_acc.gr` (tzrec-gr models: inputs, dynamic shapes, serving steps),
 :mod:`~tzrec_acc.tensorrt`, :mod:`~tzrec_acc.quant`, :mod:`~tzrec_acc.precision`,
-:mod:`~tzrec_acc.checkpoint` (rebuild a saved model), :mod:`~tzrec_acc.cli` and
-:mod:`~tzrec_acc.bench`.
+:mod:`~tzrec_acc.checkpoint` (rebuild a saved model) and :mod:`~tzrec_acc.cli`. Its
+benchmark is tzrec-bench's ``python -m tzrec_bench.export_bench``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ _EXPORTS = {
 }
 _MODULES = (
     "aot",
-    "bench",
     "checkpoint",
     "cli",
     "fx",

@@ -7,7 +7,9 @@ The flow::
     outputs = run_in_fresh_process(path, [args])             # a new Python process loads it
     print(parity(eager_outputs, outputs[0]))                 # one line per output
 
-A package runs in a process that imports nothing of tzrec: its Triton kernels are compiled
+``run_in_fresh_process`` is :func:`tzrec_ops.aoti.run_in_fresh_process` (the C++ compiler's
+libstdc++ preloaded, as a server of AOTInductor packages needs), part of this flow's API. A
+package runs in a process that imports nothing of tzrec: its Triton kernels are compiled
 in. A saved exported program (``save_program``) holds ``tzrec_ops::`` ops by name, so its
 loader imports the backend's library module first (``tzrec_ops.backends.triton.library``
 for the triton backends); pass it in ``imports``.
@@ -16,13 +18,11 @@ for the triton backends); pass it in ``imports``.
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
-import tempfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+from tzrec_ops.aoti import run_in_fresh_process
 
 __all__ = [
     "TOLERANCES",
@@ -43,26 +43,6 @@ TOLERANCES: Dict[torch.dtype, Tuple[float, float]] = {
     torch.bfloat16: (1.6e-2, 1e-5),
     torch.float16: (1e-3, 1e-5),
 }
-
-KINDS = ("aoti", "program")
-
-_CHILD = """
-import importlib, sys, torch
-kind, path, inputs, outputs = sys.argv[1:5]
-for module in sys.argv[5:]:
-    importlib.import_module(module)
-if kind == "aoti":
-    run = torch._inductor.aoti_load_package(path)
-else:
-    run = torch.export.load(path).module()
-results = []
-with torch.no_grad():
-    for args in torch.load(inputs):
-        out = run(*args)
-        out = list(out) if isinstance(out, (list, tuple)) else [out]
-        results.append([t.cpu() for t in out])
-torch.save(results, outputs)
-"""
 
 
 def export(
@@ -112,60 +92,6 @@ def save_program(program: torch.export.ExportedProgram, path: str) -> str:
     """``torch.export.save`` the program (the FX graph of aten and ``tzrec_ops::`` ops)."""
     torch.export.save(program, str(path))
     return str(path)
-
-
-def _loader_env() -> Dict[str, str]:
-    """The environment of a loading process: the C++ compiler's libstdc++ preloaded, as
-    tzrec-ops' README says a server of AOTInductor packages needs."""
-    from tzrec_ops.testing.aoti import compiler_libstdcxx
-
-    env = dict(os.environ)
-    preload = compiler_libstdcxx()
-    if preload:
-        env["LD_PRELOAD"] = " ".join(filter(None, [preload, env.get("LD_PRELOAD")]))
-    return env
-
-
-def run_in_fresh_process(
-    path: str,
-    batches: Sequence[Tuple[Any, ...]],
-    kind: str = "aoti",
-    imports: Sequence[str] = (),
-    timeout: float = 600,
-) -> List[List[torch.Tensor]]:
-    """Load ``path`` in a new Python process and call it on each argument tuple.
-
-    Args:
-        path: an AOTInductor package (``kind="aoti"``) or a saved program (``"program"``).
-        batches: argument tuples.
-        kind: ``"aoti"`` or ``"program"``.
-        imports: modules the new process imports first (op libraries).
-        timeout: seconds.
-
-    Returns:
-        Per batch, the list of outputs (on the CPU).
-
-    Raises:
-        RuntimeError: the process failed; the message holds its exit code and stderr.
-    """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    with tempfile.TemporaryDirectory() as tmp:
-        inputs, outputs = os.path.join(tmp, "inputs.pt"), os.path.join(tmp, "outputs.pt")
-        torch.save([tuple(args) for args in batches], inputs)
-        child = subprocess.run(
-            [sys.executable, "-c", _CHILD, kind, str(path), inputs, outputs, *imports],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=_loader_env(),
-        )
-        if child.returncode != 0:
-            raise RuntimeError(
-                f"loading/running {path} in a fresh process failed with exit code "
-                f"{child.returncode}:\n{child.stderr[-3000:]}"
-            )
-        return torch.load(outputs)
 
 
 def flat_outputs(out: Any) -> List[torch.Tensor]:

@@ -21,7 +21,7 @@ from typing import Any, Dict, Mapping, Optional, Union
 import torch
 from torch import nn
 
-from tzrec_acc._extras import require
+from tzrec_ops.extras import require
 
 __all__ = ["CHECKPOINT_FORMAT", "load_model", "model_from_config"]
 

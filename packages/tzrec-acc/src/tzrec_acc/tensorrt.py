@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence, Set, Tuple
 import torch
 from torch.utils import _pytree as pytree
 
-from tzrec_acc._extras import require
+from tzrec_ops.extras import require
 
 __all__ = ["compile", "input_specs", "profile", "save"]
 

@@ -9,7 +9,7 @@ the D new keys/values apart, as ``STULayer.cached_forward`` calls it) and ``conc
 new tokens in one jagged tensor). Each line gives the eager time with the settings a user gets
 (value checks on; offsets moved with ``tzrec_ops.to_device``), the eager time with the checks
 off, and the time replayed from a CUDA graph (the kernels alone, no Python or launch cost), all
-``triton.testing.do_bench`` medians from the same run.
+``triton.testing.do_bench`` medians from the same run (:func:`tzrec_ops.measure.median_ms`).
 """
 
 from __future__ import annotations
@@ -20,15 +20,9 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from tzrec_bench.cuda_graphs import graphed
 from tzrec_bench.opbench.command import DTYPES
 from tzrec_ops import delta_hstu_mha, set_value_checks, to_device
-
-
-def _bench(fn: Callable[[], object]) -> float:
-    import triton
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+from tzrec_ops.measure import cuda_graph_replay, median_ms
 
 
 def make_calls(args: argparse.Namespace, provider: str) -> Dict[str, Callable[[], object]]:
@@ -88,9 +82,9 @@ def main(argv: Optional[List[str]] = None) -> List[Dict[str, object]]:
                 for label, checked in (("eager", True), ("eager_off", False)):
                     set_value_checks(checked)
                     call()  # autotunes and checks outside the timed window
-                    row[label] = _bench(call)
+                    row[label] = median_ms(call, "cuda")
                 set_value_checks(None)
-                row["graph"] = _bench(graphed(call))
+                row["graph"] = median_ms(cuda_graph_replay(call), "cuda")
                 rows.append(row)
                 print(
                     f"{provider:>9} {form:>7} {row['eager']:9.4f} {row['eager_off']:11.4f} "

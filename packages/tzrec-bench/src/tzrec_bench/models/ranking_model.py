@@ -15,7 +15,9 @@ Measures, with E=512, H=4, d=128, 3 layers, 64 users of ~2000-event histories:
   model built with ``use_time_encoding=False`` (the form that can append); eager and, on a
   GPU, replayed from CUDA graphs.
 
-Inputs come as a server gets them: index tensors built on the CPU and moved with
+Each figure is a median in ms (:func:`tzrec_ops.measure.median_ms`: on a GPU
+``triton.testing.do_bench``, warm-up 25 ms, rep 200 ms; on the CPU, calls timed one by one
+for 200 ms). Inputs come as a server gets them: index tensors built on the CPU and moved with
 ``tzrec_ops.to_device`` (checked on their host copies, no device read), value checks on.
 """
 
@@ -27,9 +29,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from tzrec_bench.cuda_graphs import graphed
-from tzrec_bench.models.stu_stack import _bench_ms
 from tzrec_gr.models import HSTURanking
+from tzrec_ops.measure import cuda_graph_replay, median_ms
 from tzrec_ops.ops.host_copies import to_device
 
 CLICK, LIKE = 1, 2
@@ -99,7 +100,7 @@ def bench_train(provider: str, args, device) -> Dict[str, float]:
         loss.backward()
         optimizer.step()
 
-    ms = _bench_ms(step)
+    ms = median_ms(step, device)
     tokens = int(uih.sum() + cand.sum())
     return {"ms": ms, "tokens_per_s": tokens / ms * 1e3}
 
@@ -128,10 +129,10 @@ def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
             "extend": lambda: appender.extend(plain_cache, events),
         }
         for name, fn in steps.items():
-            result[f"{name}_ms"] = _bench_ms(fn)
+            result[f"{name}_ms"] = median_ms(fn, device)
         if device.type == "cuda":
             for name, fn in steps.items():
-                result[f"graph_{name}_ms"] = _bench_ms(graphed(fn))
+                result[f"graph_{name}_ms"] = median_ms(cuda_graph_replay(fn), device)
     return result
 
 

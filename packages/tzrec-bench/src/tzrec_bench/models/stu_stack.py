@@ -14,47 +14,28 @@ Measures, in bf16 with E=512, H=4, d=128 and 64 sequences of U[0.9 N, N) tokens 
   needs); on a GPU also replayed from CUDA graphs, as a server with fixed request shapes
   would run them (no Python or launch cost).
 
-Timings use ``triton.testing.do_bench`` (warm-up 25, rep 200) when triton is installed,
-else CUDA events (or wall clock on CPU), with the settings a user gets: the ops' value checks
-on, the batch's index tensors built on the CPU and moved with ``tzrec_ops.to_device`` (so
-they are checked on their host copies, without a device read). ``--value-checks both`` adds
-each figure with the checks off, from the same run.
+Each figure is a median in ms (:func:`tzrec_ops.measure.median_ms`: on a GPU
+``triton.testing.do_bench``, warm-up 25 ms, rep 200 ms; on the CPU, calls timed one by one
+for 200 ms), with the settings a user gets: the ops' value checks on, the batch's index
+tensors built on the CPU and moved with ``tzrec_ops.to_device`` (so they are checked on their
+host copies, without a device read). ``--value-checks both`` adds each figure with the checks
+off, from the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Callable, Dict, List, Optional
 
 import torch
 
-from tzrec_bench.cuda_graphs import graphed
 from tzrec_bench.opbench.report import device_name, triton_version
 from tzrec_bench.opbench.shapes import Shape, jagged_batch
 from tzrec_gr import STULayer, STUStack
 from tzrec_gr._jagged import lengths_to_offsets
 from tzrec_ops import set_value_checks, to_device
-
-
-def _bench_ms(fn: Callable[[], object]) -> float:
-    try:
-        from triton.testing import do_bench
-
-        if torch.cuda.is_available():
-            return float(do_bench(fn, warmup=25, rep=200))
-    except ImportError:
-        pass
-    for _ in range(3):
-        fn()
-    start = time.perf_counter()
-    reps = 10
-    for _ in range(reps):
-        fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / reps * 1e3
+from tzrec_ops.measure import cuda_graph_replay, median_ms
 
 
 def _setup_stack(provider: str, args, device) -> STUStack:
@@ -91,7 +72,7 @@ def bench_train(provider: str, args, device, dtype) -> Dict[str, float]:
         out = stack(x, offsets, n, num_targets).x
         out.backward(grad)
 
-    ms = _bench_ms(step)
+    ms = median_ms(step, device)
     return {"ms": ms, "tokens_per_s": tokens / ms * 1e3}
 
 
@@ -128,13 +109,14 @@ def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
         def full_step() -> object:
             return stack(x, offsets, cache_len + delta)
 
-        result = {"full_ms": _bench_ms(full_step)}
+        result = {"full_ms": median_ms(full_step, device)}
         for mode, update_cache in SERVE_MODES:
-            result[f"{mode}_ms"] = _bench_ms(cached_step(update_cache))
+            result[f"{mode}_ms"] = median_ms(cached_step(update_cache), device)
         if device.type == "cuda":
-            result["graph_full_ms"] = _bench_ms(graphed(full_step))
+            result["graph_full_ms"] = median_ms(cuda_graph_replay(full_step), device)
             for mode, update_cache in SERVE_MODES:
-                result[f"graph_{mode}_ms"] = _bench_ms(graphed(cached_step(update_cache)))
+                replay = cuda_graph_replay(cached_step(update_cache))
+                result[f"graph_{mode}_ms"] = median_ms(replay, device)
     return result
 
 

@@ -253,6 +253,9 @@ CASES: Dict[str, Builder] = {
     "add_positional_embeddings": _add_positional_embeddings,
     "add_timestamp_positional_embeddings": _add_timestamp_positional_embeddings,
 }
+#: every op but attention: what an STU layer runs around it (``.ci/gpu-check`` times them
+#: at the STU layer's shapes, B=64, N=2048)
+STU_OPS = tuple(op for op in CASES if op not in ("hstu_mha", "delta_hstu_mha"))
 
 
 def sdpa_case(x: Inputs) -> Case:

@@ -277,10 +277,3 @@ def run_command(args: argparse.Namespace) -> int:
     if failed:
         print(f"{len(failed)} of {len(rows)} points failed (the error is on each row)")
     return 1 if failed else 0
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``tzrec-bench ops ...`` as a function (the CLI's subcommand)."""
-    from tzrec_bench.cli import main as cli_main
-
-    return cli_main(["ops", *(argv or [])])

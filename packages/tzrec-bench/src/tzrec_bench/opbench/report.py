@@ -11,9 +11,9 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from tzrec_bench._extras import require
 from tzrec_bench.opbench.cases import SDPA
 from tzrec_bench.opbench.sweep import Row
+from tzrec_ops.extras import require
 
 CSV_COLUMNS = (
     "timestamp", "device", "torch", "triton", "op", "provider", "mode", "dtype", "batch",

@@ -3,26 +3,25 @@
 ``fwd`` times the call under ``torch.no_grad``; ``bwd`` runs the forward once with autograd
 and times ``torch.autograd.grad`` of its outputs (a fixed random upstream gradient) with
 respect to the case's inputs, keeping the graph. One untimed call first (autotuning, the
-value checks' first look at the index tensors), then the timed ones:
-``triton.testing.do_bench`` medians on CUDA (warm-up 25 ms, ``rep`` ms, architecture §6) when
-triton is installed, else the median of repeated calls timed with CUDA events or, on the CPU,
-the wall clock, for at least ``rep`` ms and 3 calls. Peak memory is
-``torch.cuda.max_memory_allocated`` over the timed calls, above what was allocated before the
-forward (for ``bwd`` it includes the saved activations); on the CPU it is not measured.
+value checks' first look at the index tensors), then the timed ones with the project's
+timer, :func:`tzrec_ops.measure.median_ms`: ``triton.testing.do_bench`` medians on CUDA
+(warm-up 25 ms, ``rep`` ms, architecture §6) when triton is installed, else the median of
+calls timed one by one (CUDA events, or on the CPU the wall clock) for at least ``rep`` ms
+and 3 calls. Peak memory is ``torch.cuda.max_memory_allocated`` over the timed calls, above
+what was allocated before the forward (for ``bwd`` it includes the saved activations); on the
+CPU it is not measured.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
 from tzrec_bench.opbench.cases import Case
-
-MIN_CALLS = 3
+from tzrec_ops.measure import median_ms
 
 
 @dataclass(frozen=True)
@@ -51,32 +50,6 @@ def _bytes(tensors: Sequence[torch.Tensor]) -> int:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def median_ms(fn: Callable[[], object], device: torch.device, rep_ms: float) -> float:
-    """Median milliseconds of ``fn`` (see the module docstring)."""
-    if device.type == "cuda":
-        try:
-            from triton.testing import do_bench
-        except ImportError:
-            pass
-        else:
-            return float(do_bench(fn, warmup=25, rep=int(rep_ms), return_mode="median"))
-    times: List[float] = []
-    started = time.perf_counter()
-    while len(times) < MIN_CALLS or (time.perf_counter() - started) * 1e3 < rep_ms:
-        if device.type == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(begin.elapsed_time(end))
-        else:
-            begin_s = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - begin_s) * 1e3)
-    return statistics.median(times)
 
 
 def measure(case: Case, mode: str, device: torch.device, rep_ms: float) -> Measurement:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from tzrec_bench._extras import require
+from tzrec_ops.extras import require
 
 
 def plot_curves(

@@ -1,4 +1,4 @@
-"""``python -m tzrec_acc.bench``: what export and quantization buy for the HSTU ranking model.
+"""``python -m tzrec_bench.export_bench``: what export and quantization buy for HSTU ranking.
 
 Three comparisons, each printed with the device, torch / triton versions and shapes:
 
@@ -13,44 +13,53 @@ Three comparisons, each printed with the device, torch / triton versions and sha
    AUC of the first task; its labels are the float model's own decisions (logit above the
    median) on synthetic data, so the float AUC is 1 and the change measures how much
    quantization reorders candidates. With ``--movielens DIR`` (MovieLens-100K's ``u.data``
-   or ``u.data.gz``) the labels are ratings >= 4 of each user's last ``new`` ratings, the
-   history their earlier ones; pass a trained model with ``--model`` for a meaningful AUC.
+   or ``u.data.gz``, read by :mod:`tzrec_bench.data` as ``tzrec-bench train`` reads it, so
+   item ids are the dense ids a model trained there knows) the labels are ratings >= 4 of
+   each user's last ``new`` ratings, the history their earlier ones; pass a trained model
+   with ``--model`` for a meaningful AUC.
 
-Each package's outputs are checked against eager first: per-output parity in fp32; with
-``--dtype bf16/fp16`` the max abs difference next to the dtype's spacing at the largest
-output (two half-precision runs round differently, so neither is the reference).
+Every figure is a median in ms (:func:`tzrec_ops.measure.median_ms`: on a GPU
+``triton.testing.do_bench``, warm-up 25 ms, rep 200 ms; on the CPU at least ``--repeats``
+calls timed one by one, for at least 200 ms). Each package's outputs are checked against
+eager first: per-output parity in fp32; with ``--dtype bf16/fp16`` the max abs difference
+next to the dtype's spacing at the largest output (two half-precision runs round
+differently, so neither is the reference).
 
 GPU figures of the issue: ``--device cuda --backend triton --dtype bf16 --batch 64
 --history 2000 --new 8`` (the default model: 3 layers, E = 512, 4 heads). CPU test sizes:
 ``--batch 2 --history 16 --new 4 --dim 16 --layers 1 --repeats 2``.
 
-An AOTInductor package links the C++ compiler's libstdc++; the script restarts itself once
-with it preloaded (see tzrec-ops' README, "Compile and export").
+An AOTInductor package uses the C++ compiler's libstdc++; the script restarts itself once
+with it preloaded (:func:`tzrec_ops.aoti.preloaded_env`; tzrec-ops' README, "Compile and
+export").
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
-import pathlib
 import platform
-import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
+
+from tzrec_bench.data import DataFormatError, SequenceDataset, load_dataset
+from tzrec_bench.opbench.report import triton_version
+from tzrec_ops.aoti import preloaded_env
+from tzrec_ops.measure import cuda_graph_replay, median_ms
 
 __all__ = ["main"]
 
-_PRELOADED = "TZREC_ACC_BENCH_PRELOADED"
+_PRELOADED = "TZREC_BENCH_EXPORT_PRELOADED"
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m tzrec_acc.bench", description=__doc__.split("\n")[0]
+        prog="python -m tzrec_bench.export_bench", description=__doc__.split("\n")[0]
     )
     p.add_argument("--device", default="cpu")
     p.add_argument("--backend", default="pytorch", help="tzrec-ops backend (triton on a GPU)")
@@ -62,44 +71,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--items", type=int, default=10000, help="catalogue size")
-    p.add_argument("--repeats", type=int, default=20, help="timed calls (median reported)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=20,
+        help="the fewest calls timed one by one (CPU); the median is reported",
+    )
     p.add_argument("--model", help="a checkpoint / state dict to use instead of a fresh model")
     p.add_argument("--config", help="the model config of a plain state dict")
     p.add_argument("--movielens", help="MovieLens-100K folder (with u.data) for the metric")
+    p.add_argument(
+        "--cache-dir", help="where the MovieLens data set is cached (default: tzrec-bench's)"
+    )
     p.add_argument("--skip-quant", action="store_true", help="skip comparison 3")
     p.add_argument("--workdir", help="where packages are written (default: a temporary one)")
     return p
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _median_ms(run: Callable[[], Any], device: torch.device, repeats: int) -> float:
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        run()
-        _sync(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def _versions(device: torch.device) -> str:
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "not installed"
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
     return (
         f"device {device} ({name or platform.machine()}), torch {torch.__version__}, "
-        f"triton {triton_version}, python {platform.python_version()}"
+        f"triton {triton_version()}, python {platform.python_version()}"
     )
 
 
@@ -177,18 +170,22 @@ def _forward_and_step(
     # each line as soon as it is measured: the step package compiles for minutes on a GPU
     with torch.no_grad():
         _progress("timing eager")
-        eager = _median_ms(lambda: model(*timed_full), device, args.repeats)
+        eager = median_ms(lambda: model(*timed_full), device, min_calls=args.repeats)
         full_pkg = _package(model, full_call, full_shapes, os.path.join(workdir, "full.pt2"))
         yield parity("full forward", model, full_pkg, timed_full)
-        full_ms = _median_ms(lambda: full_pkg(*timed_full), device, args.repeats)
-        yield (f"1. full forward: eager {eager:.3f} ms, AOTInductor package {full_ms:.3f} ms "
-               f"({eager / full_ms:.2f}x)")
+        full_ms = median_ms(lambda: full_pkg(*timed_full), device, min_calls=args.repeats)
+        yield (
+            f"1. full forward: eager {eager:.3f} ms, AOTInductor package {full_ms:.3f} ms "
+            f"({eager / full_ms:.2f}x)"
+        )
         step_pkg = _package(step, step_call, step_shapes, os.path.join(workdir, "step.pt2"))
         yield parity("serving step", step, step_pkg, timed_step)
-        step_ms = _median_ms(lambda: step_pkg(*timed_step), device, args.repeats)
-        yield (f"2. serving step ({args.new} candidates vs a {args.history}-event cache): "
-               f"package {step_ms:.3f} ms vs packaged full forward {full_ms:.3f} ms "
-               f"({full_ms / step_ms:.2f}x)")
+        step_ms = median_ms(lambda: step_pkg(*timed_step), device, min_calls=args.repeats)
+        yield (
+            f"2. serving step ({args.new} candidates vs a {args.history}-event cache): "
+            f"package {step_ms:.3f} ms vs packaged full forward {full_ms:.3f} ms "
+            f"({full_ms / step_ms:.2f}x)"
+        )
         if device.type == "cuda":
             yield _graph_replay_line(full_pkg, timed_full, step_pkg, timed_step, args.repeats)
 
@@ -221,35 +218,17 @@ def _graph_replay_line(
     that keeps a graph per batch shape runs it (the launches' host time drops out)."""
     cuda = torch.device("cuda")
     try:
-        full_ms = _median_ms(_captured(lambda: full_pkg(*full_call)), cuda, repeats)
-        step_ms = _median_ms(_captured(lambda: step_pkg(*step_call)), cuda, repeats)
+        # relaxed: the package runner queries its previous run's CUDA event at each run
+        full_replay = cuda_graph_replay(lambda: full_pkg(*full_call), "relaxed")
+        step_replay = cuda_graph_replay(lambda: step_pkg(*step_call), "relaxed")
+        full_ms = median_ms(full_replay, cuda, min_calls=repeats)
+        step_ms = median_ms(step_replay, cuda, min_calls=repeats)
     except RuntimeError as exc:
         return f"2b. CUDA graph replay of the packages: not possible ({exc})"
     return (
         f"2b. the same under CUDA graph replay: step {step_ms:.3f} ms vs full forward "
         f"{full_ms:.3f} ms ({full_ms / step_ms:.2f}x)"
     )
-
-
-def _captured(run: Callable[[], Any]) -> Callable[[], Any]:
-    """``run`` captured in a CUDA graph (after warm-up on a side stream); returns replay.
-
-    An AOTInductor package's runner queries the completion event of its previous run when a
-    run starts (``cudaEventQuery``), a call the default (global) capture mode forbids;
-    relaxed mode permits it, and the warm-up is synchronized first so that the event has
-    completed. After capture only ``replay`` is called: the runner's event was last
-    recorded inside the capture.
-    """
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="relaxed"):
-        run()
-    return graph.replay
 
 
 def _candidates(
@@ -265,59 +244,60 @@ def _candidates(
 
 
 def _auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
-    from tzrec_acc._extras import require
+    from torchmetrics.functional import auroc  # ~1 s to import: only when needed
 
-    metrics = require("torchmetrics.functional", "tzrec-acc[bench]", "the benchmark's AUC")
-    return float(metrics.auroc(scores.float(), labels.long(), task="binary"))
-
-
-def _ratings_file(folder: str) -> pathlib.Path:
-    """MovieLens-100K's ``u.data`` (or ``u.data.gz``) in ``folder``."""
-    for name in ("u.data", "u.data.gz"):
-        if (pathlib.Path(folder) / name).is_file():
-            return pathlib.Path(folder) / name
-    raise FileNotFoundError(f"no MovieLens-100K ratings (u.data or u.data.gz) in {folder}")
+    return float(auroc(scores.float(), labels.long(), task="binary"))
 
 
-def _movielens(folder: str, model: torch.nn.Module, users: int, new: int) -> Tuple[Any, ...]:
+def _movielens(
+    ratings: SequenceDataset, model: torch.nn.Module, users: int, new: int
+) -> Tuple[Any, ...]:
     """A ranking batch of the first ``users`` users with more than ``new`` ratings: their
-    last ``new`` ratings as candidates (labels: rating >= 4), earlier ones as history."""
-    path = _ratings_file(folder)
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    rows = torch.tensor([[int(x) for x in line.split()] for line in text.splitlines()])
-    rows = rows[torch.argsort(rows[:, 0] * 10**10 + rows[:, 3])]  # by user, then time
+    last ``new`` ratings as candidates (labels: rating >= 4), earlier ones as history (one
+    action bit per rating: rating r sets bit r - 1).
+
+    Args:
+        ratings: MovieLens-100K as :func:`tzrec_bench.data.load_dataset` gives it (users in
+            the order of their ids, each user's ratings by time, dense item ids).
+        model: the ranking model (its catalogue size and history bound).
+        users: how many users.
+        new: candidates per user.
+    """
+    offsets = ratings.offsets
+    stars = ratings.ratings.astype(np.int64)
     parts: Dict[str, List[torch.Tensor]] = {}
     labels = []
-    for user in rows[:, 0].unique().tolist():
-        mine = rows[rows[:, 0] == user]
-        if mine.shape[0] <= new:
+    for row in range(ratings.num_users):
+        start, end = int(offsets[row]), int(offsets[row + 1])
+        if end - start <= new:
             continue
-        hist, cand = mine[:-new][-model.max_uih_len :], mine[-new:]
+        hist = slice(max(start, end - new - model.max_uih_len), end - new)
+        cand = slice(end - new, end)
         for key, value in (
-            ("uih.item_id", hist[:, 1] % model.num_items),
-            ("uih.sequence_length", torch.tensor([hist.shape[0]])),
-            ("uih_action.sequence", 1 << (hist[:, 2] - 1)),  # one action bit per rating
-            ("uih_timestamp.sequence", hist[:, 3]),
-            ("candidate.item_id", cand[:, 1] % model.num_items),
-            ("candidate.sequence_length", torch.tensor([new])),
-            ("candidate_timestamp.sequence", cand[:, 3]),
+            ("uih.item_id", ratings.item_ids[hist] % model.num_items),
+            ("uih.sequence_length", np.array([hist.stop - hist.start])),
+            ("uih_action.sequence", 1 << (stars[hist] - 1)),
+            ("uih_timestamp.sequence", ratings.timestamps[hist]),
+            ("candidate.item_id", ratings.item_ids[cand] % model.num_items),
+            ("candidate.sequence_length", np.array([new])),
+            ("candidate_timestamp.sequence", ratings.timestamps[cand]),
         ):
-            parts.setdefault(key, []).append(value)
-        labels.append(cand[:, 2] >= 4)
+            parts.setdefault(key, []).append(torch.from_numpy(np.asarray(value, np.int64)))
+        labels.append(torch.from_numpy(stars[cand] >= 4))
         if len(labels) == users:
             break
     return ({k: torch.cat(v) for k, v in parts.items()},), torch.cat(labels)
 
 
-def _quantized(args: argparse.Namespace) -> List[str]:
+def _quantized(args: argparse.Namespace, movielens: Optional[SequenceDataset]) -> List[str]:
     from tzrec_acc import gr, quant
 
     cpu = torch.device("cpu")
     reference = _model(argparse.Namespace(**{**vars(args), "backend": "pytorch"}), cpu)
     quantized = _model(argparse.Namespace(**{**vars(args), "backend": "pytorch"}), cpu)
     quant.quantize_dense(quant.quantize_embeddings(quantized, "int8"))
-    if args.movielens:
-        batch, labels = _movielens(args.movielens, reference, args.batch, args.new)
+    if movielens is not None:
+        batch, labels = _movielens(movielens, reference, args.batch, args.new)
         source = f"MovieLens-100K ({args.batch} users, labels: rating >= 4)"
     else:
         batch = gr.sample_inputs(reference, args.batch, args.history, args.new, seed=5)
@@ -339,14 +319,11 @@ def _quantized(args: argparse.Namespace) -> List[str]:
 
 def _preload_and_restart(argv: Sequence[str]) -> None:
     """Re-run this script with the compiler's libstdc++ preloaded (once)."""
-    from tzrec_ops.testing.aoti import compiler_libstdcxx
-
-    preload = compiler_libstdcxx()
-    if os.environ.get(_PRELOADED) or not preload:
+    env = preloaded_env()
+    if os.environ.get(_PRELOADED) or env.get("LD_PRELOAD") == os.environ.get("LD_PRELOAD"):
         return
-    env = dict(os.environ, **{_PRELOADED: "1"})
-    env["LD_PRELOAD"] = " ".join(filter(None, [preload, env.get("LD_PRELOAD")]))
-    os.execve(sys.executable, [sys.executable, "-m", "tzrec_acc.bench", *argv], env)
+    env[_PRELOADED] = "1"
+    os.execve(sys.executable, [sys.executable, "-m", "tzrec_bench.export_bench", *argv], env)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -356,13 +333,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if getattr(args, name) < 1:
             print(f"error: --{name} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
             return 2
+    _preload_and_restart(argv)
+    movielens = None
     if args.movielens:
-        try:
-            _ratings_file(args.movielens)  # before minutes of compiling
-        except FileNotFoundError as exc:
+        try:  # before minutes of compiling
+            movielens = load_dataset("ml-100k", args.movielens, args.cache_dir)
+        except (FileNotFoundError, DataFormatError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    _preload_and_restart(argv)
     device = torch.device(args.device)
     model = _model(args, device)
     print(_versions(device))
@@ -382,7 +360,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for line in _forward_and_step(args, model, device, args.workdir or tmp):
             print(line)
     if not args.skip_quant:
-        for line in _quantized(args):
+        for line in _quantized(args, movielens):
             print(line)
     return 0
 

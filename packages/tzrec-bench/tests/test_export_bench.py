@@ -1,12 +1,19 @@
-"""The benchmark script runs on the CPU at small sizes and prints every comparison.
+"""The export benchmark runs on the CPU at small sizes and prints every comparison.
 
 Two AOTInductor compiles (full forward and serving step) of a one-layer model.
 """
 
 from __future__ import annotations
 
+import gzip
 import subprocess
 import sys
+
+import torch
+
+from tzrec_bench import export_bench
+from tzrec_bench.data import load_dataset
+from tzrec_gr.models import HSTURanking
 
 SMALL = [
     "--batch",
@@ -30,7 +37,7 @@ SMALL = [
 
 def test_bench_prints_comparable_figures():
     run = subprocess.run(
-        [sys.executable, "-m", "tzrec_acc.bench", *SMALL],
+        [sys.executable, "-m", "tzrec_bench.export_bench", *SMALL],
         capture_output=True,
         text=True,
         timeout=600,
@@ -50,7 +57,7 @@ def test_bench_prints_comparable_figures():
 
 def test_bench_rejects_bad_sizes():
     run = subprocess.run(
-        [sys.executable, "-m", "tzrec_acc.bench", "--batch", "0"],
+        [sys.executable, "-m", "tzrec_bench.export_bench", "--batch", "0"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -58,14 +65,18 @@ def test_bench_rejects_bad_sizes():
     assert run.returncode == 2 and "--batch must be >= 1, got 0" in run.stderr
 
 
+def test_bench_rejects_a_folder_without_ratings_before_compiling(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "tzrec_bench.export_bench", *SMALL, "--movielens", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert f"error: {tmp_path / 'u.data'} not found (nor u.data.gz)" in run.stderr
+
+
 def test_movielens_batch_takes_each_user_s_last_ratings_as_candidates(tmp_path):
-    import gzip
-
-    import torch
-    from _models import ranking
-
-    from tzrec_acc import bench
-
     # user item rating time; user 3 has too few ratings for 2 candidates and is skipped
     rows = [
         (1, 5, 3, 30),
@@ -80,31 +91,34 @@ def test_movielens_batch_takes_each_user_s_last_ratings_as_candidates(tmp_path):
     ]
     text = "\n".join("\t".join(map(str, r)) for r in rows)
     (tmp_path / "u.data.gz").write_bytes(gzip.compress(text.encode()))
-    model = ranking(contextual_feature_dim=0, max_contextual_seq_len=0)  # as the bench's
-    (batch,), labels = bench._movielens(str(tmp_path), model, users=5, new=2)
+    ratings = load_dataset("ml-100k", tmp_path, tmp_path / "cache")
+    torch.manual_seed(0)
+    model = HSTURanking(
+        num_items=40,
+        item_embedding_dim=8,
+        embedding_dim=16,
+        task_bitmasks=[1, 2],
+        action_weights=[1, 2, 4],
+        dropout_ratio=0.0,
+        max_uih_len=10,
+        max_targets=4,
+        backend="pytorch",
+    ).eval()
+    (batch,), labels = export_bench._movielens(ratings, model, users=5, new=2)
     assert batch["uih.sequence_length"].tolist() == [1, 2]
-    assert batch["uih.item_id"].tolist() == [7, 11, 12]  # by time: user 1's first rating
-    assert batch["candidate.item_id"].tolist() == [9, 5, 13, 14]
+    # dense item ids in the order of the raw ids (1, 2, 5, 7, 9, 11, 12, 13, 14 -> 0 ... 8),
+    # as tzrec-bench train gives a model; by time: user 1's first rating is item 7
+    assert batch["uih.item_id"].tolist() == [3, 5, 6]
+    assert batch["candidate.item_id"].tolist() == [4, 2, 7, 8]
     assert batch["candidate_timestamp.sequence"].tolist() == [20, 30, 7, 8]
     assert batch["uih_action.sequence"].tolist() == [16, 1, 2]  # rating r -> bit r - 1
     assert labels.tolist() == [True, False, True, True]
     with torch.no_grad():
         assert model(batch).shape == (4, 2)
-    (tmp_path / "u.data.gz").unlink()
-    try:
-        bench._movielens(str(tmp_path), model, 5, 2)
-    except FileNotFoundError as exc:
-        assert "no MovieLens-100K ratings (u.data or u.data.gz) in" in str(exc)
-    else:
-        raise AssertionError("a folder without ratings must raise FileNotFoundError")
 
 
 def test_half_precision_parity_reports_the_dtype_spacing():
-    import torch
-
-    from tzrec_acc import bench
-
-    line = bench._half_parity(
+    line = export_bench._half_parity(
         [torch.tensor([1.5, -3.2])],
         [torch.tensor([1.5, -3.1875])],
         "bf16",
