@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tzrec_gr.losses import sampled_softmax_loss
-from tzrec_ops.jagged import offsets_from_lengths, row_positions
+from tzrec_ops.jagged import mirror, offsets_from_lengths, row_positions
 
 __all__ = ["SASRec"]
 
@@ -185,7 +185,7 @@ class SASRec(nn.Module):
                 f"max_seq_len must be in [1, {self.max_seq_len}] (the position table), "
                 f"got {max_seq_len}"
             )
-        return row_positions(offsets_from_lengths(lengths), item_ids.shape[0])
+        return row_positions(mirror(offsets_from_lengths, lengths), item_ids.shape[0])
 
     def forward(
         self,
@@ -214,7 +214,7 @@ class SASRec(nn.Module):
         full = self.forward(item_ids, lengths, timestamps, max_seq_len)
         if full.shape[0] == 0:
             return full.new_zeros(lengths.shape[0], self.embedding_dim)
-        last = (offsets_from_lengths(lengths)[1:] - 1).clamp(min=0)
+        last = (mirror(offsets_from_lengths, lengths)[1:] - 1).clamp(min=0)
         return full[last] * (lengths > 0).unsqueeze(1).to(full.dtype)
 
     def loss(

@@ -22,6 +22,7 @@ import torch
 
 from tzrec_bench.opbench.command import DTYPES
 from tzrec_ops import delta_hstu_mha, set_value_checks, to_device
+from tzrec_ops.jagged import offsets_from_lengths
 from tzrec_ops.measure import cuda_graph_replay, median_ms
 
 
@@ -31,8 +32,7 @@ def make_calls(args: argparse.Namespace, provider: str) -> Dict[str, Callable[[]
     b, d, h, dim = args.batch, args.delta, args.heads, args.dim
     dtype, dev = DTYPES[args.dtype], "cuda"
     cached = torch.randint(int(0.9 * args.cache_len), args.cache_len + 1, (b,), generator=g)
-    cache_offsets = torch.zeros(b + 1, dtype=torch.int64)
-    cache_offsets[1:] = torch.cumsum(cached, 0)
+    cache_offsets = offsets_from_lengths(cached)
     full_offsets = cache_offsets + torch.arange(b + 1) * d
 
     def rand(rows: int) -> torch.Tensor:

@@ -29,9 +29,19 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from tzrec_gr.features import (
+    CANDIDATE_ITEM_ID,
+    CANDIDATE_LENGTHS,
+    CANDIDATE_TIMESTAMPS,
+    QUERY_TIME,
+    UIH_ACTIONS,
+    UIH_ITEM_ID,
+    UIH_LENGTHS,
+    UIH_TIMESTAMPS,
+)
 from tzrec_gr.models import HSTURanking
+from tzrec_ops.jagged import to_device
 from tzrec_ops.measure import cuda_graph_replay, median_ms
-from tzrec_ops.ops.host_copies import to_device
 
 CLICK, LIKE = 1, 2
 Batch = Dict[str, torch.Tensor]
@@ -63,19 +73,19 @@ def history(lengths: torch.Tensor, num_items: int, device, start: int = 0) -> Ba
     total = int(lengths.sum())
     ids = torch.randint(0, num_items, (total,))
     return {
-        "uih.item_id": ids.to(device),
-        "uih.sequence_length": to_device(lengths, device),
-        "uih_action.sequence": torch.randint(0, 4, (total,)).to(device),
-        "uih_timestamp.sequence": (start + torch.arange(total) * 60).to(device),
+        UIH_ITEM_ID: ids.to(device),
+        UIH_LENGTHS: to_device(lengths, device),
+        UIH_ACTIONS: torch.randint(0, 4, (total,)).to(device),
+        UIH_TIMESTAMPS: (start + torch.arange(total) * 60).to(device),
     }
 
 
 def candidates(lengths: torch.Tensor, num_items: int, now: int, device) -> Batch:
     total = int(lengths.sum())
     return {
-        "candidate.item_id": torch.randint(0, num_items, (total,)).to(device),
-        "candidate.sequence_length": to_device(lengths, device),
-        "candidate_timestamp.sequence": torch.full((total,), now).to(device),
+        CANDIDATE_ITEM_ID: torch.randint(0, num_items, (total,)).to(device),
+        CANDIDATE_LENGTHS: to_device(lengths, device),
+        CANDIDATE_TIMESTAMPS: torch.full((total,), now).to(device),
     }
 
 
@@ -116,7 +126,7 @@ def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
     cands = candidates(new_lengths, args.num_items, now, device)
     events = history(new_lengths, args.num_items, device, start=now - 60 * b * delta)
     query_time = to_device(torch.full((b,), now), device)
-    full_batch = {**hist, **cands, "query_time": query_time}
+    full_batch = {**hist, **cands, QUERY_TIME: query_time}
     result: Dict[str, float] = {}
     with torch.inference_mode():
         scorer = build_model(provider, args, device).eval().to(dtype)

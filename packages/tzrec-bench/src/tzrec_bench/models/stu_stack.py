@@ -33,8 +33,8 @@ import torch
 from tzrec_bench.opbench.report import device_name, triton_version
 from tzrec_bench.opbench.shapes import Shape, jagged_batch
 from tzrec_gr import STULayer, STUStack
-from tzrec_gr._jagged import lengths_to_offsets
 from tzrec_ops import set_value_checks, to_device
+from tzrec_ops.jagged import offsets_from_lengths
 from tzrec_ops.measure import cuda_graph_replay, median_ms
 
 
@@ -88,7 +88,7 @@ def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
     cache_len, delta = args.cache_len, args.delta
     b, e = args.batch, args.embedding_dim
     lengths = torch.full((b,), cache_len + delta)
-    offsets = to_device(lengths_to_offsets(lengths), device)
+    offsets = to_device(offsets_from_lengths(lengths), device)
     cached_lengths = to_device(lengths - delta, device)
     x = torch.randn(int(lengths.sum()), e, device=device, dtype=dtype)
     rows = (offsets[1:, None] - delta + torch.arange(delta, device=device)).reshape(-1)

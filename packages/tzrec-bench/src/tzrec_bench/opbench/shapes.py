@@ -15,6 +15,8 @@ from typing import Dict
 
 import torch
 
+from tzrec_ops.jagged import offsets_from_lengths
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -57,8 +59,7 @@ def jagged_batch(shape: Shape) -> JaggedBatch:
     n = shape.max_seq_len
     lengths = torch.randint(int(0.9 * n), n, (shape.batch,), generator=g)  # needs n >= 2
     targets = torch.minimum(torch.randint(1, 21, (shape.batch,), generator=g), lengths)
-    offsets = torch.zeros(shape.batch + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(lengths, 0)
+    offsets = offsets_from_lengths(lengths)
     steps = torch.randint(0, 86400, (int(offsets[-1]),), generator=g)
     return JaggedBatch(lengths, targets, offsets, torch.cumsum(steps, 0))
 

@@ -23,7 +23,7 @@ from tzrec_bench.train.config import RETRIEVAL_KS, TrainConfig
 from tzrec_bench.train.distributed import DistContext, shard
 from tzrec_bench.train.metrics import RetrievalMetrics
 from tzrec_bench.train.task import Batch, amp_dtype, autocast, chunks, eval_rows
-from tzrec_ops.ops.host_copies import to_device
+from tzrec_ops.jagged import to_device
 
 
 def step_negatives(seed: int, step: int, num_items: int, count: int) -> torch.Tensor:
