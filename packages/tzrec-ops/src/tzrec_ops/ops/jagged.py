@@ -17,6 +17,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from tzrec_ops.contract import OPS
+from tzrec_ops.jagged import lengths_from_offsets
 from tzrec_ops.ops.autocast import autocast_inputs
 from tzrec_ops.ops.host_copies import host_copy
 from tzrec_ops.ops.validation import (
@@ -234,7 +235,7 @@ def _check_split_lengths(
 
     def side(offsets: Optional[torch.Tensor], max_len: Optional[int]) -> torch.Tensor:
         # a dense side's length is its max_len, broadcast over the batch
-        return torch.tensor(max_len) if offsets is None else offsets[1:] - offsets[:-1]
+        return torch.tensor(max_len) if offsets is None else lengths_from_offsets(offsets)
 
     def check(left: Optional[torch.Tensor], right: Optional[torch.Tensor]) -> None:
         both = side(left, max_len_left) + side(right, max_len_right)

@@ -17,6 +17,7 @@ from typing import Optional, Union
 import torch
 
 from tzrec_ops.contract import OPS
+from tzrec_ops.jagged import lengths_from_offsets
 from tzrec_ops.ops.validation import (
     check_dim,
     check_jagged,
@@ -91,7 +92,7 @@ def _check_values(
 
 
 def _check_lengths(seq_lengths: torch.Tensor, seq_offsets: torch.Tensor) -> None:
-    diffs = seq_offsets[1:] - seq_offsets[:-1]
+    diffs = lengths_from_offsets(seq_offsets)
     if not torch.equal(seq_lengths, diffs):
         b = first_true(seq_lengths != diffs)
         raise ValueError(
