@@ -234,9 +234,3 @@ def test_annotations_are_checked_on_request():
     with pytest.raises(ContractError, match=message):
         check_implementation(OPS["layer_norm"], _misannotated, annotations=True)
     check_implementation(OPS["layer_norm"], _matching, annotations=True)
-
-
-def test_spec_arguments_follow_the_declaration():
-    scope = {"eps": 0.5, "bias": None, "x": 1, "weight": 2, "backend": "pytorch", "impl": 3}
-    expected = [("x", 1), ("weight", 2), ("bias", None), ("eps", 0.5)]
-    assert list(OPS["layer_norm"].arguments(scope).items()) == expected

@@ -57,16 +57,6 @@ class OpSpec:
         """Every key of the ``call`` mapping a ``supports`` check receives for this op."""
         return (*COMMON_OPTIONS, *self.options)
 
-    def arguments(self, scope: Mapping[str, Any]) -> Dict[str, Any]:
-        """The implementation's keyword arguments: each declared param, in order, with its
-        value in ``scope``.
-
-        A public op passes its ``locals()`` once its checks are done, so its parameter list
-        is written once (its signature): a parameter it rebinds on the way (an autocast copy,
-        a total it derived) reaches the backend with the new value.
-        """
-        return {name: scope[name] for name in self.params}
-
     def public_op(self) -> Callable[..., Any]:
         """The public function of this op (imported from ``tzrec_ops.ops.<module>``)."""
         return getattr(importlib.import_module(f"tzrec_ops.ops.{self.module}"), self.name)

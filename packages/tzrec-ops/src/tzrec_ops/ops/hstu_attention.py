@@ -35,7 +35,6 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from tzrec_ops.contract import OPS
 from tzrec_ops.ops.autocast import autocast_inputs
 from tzrec_ops.ops.validation import (
     check_dim,
@@ -230,7 +229,24 @@ def hstu_mha(
         sort_by_length=bool(sort_by_length),
         attn_func=attn_func is not None,
     )
-    return impl(**OPS["hstu_mha"].arguments(locals()))
+    return impl(
+        max_seq_len=max_seq_len,
+        alpha=alpha,
+        q=q,
+        k=k,
+        v=v,
+        seq_offsets=seq_offsets,
+        causal=causal,
+        dropout_pr=dropout_pr,
+        training=training,
+        num_targets=num_targets,
+        max_attn_len=max_attn_len,
+        contextual_seq_len=contextual_seq_len,
+        min_full_attn_seq_len=min_full_attn_seq_len,
+        sort_by_length=sort_by_length,
+        attn_func=attn_func,
+        scaling_seqlen=scaling_seqlen,
+    )
 
 
 def _check_split_kv(
@@ -379,4 +395,17 @@ def delta_hstu_mha(
         contextual_seq_len=contextual_seq_len,
         split_kv=split,
     )
-    return impl(**OPS["delta_hstu_mha"].arguments(locals()))
+    return impl(
+        max_seq_len=max_seq_len,
+        alpha=alpha,
+        delta_q=delta_q,
+        k=k,
+        v=v,
+        seq_offsets=seq_offsets,
+        num_targets=num_targets,
+        max_attn_len=max_attn_len,
+        contextual_seq_len=contextual_seq_len,
+        scaling_seqlen=scaling_seqlen,
+        delta_k=delta_k,
+        delta_v=delta_v,
+    )

@@ -7,11 +7,10 @@ and its columns are ``[u | v | q | k]`` with widths HV, HV, HA, HA.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 
-from tzrec_ops.contract import OPS
 from tzrec_ops.ops.autocast import autocast_inputs
 from tzrec_ops.ops.hstu_attention import check_attention_args
 from tzrec_ops.ops.layer_norm import FLOATS, check_dropout, check_norm_input
@@ -55,19 +54,44 @@ def _check_uqvk(
     check_same_device(("x", x), ("uvqk_weight", uvqk_weight), ("uvqk_bias", uvqk_bias))
 
 
-def _run_uqvk(backend: BackendArg, scope: Mapping[str, Any]) -> Tensors4:
-    """``hstu_compute_uqvk`` on the backend selected for the call, its declared arguments
-    taken from ``scope`` (the calling public op's locals, checked by :func:`_check_uqvk`)."""
-    args = OPS["hstu_compute_uqvk"].arguments(scope)
+def _run_uqvk(
+    backend: BackendArg,
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor,
+    norm_eps: float,
+    num_heads: int,
+    attn_dim: int,
+    hidden_dim: int,
+    uvqk_weight: torch.Tensor,
+    uvqk_bias: torch.Tensor,
+    *,
+    recompute_normed_x_in_backward: bool,
+    recompute_uvqk_in_backward: bool,
+) -> Tensors4:
+    """``hstu_compute_uqvk`` on the backend selected for the call; the caller has checked the
+    arguments (:func:`_check_uqvk`)."""
     impl = select_backend(
         "hstu_compute_uqvk",
         backend,
-        device=args["x"].device,
-        dtype=args["x"].dtype,
-        recompute_normed_x_in_backward=args["recompute_normed_x_in_backward"],
-        recompute_uvqk_in_backward=args["recompute_uvqk_in_backward"],
+        device=x.device,
+        dtype=x.dtype,
+        recompute_normed_x_in_backward=recompute_normed_x_in_backward,
+        recompute_uvqk_in_backward=recompute_uvqk_in_backward,
     )
-    return impl(**args)
+    return impl(
+        x=x,
+        norm_weight=norm_weight,
+        norm_bias=norm_bias,
+        norm_eps=norm_eps,
+        num_heads=num_heads,
+        attn_dim=attn_dim,
+        hidden_dim=hidden_dim,
+        uvqk_weight=uvqk_weight,
+        uvqk_bias=uvqk_bias,
+        recompute_normed_x_in_backward=recompute_normed_x_in_backward,
+        recompute_uvqk_in_backward=recompute_uvqk_in_backward,
+    )
 
 
 def hstu_compute_uqvk(
@@ -108,7 +132,12 @@ def hstu_compute_uqvk(
     _check_uqvk(
         x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim, uvqk_weight, uvqk_bias
     )
-    return _run_uqvk(backend, locals())
+    return _run_uqvk(
+        backend, x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim,
+        uvqk_weight, uvqk_bias,
+        recompute_normed_x_in_backward=recompute_normed_x_in_backward,
+        recompute_uvqk_in_backward=recompute_uvqk_in_backward,
+    )
 
 
 def hstu_compute_output(
@@ -188,7 +217,22 @@ def hstu_compute_output(
         group_norm=group_norm,
         recompute_y_in_backward=recompute_y_in_backward,
     )
-    return impl(**OPS["hstu_compute_output"].arguments(locals()))
+    return impl(
+        attn=attn,
+        u=u,
+        x=x,
+        norm_weight=norm_weight,
+        norm_bias=norm_bias,
+        norm_eps=norm_eps,
+        output_weight=output_weight,
+        num_heads=num_heads,
+        linear_dim=linear_dim,
+        dropout_ratio=dropout_ratio,
+        training=training,
+        concat_ux=concat_ux,
+        group_norm=group_norm,
+        recompute_y_in_backward=recompute_y_in_backward,
+    )
 
 
 def hstu_preprocess_and_attention(
@@ -264,10 +308,38 @@ def hstu_preprocess_and_attention(
             scaling_seqlen=scaling_seqlen,
         )
         if fused is not None:
-            return fused(**OPS["hstu_preprocess_and_attention"].arguments(locals()))
+            return fused(
+                x=x,
+                norm_weight=norm_weight,
+                norm_bias=norm_bias,
+                norm_eps=norm_eps,
+                num_heads=num_heads,
+                attn_dim=attn_dim,
+                hidden_dim=hidden_dim,
+                uvqk_weight=uvqk_weight,
+                uvqk_bias=uvqk_bias,
+                max_seq_len=max_seq_len,
+                seq_offsets=seq_offsets,
+                attn_alpha=attn_alpha,
+                causal=causal,
+                num_targets=num_targets,
+                max_attn_len=max_attn_len,
+                contextual_seq_len=contextual_seq_len,
+                recompute_uvqk_in_backward=recompute_uvqk_in_backward,
+                recompute_normed_x_in_backward=recompute_normed_x_in_backward,
+                sort_by_length=sort_by_length,
+                prefill=prefill,
+                attn_func=attn_func,
+                scaling_seqlen=scaling_seqlen,
+            )
     from tzrec_ops.ops.hstu_attention import hstu_mha
 
-    u, q, k, v = _run_uqvk(backend, locals())
+    u, q, k, v = _run_uqvk(
+        backend, x, norm_weight, norm_bias, norm_eps, num_heads, attn_dim, hidden_dim,
+        uvqk_weight, uvqk_bias,
+        recompute_normed_x_in_backward=recompute_normed_x_in_backward,
+        recompute_uvqk_in_backward=recompute_uvqk_in_backward,
+    )
     attn = hstu_mha(
         max_seq_len,
         attn_alpha,

@@ -16,7 +16,6 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from tzrec_ops.contract import OPS
 from tzrec_ops.jagged import lengths_from_offsets
 from tzrec_ops.ops.autocast import autocast_inputs
 from tzrec_ops.ops.host_copies import host_copy
@@ -135,7 +134,14 @@ def concat_2D_jagged(
     impl = select_backend(
         "concat_2D_jagged", backend, device=values_left.device, dtype=values_left.dtype
     )
-    return impl(**OPS["concat_2D_jagged"].arguments(locals()))
+    return impl(
+        values_left=values_left,
+        values_right=values_right,
+        max_len_left=max_len_left,
+        max_len_right=max_len_right,
+        offsets_left=offsets_left,
+        offsets_right=offsets_right,
+    )
 
 
 def split_2D_jagged(
@@ -211,8 +217,16 @@ def split_2D_jagged(
     _check_side("right", total_len_right, "total_len_right", offsets_right, max_len_right, batch)
     _check_split_lengths(max_seq_len, offsets_left, offsets_right, max_len_left, max_len_right)
     impl = select_backend("split_2D_jagged", backend, device=values.device, dtype=values.dtype)
-    # the totals as derived above, not as given
-    return impl(**OPS["split_2D_jagged"].arguments(locals()))
+    return impl(
+        max_seq_len=max_seq_len,
+        values=values,
+        total_len_left=total_len_left,
+        total_len_right=total_len_right,
+        max_len_left=max_len_left,
+        max_len_right=max_len_right,
+        offsets_left=offsets_left,
+        offsets_right=offsets_right,
+    )
 
 
 def _dense_total(side: str, given: Optional[int], expected: int) -> int:
@@ -295,4 +309,6 @@ def jagged_dense_bmm_broadcast_add(
     impl = select_backend(
         "jagged_dense_bmm_broadcast_add", backend, device=jagged.device, dtype=jagged.dtype
     )
-    return impl(**OPS["jagged_dense_bmm_broadcast_add"].arguments(locals()))
+    return impl(
+        max_seq_len=max_seq_len, seq_offsets=seq_offsets, jagged=jagged, dense=dense, bias=bias
+    )

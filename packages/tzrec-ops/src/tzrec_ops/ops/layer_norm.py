@@ -7,11 +7,10 @@ activations); outputs have x's dtype.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
-from tzrec_ops.contract import OPS
 from tzrec_ops.ops.validation import (
     check_dim,
     check_non_negative,
@@ -71,11 +70,10 @@ def _check_mul_input(x: torch.Tensor, u: torch.Tensor) -> None:
     check_same_device(("x", x), ("u", u))
 
 
-def _run_mul_dropout(op: str, backend: BackendArg, scope: Mapping[str, Any]) -> torch.Tensor:
+def _run_mul_dropout(op: str, backend: BackendArg, **args: Any) -> torch.Tensor:
     """Run ``layer_norm_mul_dropout`` or ``group_norm_mul_dropout`` on the backend selected
     for the call, whose ``supports`` check sees the dropout in effect and ``concat_ux``.
-    ``scope`` holds the op's declared arguments, already checked (the public op's locals)."""
-    args = OPS[op].arguments(scope)
+    ``args`` are the op's declared arguments, already checked, in the declared order."""
     impl = select_backend(
         op,
         backend,
@@ -101,7 +99,7 @@ def layer_norm(
     """
     check_norm_input(x, weight, bias, eps)
     impl = select_backend("layer_norm", backend, device=x.device, dtype=x.dtype)
-    return impl(**OPS["layer_norm"].arguments(locals()))
+    return impl(x=x, weight=weight, bias=bias, eps=eps)
 
 
 def rms_norm(
@@ -114,7 +112,7 @@ def rms_norm(
     """RMS norm over the last dimension: ``x / sqrt(mean(x^2) + eps) * weight``, [L, D]."""
     check_norm_input(x, weight, None, eps)
     impl = select_backend("rms_norm", backend, device=x.device, dtype=x.dtype)
-    return impl(**OPS["rms_norm"].arguments(locals()))
+    return impl(x=x, weight=weight, eps=eps)
 
 
 def swish_layer_norm(
@@ -128,7 +126,7 @@ def swish_layer_norm(
     """``x * sigmoid(layer_norm(x, weight, bias))``: [L, D] -> [L, D]."""
     check_norm_input(x, weight, bias, eps)
     impl = select_backend("swish_layer_norm", backend, device=x.device, dtype=x.dtype)
-    return impl(**OPS["swish_layer_norm"].arguments(locals()))
+    return impl(x=x, weight=weight, bias=bias, eps=eps)
 
 
 def layer_norm_mul_dropout(
@@ -161,7 +159,12 @@ def layer_norm_mul_dropout(
     check_norm_input(x, weight, bias, eps)
     _check_mul_input(x, u)
     check_dropout(dropout_ratio, seed)
-    return _run_mul_dropout("layer_norm_mul_dropout", backend, locals())
+    return _run_mul_dropout(
+        "layer_norm_mul_dropout",
+        backend,
+        x=x, u=u, weight=weight, bias=bias, eps=eps, dropout_ratio=dropout_ratio,
+        training=training, concat_ux=concat_ux, seed=seed,
+    )
 
 
 def group_norm_mul_dropout(
@@ -192,4 +195,9 @@ def group_norm_mul_dropout(
     check_norm_input(x, weight, bias, eps, param_size=num_heads)
     _check_mul_input(x, u)
     check_dropout(dropout_ratio, seed)
-    return _run_mul_dropout("group_norm_mul_dropout", backend, locals())
+    return _run_mul_dropout(
+        "group_norm_mul_dropout",
+        backend,
+        x=x, u=u, weight=weight, bias=bias, eps=eps, dropout_ratio=dropout_ratio,
+        training=training, num_heads=num_heads, concat_ux=concat_ux, seed=seed,
+    )

@@ -9,7 +9,6 @@ from typing import Union
 
 import torch
 
-from tzrec_ops.contract import OPS
 from tzrec_ops.ops.autocast import autocast_inputs
 from tzrec_ops.ops.validation import check_same_device, check_same_dtype, check_tensor
 from tzrec_ops.registry import Backend, select_backend
@@ -51,4 +50,4 @@ def addmm(
             f"got {list(input.shape)}"
         )
     impl = select_backend("addmm", backend, device=mat1.device, dtype=mat1.dtype)
-    return impl(**OPS["addmm"].arguments(locals()))
+    return impl(input=input, mat1=mat1, mat2=mat2)

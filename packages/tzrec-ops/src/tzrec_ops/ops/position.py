@@ -16,7 +16,6 @@ from typing import Optional, Union
 
 import torch
 
-from tzrec_ops.contract import OPS
 from tzrec_ops.jagged import lengths_from_offsets
 from tzrec_ops.ops.validation import (
     check_dim,
@@ -146,7 +145,16 @@ def add_positional_embeddings(
         device=seq_embeddings.device,
         dtype=seq_embeddings.dtype,
     )
-    return impl(**OPS["add_positional_embeddings"].arguments(locals()))
+    return impl(
+        alpha=alpha,
+        max_seq_len=max_seq_len,
+        position_embeddings_weight=position_embeddings_weight,
+        seq_offsets=seq_offsets,
+        seq_lengths=seq_lengths,
+        seq_embeddings=seq_embeddings,
+        num_targets=num_targets,
+        interleave_targets=interleave_targets,
+    )
 
 
 def add_timestamp_positional_embeddings(
@@ -231,4 +239,19 @@ def add_timestamp_positional_embeddings(
         time_bucket_fn=time_bucket_fn,
         query_time=query_time is not None,
     )
-    return impl(**OPS["add_timestamp_positional_embeddings"].arguments(locals()))
+    return impl(
+        alpha=alpha,
+        max_seq_len=max_seq_len,
+        max_contextual_seq_len=max_contextual_seq_len,
+        position_embeddings_weight=position_embeddings_weight,
+        timestamp_embeddings_weight=timestamp_embeddings_weight,
+        seq_offsets=seq_offsets,
+        seq_lengths=seq_lengths,
+        seq_embeddings=seq_embeddings,
+        timestamps=timestamps,
+        num_targets=num_targets,
+        interleave_targets=interleave_targets,
+        time_bucket_fn=time_bucket_fn,
+        time_bucket_increments=time_bucket_increments,
+        query_time=query_time,
+    )
