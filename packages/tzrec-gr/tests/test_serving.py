@@ -69,10 +69,10 @@ def _retrieval_steps(backend: str, device: str, dtype: torch.dtype, steps=STEPS)
         assert_close(cache.user_embeddings, users_now.double(), dtype, name="user embeddings")
         seen = after
     fresh = model.prefill(*retrieval_batch(upto(seen), device))
-    for old, new in zip(cache.kv_caches, fresh.kv_caches):
-        assert old.offsets.tolist() == new.offsets.tolist()
-        assert_close(old.k, new.k.double(), dtype, name="cached keys")
-        assert_close(old.v, new.v.double(), dtype, name="cached values")
+    assert cache.offsets.tolist() == fresh.offsets.tolist()
+    for old_k, old_v, new_k, new_v in zip(cache.keys, cache.values, fresh.keys, fresh.values):
+        assert_close(old_k, new_k.double(), dtype, name="cached keys")
+        assert_close(old_v, new_v.double(), dtype, name="cached values")
     candidates = torch.randint(0, 40, (3, 5), device=device)
     items = model.item_embedding(candidates)
     expected = torch.einsum("be,bte->bt", users_now.double(), items.double())

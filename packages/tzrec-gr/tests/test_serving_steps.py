@@ -1,11 +1,13 @@
-"""The models' pure serving steps: functions of a cache's tensors that ``torch.export`` records.
+"""The models' pure serving steps: functions of a cache (a pytree) that ``torch.export``
+records.
 
 ``score`` / ``extend`` over a ``ServingCache`` check their inputs and call the steps, so the
 steps at the models' bounds (the defaults, which an exported graph uses: new tokens padded
-to the bound) must give what the methods give with the batch's own longest lengths, in
-float64. The exported steps (pytorch backend, CPU, float32 with torch.testing's default
-tolerances, as in test_export.py), with dynamic users and token dims, are run on batches
-of other sizes than the export example (one user among them).
+to the bound, the cache rebuilt from its leaves without its ``max_len``) must give what the
+methods give with the batch's own longest lengths, in float64. The exported steps (pytorch
+backend, CPU, float32 with torch.testing's default tolerances, as in test_export.py), which
+take the cache whole, with dynamic users and token dims, are run on batches of other sizes
+than the export example (one user among them).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, List, Sequence, Tuple
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
 from _models import (
     history_user,
     ranking_batch,
@@ -33,18 +36,35 @@ CANDIDATES = ("candidate.item_id", "candidate_timestamp.sequence", "candidate.se
 MAX_USERS = 16
 
 
-def _cache_tensors(cache: ServingCache) -> Tuple[Any, ...]:
-    return cache.keys, cache.values, cache.offsets, cache.lengths
+def _as_exported(cache: ServingCache) -> ServingCache:
+    """``cache`` rebuilt from its pytree leaves, as an exported step receives it."""
+    leaves, spec = pytree.tree_flatten(cache)
+    return pytree.tree_unflatten(leaves, spec)
 
 
-def _assert_same_cache(got: Sequence[Any], want: ServingCache, dtype: torch.dtype) -> None:
-    """``got`` = (keys, values, offsets, lengths) equal ``want``'s tensors."""
-    keys, values, offsets, lengths = got
-    assert offsets.tolist() == want.offsets.tolist()
-    assert lengths.tolist() == want.lengths.tolist()
-    for layer, (k, v) in enumerate(zip(keys, values)):
+def _assert_same_cache(got: ServingCache, want: ServingCache, dtype: torch.dtype) -> None:
+    """``got``'s tensors equal ``want``'s."""
+    assert got.offsets.tolist() == want.offsets.tolist()
+    assert got.lengths.tolist() == want.lengths.tolist()
+    for layer, (k, v) in enumerate(zip(got.keys, got.values)):
         assert_close(k, want.keys[layer].double(), dtype, name=f"keys[{layer}]")
         assert_close(v, want.values[layer].double(), dtype, name=f"values[{layer}]")
+
+
+def test_cache_is_a_pytree_of_its_tensors_without_its_ints():
+    model = retrieval_model()
+    cache, _ = _retrieval_request(model, [3, 2], [0, 0])
+    leaves, spec = pytree.tree_flatten(cache)
+    assert all(isinstance(t, torch.Tensor) for t in leaves)
+    assert len(leaves) == 2 * len(cache.keys) + 3  # keys, values, offsets, lengths, users
+    assert cache.max_len == 3 and cache.owner is not None
+    rebuilt = pytree.tree_unflatten(leaves, spec)
+    assert rebuilt.max_len is None and rebuilt.owner is None
+    # another model's cache of the same shape flattens to the same spec
+    other, _ = _retrieval_request(retrieval_model(), [1, 4, 2], [0, 0, 0])
+    assert pytree.tree_flatten(other)[1] == spec
+    doubled = pytree.tree_map(lambda t: t.double() if t.is_floating_point() else t, cache)
+    assert doubled.keys[0].dtype == torch.float64 and doubled.lengths.dtype == torch.int64
 
 
 # -- ranking --------------------------------------------------------------------------------
@@ -70,17 +90,13 @@ def _ranking_request(
     return cache, ranking_batch(users, CANDIDATES, device), full
 
 
-def _ranking_step_args(cache: ServingCache, candidates: dict) -> Tuple[Any, ...]:
-    return (*_cache_tensors(cache), cache.query_time, cache.contextual, candidates)
-
-
 @pytest.mark.parametrize("kw", [{}, {"enable_interleaving": True}], ids=["plain", "interleaved"])
 def test_ranking_score_step_equals_score_and_forward(kw):
     model = ranking_model(**kw).double()
     cache, candidates, full = _ranking_request(model, [5, 0, 9], [2, 1, 4], torch.float64)
     with torch.no_grad():
         # at the model's bounds (max_targets, max_cached_len), as an exported step runs
-        got = model.score_step(*_ranking_step_args(cache, candidates))
+        got = model.score_step(_as_exported(cache), candidates)
         expected = model(full)
     assert_close(got, model.score(cache, candidates), torch.float64, name="score")
     assert_close(got, expected, torch.float64, name="forward")
@@ -101,7 +117,7 @@ def test_ranking_extend_step_equals_extend(interleave):
     cache = model.prefill(history)
     before = [t.clone() for t in (cache.lengths, *cache.keys)]
     with torch.no_grad():
-        got = model.extend_step(*_cache_tensors(cache), events)
+        got = model.extend_step(_as_exported(cache), events)
     _assert_same_cache(got, model.extend(cache, events), torch.float64)
     # the given cache is a value: the step changed none of its tensors
     for old, now in zip(before, (cache.lengths, *cache.keys)):
@@ -114,7 +130,7 @@ def test_ranking_score_step_on_gpu_equals_score_and_forward(backend):
     model = ranking_model(backend, "cuda")
     cache, candidates, full = _ranking_request(model, [5, 0, 9], [2, 1, 4], torch.float32, "cuda")
     with torch.no_grad():
-        got = model.score_step(*_ranking_step_args(cache, candidates))
+        got = model.score_step(_as_exported(cache), candidates)
         expected = model(full)
     assert_close(got, model.score(cache, candidates).double(), torch.float32, name="score")
     assert_close(got, expected.double(), torch.float32, name="forward")
@@ -123,7 +139,7 @@ def test_ranking_score_step_on_gpu_equals_score_and_forward(backend):
 def test_ranking_extend_step_refuses_time_encoding():
     model = ranking_model()
     with pytest.raises(NotImplementedError, match="use_time_encoding=False"):
-        model.extend_step([], [], torch.zeros(1), torch.zeros(0), {})
+        model.extend_step(ServingCache((), (), torch.zeros(1), torch.zeros(0)), {})
 
 
 class _Score(torch.nn.Module):
@@ -133,16 +149,18 @@ class _Score(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, keys, values, offsets, lengths, query_time, contextual, candidates):
-        return self.model.score_step(
-            keys, values, offsets, lengths, query_time, contextual, candidates
-        )
+    def forward(self, cache, candidates):
+        return self.model.score_step(cache, candidates)
 
 
-def _dynamic_cache_shapes(layers: int, users: Dim, max_tokens: int) -> List[Any]:
+def _dynamic_cache_shapes(
+    layers: int, users: Dim, max_tokens: int, per_user: Sequence[Any]
+) -> List[Any]:
+    """The cache's dynamic shapes: its leaves' in field order (keys, values, offsets,
+    lengths, then ``per_user``: the optional tensors it holds)."""
     tokens = Dim("cached_tokens", max=MAX_USERS * max_tokens)
-    kv = [{0: tokens}] * layers
-    return [kv, kv, {0: users + 1}, {0: users}]
+    kv = ({0: tokens},) * layers  # keys and values are tuples
+    return [kv, kv, {0: users + 1}, {0: users}, *per_user]
 
 
 def test_ranking_score_step_exports_with_dynamic_users_and_tokens():
@@ -152,10 +170,9 @@ def test_ranking_score_step_exports_with_dynamic_users_and_tokens():
     cache, candidates, _ = _ranking_request(model, [5, 0, 9], [3, 1, 4], torch.float32)
     users = Dim("users", min=1, max=MAX_USERS)
     new = Dim("candidate_tokens", max=MAX_USERS * model.max_targets)
+    per_user = ({0: users}, {0: users, 1: Dim.STATIC})  # query_time, contextual
     shapes = (
-        *_dynamic_cache_shapes(len(cache.keys), users, model.max_cached_len),
-        {0: users},
-        {0: users, 1: Dim.STATIC},
+        _dynamic_cache_shapes(len(cache.keys), users, model.max_cached_len, per_user),
         {
             "candidate.item_id": {0: new},
             "candidate_timestamp.sequence": {0: new},
@@ -164,13 +181,11 @@ def test_ranking_score_step_exports_with_dynamic_users_and_tokens():
     )
     step = _Score(model)
     with torch.no_grad():
-        program = torch.export.export(
-            step, _ranking_step_args(cache, candidates), dynamic_shapes=shapes
-        )
+        program = torch.export.export(step, (cache, candidates), dynamic_shapes=shapes)
     for histories, counts in (([7, 2, 10, 1, 4], [1, 4, 2, 2, 3]), ([6], [2])):
         other, other_candidates, _ = _ranking_request(model, histories, counts, torch.float32)
         with torch.no_grad():
-            got = program.module()(*_ranking_step_args(other, other_candidates))
+            got = program.module()(other, other_candidates)
         torch.testing.assert_close(got, model.score(other, other_candidates))
 
 
@@ -192,14 +207,16 @@ def test_retrieval_steps_equal_extend_and_score():
     cache, events = _retrieval_request(model, [3, 0, 5], [2, 1, 0])
     candidate_ids = torch.randint(0, model.num_items, (3, 4))
     with torch.no_grad():
-        rows = model.event_embeddings_step(*_cache_tensors(cache), *events)
-        extended = model.extend_step(*_cache_tensors(cache), cache.user_embeddings, *events)
-        scores = model.score_step(cache.user_embeddings, candidate_ids)
+        rows = model.event_embeddings_step(_as_exported(cache), *events)
+        got_rows, extended = model.extend_step(_as_exported(cache), *events)
+        scores = model.score_step(_as_exported(cache), candidate_ids)
     want_rows, want = model.extend(cache, *events)
     assert_close(rows, want_rows, torch.float64, name="event_embeddings_step")
-    assert_close(extended[0], want_rows, torch.float64, name="extend_step rows")
-    _assert_same_cache(extended[1:5], want, torch.float64)
-    assert_close(extended[5], want.user_embeddings, torch.float64, name="user embeddings")
+    assert_close(got_rows, want_rows, torch.float64, name="extend_step rows")
+    _assert_same_cache(extended, want, torch.float64)
+    assert_close(
+        extended.user_embeddings, want.user_embeddings, torch.float64, name="user embeddings"
+    )
     assert_close(scores, model.score(cache, candidate_ids), torch.float64, name="score_step")
 
 
@@ -212,27 +229,17 @@ class _EventEmbeddings(torch.nn.Module):
         self.model = model
         self.max_events = max_events
 
-    def forward(self, keys, values, offsets, lengths, item_ids, new_lengths, timestamps):
+    def forward(self, cache, item_ids, new_lengths, timestamps):
         return self.model.event_embeddings_step(
-            keys, values, offsets, lengths, item_ids, new_lengths, timestamps, self.max_events
+            cache, item_ids, new_lengths, timestamps, self.max_events
         )
 
 
 class _Extend(_EventEmbeddings):
-    """``HSTURetrieval.extend_step`` likewise."""
+    """``HSTURetrieval.extend_step`` likewise: the extended cache comes back whole."""
 
-    def forward(self, keys, values, offsets, lengths, users, item_ids, new_lengths, timestamps):
-        return self.model.extend_step(
-            keys,
-            values,
-            offsets,
-            lengths,
-            users,
-            item_ids,
-            new_lengths,
-            timestamps,
-            self.max_events,
-        )
+    def forward(self, cache, item_ids, new_lengths, timestamps):
+        return self.model.extend_step(cache, item_ids, new_lengths, timestamps, self.max_events)
 
 
 def test_retrieval_event_embeddings_step_exports_with_dynamic_users_and_tokens():
@@ -240,21 +247,22 @@ def test_retrieval_event_embeddings_step_exports_with_dynamic_users_and_tokens()
     cache, events = _retrieval_request(model, [3, 0, 5], [2, 1, 0])
     users = Dim("users", min=1, max=MAX_USERS)
     new = Dim("new_events", max=MAX_USERS * 3)
+    per_user = ({0: users, 1: Dim.STATIC},)  # user_embeddings
     shapes = (
-        *_dynamic_cache_shapes(len(cache.keys), users, model.max_cached_len),
+        _dynamic_cache_shapes(len(cache.keys), users, model.max_cached_len, per_user),
         {0: new},
         {0: users},
         {0: new},
     )
     with torch.no_grad():
         program = torch.export.export(
-            _EventEmbeddings(model, 3), (*_cache_tensors(cache), *events), dynamic_shapes=shapes
+            _EventEmbeddings(model, 3), (cache, *events), dynamic_shapes=shapes
         )
     for histories, counts in (([4, 1, 7, 2, 0], [3, 1, 2, 0, 3]), ([6], [1])):
         other, other_events = _retrieval_request(model, histories, counts)
         want, _ = model.extend(other, *other_events, update_cache=False)
         with torch.no_grad():
-            got = program.module()(*_cache_tensors(other), *other_events)
+            got = program.module()(other, *other_events)
         torch.testing.assert_close(got, want)
 
 
@@ -263,32 +271,32 @@ def test_retrieval_extend_step_exports_with_dynamic_users_and_tokens():
     cache, events = _retrieval_request(model, [3, 0, 5], [2, 1, 0])
     users = Dim("users", min=1, max=MAX_USERS)
     new = Dim("new_events", max=MAX_USERS * 3)
+    per_user = ({0: users, 1: Dim.STATIC},)  # user_embeddings
     shapes = (
-        *_dynamic_cache_shapes(len(cache.keys), users, model.max_cached_len),
-        {0: users},
+        _dynamic_cache_shapes(len(cache.keys), users, model.max_cached_len, per_user),
         {0: new},
         {0: users},
         {0: new},
     )
-    args = (*_cache_tensors(cache), cache.user_embeddings, *events)
     with torch.no_grad():
-        program = torch.export.export(_Extend(model, 3), args, dynamic_shapes=shapes)
+        program = torch.export.export(_Extend(model, 3), (cache, *events), dynamic_shapes=shapes)
     for histories, counts in (([4, 1, 7, 2, 0], [3, 1, 2, 0, 3]), ([6], [2])):
         other, other_events = _retrieval_request(model, histories, counts)
         want_rows, want = model.extend(other, *other_events)
         with torch.no_grad():
-            got = program.module()(*_cache_tensors(other), other.user_embeddings, *other_events)
-        torch.testing.assert_close(got[0], want_rows)
-        torch.testing.assert_close(list(got[1:5]), list(_cache_tensors(want)))
-        torch.testing.assert_close(got[5], want.user_embeddings)
+            rows, got = program.module()(other, *other_events)
+        torch.testing.assert_close(rows, want_rows)
+        assert isinstance(got, ServingCache) and got.max_len is None
+        for name in ("keys", "values", "offsets", "lengths", "user_embeddings"):
+            torch.testing.assert_close(getattr(got, name), getattr(want, name))
 
 
 def test_cache_tensors_are_checked():
     model = retrieval_model()
-    cache, _ = _retrieval_request(model, [3, 2], [0, 0])
-    keys, values, offsets, lengths = _cache_tensors(cache)
-    rebuild = model.transducer.cache_from_tensors
+    cache, events = _retrieval_request(model, [3, 2], [1, 1])
+    keys, values, offsets, lengths = cache.keys, cache.values, cache.offsets, cache.lengths
     with pytest.raises(ValueError, match=r"offsets must be \[B \+ 1\] = \[3\] .* got shape \(4,\)"):
-        rebuild(keys, values, torch.cat([offsets, offsets[-1:]]), lengths, 5)
+        ServingCache(keys, values, torch.cat([offsets, offsets[-1:]]), lengths)
+    one_layer = ServingCache(keys[:1], values, offsets, lengths, user_embeddings=torch.zeros(2, 16))
     with pytest.raises(ValueError, match=r"one tensor per STU layer \(2\), got 1 and 2"):
-        rebuild(keys[:1], values, offsets, lengths, 5)
+        model.event_embeddings_step(one_layer, *events)

@@ -8,18 +8,20 @@ Legend: B = users, T = cached tokens, L_u / L_t = history / candidate tokens.
 * :func:`dynamic_shapes` gives ``torch.export`` a dynamic users dim and dynamic token dims;
 * :class:`RankingServingStep` / :class:`RetrievalServingStep` are the cached serving forms
   (``HSTURanking.score`` / ``HSTURetrieval.extend(update_cache=False)``) as modules, so
-  that they export: their ``forward`` is the model's pure step over the cache's tensors
-  (``HSTURanking.score_step``, ``HSTURetrieval.event_embeddings_step``) at the model's
-  bounds, where the methods over a ``ServingCache`` read the new tokens' longest length on
-  the host (the new tokens are padded to the bound inside the graph, which changes no
-  output).
+  that they export: their ``forward`` puts the cache back together from its tensors and
+  calls the model's pure step (``HSTURanking.score_step``,
+  ``HSTURetrieval.event_embeddings_step``) at the model's bounds, where the methods over a
+  ``ServingCache`` read the new tokens' longest length on the host (the new tokens are
+  padded to the bound inside the graph, which changes no output). The exported call takes
+  the cache's tensors rather than the ``ServingCache`` pytree, so that a package runs where
+  tzrec-gr is not imported.
 
 tzrec-gr is imported by the functions that need it (``tzrec-acc[gr]``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -192,7 +194,18 @@ def dynamic_shapes(model: nn.Module, args: Args, max_batch: int = 256) -> Any:
 
 
 class _ServingStep(nn.Module):
-    """A model's pure serving step as a module (what ``torch.export`` takes)."""
+    """A model's pure serving step as a module (what ``torch.export`` takes), over the
+    cache's tensors.
+
+    The models' steps take a ``tzrec_gr.serving.ServingCache`` whole (a pytree), but an
+    AOTInductor package whose inputs hold one can only be called where tzrec-gr is
+    imported (its input spec names the class), so the exported call takes the cache as
+    :data:`CACHE_FIELDS` tensors: :meth:`cache_arguments` and :meth:`cache` are the one
+    place that takes a cache apart and puts it back together.
+    """
+
+    #: the cache's tensors, in the order of the call's first arguments
+    CACHE_FIELDS: Tuple[str, ...] = ("keys", "values", "offsets", "lengths")
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -201,9 +214,17 @@ class _ServingStep(nn.Module):
         self.model = model
         self.eval()
 
-    @staticmethod
-    def _cache_inputs(cache: Any) -> Args:
-        return cache.keys, cache.values, cache.offsets, cache.lengths
+    @classmethod
+    def cache_arguments(cls, cache: Any) -> Args:
+        """The call's cache arguments: ``cache``'s :data:`CACHE_FIELDS`."""
+        return tuple(getattr(cache, name) for name in cls.CACHE_FIELDS)
+
+    @classmethod
+    def cache(cls, *tensors: Any) -> Any:
+        """The ``ServingCache`` of the call's cache arguments (its ``max_len`` None: the
+        model's ``max_cached_len`` bounds it, as an exported step needs)."""
+        serving = require("tzrec_gr.serving", "tzrec-acc[gr]", "exporting tzrec-gr models")
+        return serving.ServingCache(**dict(zip(cls.CACHE_FIELDS, tensors, strict=True)))
 
 
 class RankingServingStep(_ServingStep):
@@ -211,7 +232,8 @@ class RankingServingStep(_ServingStep):
     (``HSTURanking.score_step`` with the candidates padded to ``max_targets``).
 
     Call Args:
-        keys, values (List[torch.Tensor]): each STU layer's cached keys / values [T, H * A].
+        keys, values (Tuple[torch.Tensor, ...]): each STU layer's cached keys / values
+            [T, H * A] (``cache.keys``, ``cache.values``).
         offsets (torch.Tensor): [B + 1] int64 offsets of the cached tokens.
         lengths (torch.Tensor): [B] int64 cached tokens per user.
         query_time (torch.Tensor | None): [B] the cache's time anchor.
@@ -222,24 +244,25 @@ class RankingServingStep(_ServingStep):
         torch.Tensor: [L_t, K] logits, as ``score`` gives.
     """
 
+    CACHE_FIELDS = (*_ServingStep.CACHE_FIELDS, "query_time", "contextual")
+
     @classmethod
     def inputs(cls, cache: Any, candidates: Dict[str, torch.Tensor]) -> Args:
         """The call arguments for a cache from ``prefill`` and a candidate batch."""
-        return (*cls._cache_inputs(cache), cache.query_time, cache.contextual, candidates)
+        return (*cls.cache_arguments(cache), candidates)
 
     def forward(
         self,
-        keys: List[torch.Tensor],
-        values: List[torch.Tensor],
+        keys: Tuple[torch.Tensor, ...],
+        values: Tuple[torch.Tensor, ...],
         offsets: torch.Tensor,
         lengths: torch.Tensor,
         query_time: Optional[torch.Tensor],
         contextual: Optional[torch.Tensor],
         candidates: Dict[str, torch.Tensor],
     ) -> torch.Tensor:
-        return self.model.score_step(
-            keys, values, offsets, lengths, query_time, contextual, candidates
-        )
+        cache = self.cache(keys, values, offsets, lengths, query_time, contextual)
+        return self.model.score_step(cache, candidates)
 
 
 class RetrievalServingStep(_ServingStep):
@@ -267,20 +290,21 @@ class RetrievalServingStep(_ServingStep):
         cls, cache: Any, item_ids: torch.Tensor, lengths: torch.Tensor, timestamps: torch.Tensor
     ) -> Args:
         """The call arguments for a cache from ``prefill`` and a batch of new events."""
-        return (*cls._cache_inputs(cache), item_ids, lengths, timestamps)
+        return (*cls.cache_arguments(cache), item_ids, lengths, timestamps)
 
     def forward(
         self,
-        keys: List[torch.Tensor],
-        values: List[torch.Tensor],
+        keys: Tuple[torch.Tensor, ...],
+        values: Tuple[torch.Tensor, ...],
         offsets: torch.Tensor,
         lengths: torch.Tensor,
         item_ids: torch.Tensor,
         new_lengths: torch.Tensor,
         timestamps: torch.Tensor,
     ) -> torch.Tensor:
+        cache = self.cache(keys, values, offsets, lengths)
         return self.model.event_embeddings_step(
-            keys, values, offsets, lengths, item_ids, new_lengths, timestamps, self.max_new
+            cache, item_ids, new_lengths, timestamps, self.max_new
         )
 
 
@@ -349,6 +373,6 @@ def serving_step(
         step, cache, request, request_shapes = _retrieval_request(
             model, args, users, new_events, new, seed
         )
-    kv_dims = [{0: tokens}] * len(cache.keys)
+    kv_dims = ({0: tokens},) * len(cache.keys)  # the cache's keys and values are tuples
     shapes = (kv_dims, kv_dims, {0: users + 1}, {0: users}, *request_shapes)
     return step, step.inputs(cache, *request), shapes

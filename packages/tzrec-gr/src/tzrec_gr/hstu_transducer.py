@@ -6,8 +6,7 @@ C = contextual prefix length, N = new tokens of a serving call.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
@@ -16,8 +15,9 @@ from tzrec_gr._backend import BackendArg, resolve_module_backend
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
 from tzrec_gr.postprocessors import OutputPostprocessor
 from tzrec_gr.preprocessors import InputPreprocessor, PreprocessorOutput
-from tzrec_gr.serving import ServingCache, constant_lengths, longest, new_owner_id
-from tzrec_gr.stu import KVCache, STUStack
+from tzrec_gr.serving import transducer as serving
+from tzrec_gr.serving.cache import ServingCache, new_owner_id
+from tzrec_gr.stu import STUStack
 from tzrec_ops import split_2D_jagged
 from tzrec_ops.jagged import (
     lengths_from_offsets,
@@ -92,9 +92,9 @@ class HSTUTransducer(nn.Module):
         TransducerOutput: ``candidate_embeddings [sum T_b, E]``, ``full_embeddings`` or None,
         ``seq_offsets [B + 1]``.
 
-    Serving (eval mode, no gradients): :meth:`prefill` encodes histories and returns a
-    :class:`~tzrec_gr.serving.ServingCache`; :meth:`cached_forward` runs only new tokens
-    (candidates, or appended events) against it.
+    Serving (eval mode, no gradients; :mod:`tzrec_gr.serving.transducer`): :meth:`prefill`
+    encodes histories and returns a :class:`~tzrec_gr.serving.ServingCache`;
+    :meth:`cached_forward` runs only new tokens (candidates, or appended events) against it.
     """
 
     def __init__(
@@ -142,6 +142,10 @@ class HSTUTransducer(nn.Module):
         self.max_uih_len = max_uih_len
         self.max_targets = max_targets
         self.max_seq_len = self._fix_scaling(max_uih_len, max_targets)
+        # the most tokens a sample's serving cache holds (None: no bound built in)
+        self.max_cached_len = (
+            None if max_uih_len is None else input_preprocessor.max_output_len(max_uih_len, 0)
+        )
         self._owner = new_owner_id()
 
     def _fix_scaling(self, max_uih_len: Optional[int], max_targets: int) -> Optional[int]:
@@ -259,60 +263,18 @@ class HSTUTransducer(nn.Module):
             pre.total_targets,
         )
 
+    # -- serving (tzrec_gr.serving.transducer) ---------------------------------------------
+
+    @property
+    def owner_id(self) -> int:
+        """Identifies this transducer: the ``owner`` of the caches its :meth:`prefill` builds."""
+        return self._owner
+
     def check_cache(self, cache: Optional[ServingCache]) -> None:
-        """Serving needs eval mode, and a cache this transducer built (None: no cache)."""
-        if self.training:
-            raise RuntimeError(
-                "serving runs in eval mode (no dropout, eval-mode interleaving); call .eval() first"
-            )
-        if cache is not None and cache.owner != self._owner:
-            raise ValueError(
-                "cache was built by another model's prefill; a cache is only valid for the "
-                "model that built it"
-            )
+        """Serving needs eval mode, and a cache this transducer built (None: no cache; a
+        cache without an owner is not checked)."""
+        serving.check_cache(self, cache)
 
-    def cache_from_tensors(
-        self,
-        keys: List[torch.Tensor],
-        values: List[torch.Tensor],
-        offsets: torch.Tensor,
-        lengths: torch.Tensor,
-        max_len: int,
-        *,
-        query_time: Optional[torch.Tensor] = None,
-        contextual: Optional[torch.Tensor] = None,
-        user_embeddings: Optional[torch.Tensor] = None,
-    ) -> ServingCache:
-        """A :class:`~tzrec_gr.serving.ServingCache` of this transducer from its tensors
-        (``cache.keys``, ``cache.values``, ``cache.offsets``, ``cache.lengths``...): what a
-        serving step over plain tensors, such as an exported one, rebuilds.
-
-        Args:
-            keys, values (List[torch.Tensor]): each STU layer's cached keys / values.
-            offsets (torch.Tensor): [B + 1] int64 offsets of the cached tokens.
-            lengths (torch.Tensor): [B] int64 cached tokens per user.
-            max_len (int): an upper bound on ``lengths`` (attention pads to it).
-            query_time, contextual, user_embeddings: as in ``ServingCache``.
-        """
-        layers = len(self.stu.stu_layers)
-        if len(keys) != layers or len(values) != layers:
-            raise ValueError(
-                f"keys and values must hold one tensor per STU layer ({layers}), got "
-                f"{len(keys)} and {len(values)}"
-            )
-        # in a trace this compare also records that both B are one size: as two symbols,
-        # sizes derived from both (new tokens per user) would not simplify
-        if offsets.dim() != 1 or offsets.shape[0] != lengths.shape[0] + 1:
-            raise ValueError(
-                f"offsets must be [B + 1] = [{lengths.shape[0] + 1}] for lengths [B], got "
-                f"shape {tuple(offsets.shape)}"
-            )
-        kv = tuple(KVCache(k, v, offsets, max_len) for k, v in zip(keys, values))
-        return ServingCache(
-            kv, lengths, max_len, query_time, contextual, user_embeddings, self._owner
-        )
-
-    @torch.no_grad()
     def prefill(
         self,
         features: Features,
@@ -320,69 +282,10 @@ class HSTUTransducer(nn.Module):
         *,
         query_time: Optional[torch.Tensor] = None,
     ) -> Tuple[TransducerOutput, ServingCache]:
-        """Encode histories (no candidates) and cache every token of every layer.
+        """Encode histories (no candidates) and cache every token of every layer:
+        :func:`tzrec_gr.serving.transducer.prefill`."""
+        return serving.prefill(self, features, max_uih_len, query_time=query_time)
 
-        The output is ``forward(features, max_uih_len, 0, query_time=query_time)``'s.
-
-        Args:
-            features (Dict[str, torch.Tensor]): history features with no candidates
-                (``candidate.sequence_length`` all 0 for a preprocessor that reads them).
-            max_uih_len (int | None): as in ``forward``.
-            query_time (torch.Tensor | None): [B] the time anchor (read as in ``forward``);
-                required with time encoding, where every cached token's time bucket and
-                every later candidate's are measured from it.
-
-        Returns:
-            (TransducerOutput, ServingCache).
-        """
-        self.check_cache(None)
-        if any(getattr(layer, "scaling_seqlen", 0) == -1 for layer in self.stu.stu_layers):
-            raise ValueError(
-                "serving needs a fixed attention divisor, or cached outputs would differ from "
-                "forward's: build the transducer with max_uih_len (or the STU layers with "
-                "scaling_seqlen)"
-            )
-        max_uih_len, _ = self._call_bounds(max_uih_len, 0)
-        query_time = self._query_time(features, query_time)
-        timed = self.positional_encoder is not None and self.positional_encoder.use_time_encoding
-        if timed and query_time is None:
-            raise ValueError(
-                "query_time is required to prefill with time encoding: it anchors the time "
-                "buckets of every cached token and of the candidates scored later"
-            )
-        pre, x = self._encode(features, max_uih_len, 0, query_time)
-        out = self.stu(
-            x,
-            pre.seq_offsets,
-            pre.max_seq_len,
-            pre.num_targets,
-            kv_caching_lengths=pre.seq_lengths,
-            max_kv_caching_len=pre.max_seq_len,
-            total_kv_caching_len=x.shape[0],
-        )
-        composed = self._compose(
-            out.x,
-            out.x_offsets,
-            out.max_seq_len,
-            pre.seq_lengths,
-            pre.seq_timestamps,
-            pre.num_targets,
-            pre.total_uih_len,
-            pre.total_targets,
-        )
-        key = self.input_preprocessor.contextual_feature_key()
-        cache = ServingCache(
-            kv_caches=tuple(out.kv_caches or ()),
-            lengths=pre.seq_lengths,
-            max_len=longest(pre.seq_lengths),
-            query_time=query_time if timed else None,
-            contextual=features[key] if key is not None else None,
-            user_embeddings=None,
-            owner=self._owner,
-        )
-        return composed, cache
-
-    @torch.no_grad()
     def cached_forward(
         self,
         features: Features,
@@ -393,151 +296,17 @@ class HSTUTransducer(nn.Module):
         update_cache: bool = False,
         max_cached_len: Optional[int] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor, Optional[ServingCache]]:
-        """Run only the new tokens of each sample against ``cache``.
-
-        ``features`` hold the new tokens alone, with the keys ``forward`` reads: candidates
-        with empty histories (``targets=True``: scored against the cache, never cached) or
-        events as history with no candidates (``targets=False``: appended after the cached
-        ones). The contextual features come from the cache. Samples may have different
-        numbers of new tokens: they are padded to ``max_new`` at the end of each sample,
-        where the causal mask hides the padding from them.
-
-        What it equals (same weights, eval mode, up to rounding):
-
-        * ``targets=True``: ``forward(history + candidates, query_time=the cache's)``'s
-          candidate embeddings, the history being what ``prefill`` got;
-        * ``targets=False``: ``forward(history + events)``'s rows of the new events, and the
-          returned cache is ``prefill(history + events)``'s. Raises NotImplementedError with
-          a contextual prefix (the prefix attends to every history token, so its cached keys
-          change when history grows) or with time encoding (positions count back from the
-          newest event).
-
-        Args:
-            features (Dict[str, torch.Tensor]): the new tokens (see above).
-            cache (ServingCache): from :meth:`prefill` or an earlier append, same B.
-            max_new (int): the most new events or candidates of any sample.
-            targets (bool): candidates (True) or appended history events (False).
-            update_cache (bool): also return the cache with the new tokens appended; only
-                with ``targets=False``. Default: False.
-            max_cached_len (int | None): with ``update_cache``, an upper bound on every
-                user's cached tokens after the call (the new cache's ``max_len``). None
-                takes the largest from the lengths' host copy (no device read when it is
-                known); a traced call (``torch.export``) must give it. Default: None.
-
-        Returns:
-            (out [N, E] the postprocessed outputs of the new tokens, offsets [B + 1] of them,
-            the new cache or None).
-        """
-        self.check_cache(cache)
-        c = self.input_preprocessor.contextual_seq_len()
-        if targets and update_cache:
-            raise ValueError("candidates are never cached: update_cache must be False with them")
-        if not targets and c > 0:
-            raise NotImplementedError(
-                f"appending history to a cache is not exact with a contextual prefix (C = {c}):"
-                " the prefix attends to every history token, so its cached keys and values "
-                "change when history grows; prefill the longer history instead"
-            )
-        features = dict(features)
-        key = self.input_preprocessor.contextual_feature_key()
-        if key is not None and cache.contextual is not None:
-            features[key] = cache.contextual
-        bounds = (0, max_new) if targets else (max_new, 0)
-        pre: PreprocessorOutput = self.input_preprocessor(features, *bounds)
-        if pre.seq_lengths.shape[0] != cache.batch_size:
-            raise ValueError(
-                f"the new tokens are for B = {pre.seq_lengths.shape[0]} users but the cache "
-                f"holds {cache.batch_size}; they must match"
-            )
-        x, timestamps, new_lengths, new_offsets = self._strip_prefix(pre, c)
-        if self.positional_encoder is not None:
-            x = self.positional_encoder.forward_appended(
-                x, new_offsets, cache.lengths, timestamps, cache.query_time, targets
-            )
-        delta = pre.max_seq_len - c
-        if delta == 0:
-            return x, new_offsets, cache if update_cache else None
-        lengths = None
-        if update_cache:
-            lengths = mirror(torch.add, cache.lengths, new_lengths.to(torch.int64))
-            if max_cached_len is None:
-                max_cached_len = longest(lengths)
-        out, kv_caches = self._run_cached(
-            x, new_offsets, cache, delta, targets, lengths, max_cached_len
+        """Run only the new tokens of each sample against ``cache``:
+        :func:`tzrec_gr.serving.transducer.cached_forward`."""
+        return serving.cached_forward(
+            self,
+            features,
+            cache,
+            max_new,
+            targets=targets,
+            update_cache=update_cache,
+            max_cached_len=max_cached_len,
         )
-        out = self._postprocess(out, timestamps)
-        if kv_caches is None:
-            return out, new_offsets, None
-        new_cache = dataclasses.replace(
-            cache, kv_caches=tuple(kv_caches), lengths=lengths, max_len=max_cached_len
-        )
-        return out, new_offsets, new_cache
-
-    @staticmethod
-    def _strip_prefix(
-        pre: PreprocessorOutput, c: int
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The rows after the C prefix tokens: (embeddings, timestamps, lengths, offsets)."""
-        if c == 0:
-            return pre.seq_embeddings, pre.seq_timestamps, pre.seq_lengths, pre.seq_offsets
-        lengths = mirror(torch.sub, pre.seq_lengths, c)
-        offsets = mirror(offsets_from_lengths, lengths)
-        total = pre.seq_embeddings.shape[0] - c * lengths.shape[0]
-        start = torch.full_like(lengths, c)
-        emb, ts = (
-            select_jagged_rows(values, pre.seq_offsets, offsets, start, total)
-            for values in (pre.seq_embeddings, pre.seq_timestamps)
-        )
-        return emb, ts, lengths, offsets
-
-    def _run_cached(
-        self,
-        x: torch.Tensor,
-        new_offsets: torch.Tensor,
-        cache: ServingCache,
-        delta: int,
-        targets: bool,
-        kept: Optional[torch.Tensor],
-        max_kept: Optional[int],
-    ) -> Tuple[torch.Tensor, Optional[List[KVCache]]]:
-        """The STU stack over ``delta`` rows per sample: the new rows, zero-padded at the end
-        of each sample. ``kept`` (None: no cache update) are the cached lengths after the
-        call, at most ``max_kept``; the new cache is trimmed back to them."""
-        update_cache = kept is not None
-        batch, rows = cache.batch_size, x.shape[0]
-        padded = rows != batch * delta
-        if padded:
-            sample, step = row_positions(new_offsets, rows)
-            slots = sample * delta + step
-            x = x.new_zeros(batch * delta, x.shape[1]).index_copy(0, slots, x)
-        num_targets = None
-        if targets:
-            num_targets = constant_lengths(delta, batch, x.device)
-        out, kv_caches = self.stu.cached_forward(
-            x, cache.kv_caches, num_targets, update_cache=update_cache
-        )
-        if padded:
-            out = out.index_select(0, slots)
-            if kv_caches is not None and kept is not None and max_kept is not None:
-                total = cache.kv_caches[0].k.shape[0] + rows
-                kv_caches = self._drop_padding(kv_caches, kept, max_kept, total)
-        return out, kv_caches
-
-    @staticmethod
-    def _drop_padding(
-        caches: List[KVCache], kept: torch.Tensor, max_kept: int, total: int
-    ) -> List[KVCache]:
-        """Each layer's ``[cache_b ; padded new rows_b]`` cut to its first ``kept[b]`` rows
-        (``total`` in all), by one gather index shared by the layers. (A jagged split into
-        kept and dropped rows would size a tensor by the dropped padding, which a trace
-        with dynamic shapes cannot keep symbolic.)"""
-        offsets = mirror(offsets_from_lengths, kept)
-        sample, pos = row_positions(offsets, total)
-        index = caches[0].offsets.to(torch.int64)[sample] + pos
-        return [
-            KVCache(c.k.index_select(0, index), c.v.index_select(0, index), offsets, max_kept)
-            for c in caches
-        ]
 
     def _replay_on_timestamps(
         self, pre: PreprocessorOutput, new_offsets: torch.Tensor, total_kept: int

@@ -6,7 +6,7 @@ K = number of tasks, C = contextual features.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -32,7 +32,6 @@ from tzrec_gr.hstu_transducer import HSTUTransducer
 from tzrec_gr.layers import MLP, LayerNorm, Linear, SwishLayerNorm
 from tzrec_gr.losses import multitask_bce_loss
 from tzrec_gr.models._inputs import (
-    check_appended,
     check_batch,
     check_bound,
     check_finite,
@@ -44,7 +43,8 @@ from tzrec_gr.models._inputs import (
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
 from tzrec_gr.postprocessors import TimestampLayerNormPostprocessor
 from tzrec_gr.preprocessors import ContextualInterleavePreprocessor
-from tzrec_gr.serving import ServingCache, constant_lengths, longest
+from tzrec_gr.serving import ranking as serving
+from tzrec_gr.serving.cache import ServingCache
 from tzrec_gr.stu import STULayer, STUStack
 
 Batch = Dict[str, torch.Tensor]
@@ -125,10 +125,12 @@ class HSTURanking(nn.Module):
         cache = model.prefill(history, query_time)     # histories, once
         logits = model.score(cache, candidates)        # any number of candidate sets
 
-    :meth:`score_step` and :meth:`extend_step` are the same steps as functions of the cache's
-    tensors, which ``torch.export`` can record (``score`` and ``extend`` check their inputs
-    and call them). The public pieces of the model: :meth:`embed_features` (item ids to
-    embeddings), ``transducer`` and :meth:`head` (candidate logits).
+    :meth:`score_step` and :meth:`extend_step` are the same steps as pure functions of the
+    cache (a pytree) and the new tokens, which ``torch.export`` can record (``score`` and
+    ``extend`` check their inputs and call them). The serving code lives in
+    :mod:`tzrec_gr.serving.ranking`; these methods call it. The public pieces of the model:
+    :meth:`embed_features` (item ids to embeddings), ``transducer`` and :meth:`head`
+    (candidate logits).
     """
 
     def __init__(
@@ -359,242 +361,54 @@ class HSTURanking(nn.Module):
         """
         return multitask_bce_loss(logits, labels, self._task_bits, self._task_weights)
 
-    # -- serving ---------------------------------------------------------------------------
+    # -- serving (tzrec_gr.serving.ranking) -----------------------------------------------
 
-    @staticmethod
-    def _empty(keys: Sequence[str], users: int, like: torch.Tensor) -> Batch:
-        """No history or no candidates: ``keys`` (ids, lengths, timestamps[, actions])."""
-        empty = torch.zeros(0, dtype=torch.int64, device=like.device)
-        lengths = constant_lengths(0, users, like.device)
-        return {k: lengths if k.endswith("sequence_length") else empty for k in keys}
-
-    def _no_candidates(self, users: int, like: torch.Tensor) -> Batch:
-        keys = (CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS)
-        return self._empty(keys, users, like)
-
-    def _no_history(self, users: int, like: torch.Tensor) -> Batch:
-        keys = (
-            UIH_ITEM_ID,
-            UIH_LENGTHS,
-            UIH_ACTIONS,
-            UIH_TIMESTAMPS,
-        )
-        return self._empty(keys, users, like)
-
-    @torch.no_grad()
     def prefill(
         self,
         history: Batch,
         query_time: Optional[torch.Tensor] = None,
         max_uih_len: Optional[int] = None,
     ) -> ServingCache:
-        """Encode B users' histories once and cache every layer's keys and values.
+        """Encode B users' histories once and cache every layer's keys and values
+        (:func:`tzrec_gr.serving.ranking.prefill`).
 
         Args:
             history (Dict[str, torch.Tensor]): the ``uih.*`` features of ``forward`` (and
                 ``contextual`` with C > 0); no candidates.
             query_time (torch.Tensor | None): [B] integer request time of each user, the
-                anchor of every time gap (required with time encoding; candidates scored
-                against this cache are measured from it too).
+                anchor of every time gap (required with time encoding).
             max_uih_len (int | None): as in ``forward``.
 
         Returns:
             ServingCache: for :meth:`score` (and :meth:`extend`) of this model.
         """
-        max_uih_len = check_bound("max_uih_len", max_uih_len, self.max_uih_len)
-        self.transducer.check_cache(None)
-        users = self._check_history("history", history, max_uih_len, contextual=True)
-        if self.use_time_encoding and query_time is None:
-            raise ValueError(
-                "query_time is required: the time gaps of the cached history and of the "
-                "candidates scored against it are measured from it"
-            )
-        self._check_query_time("query_time", query_time, users)
-        lengths = history[UIH_LENGTHS]
-        features, _ = self.embed_features({**history, **self._no_candidates(users, lengths)})
-        _, cache = self.transducer.prefill(features, max_uih_len, query_time=query_time)
-        return cache
+        return serving.prefill(self, history, query_time, max_uih_len)
 
-    @torch.no_grad()
     def score(self, cache: ServingCache, candidates: Batch) -> torch.Tensor:
-        """Logits of candidates against cached histories; the cache is unchanged.
-
-        Exact: equals ``forward(history + candidates)`` with ``query_time`` = the one
-        given to :meth:`prefill` (up to rounding), because targets attend to the history
-        and themselves only, and the divisor is fixed. Call it any number of times with
-        the same cache.
-
-        Args:
-            cache (ServingCache): from :meth:`prefill` (or :meth:`extend`) of this model.
-            candidates (Dict[str, torch.Tensor]): ``candidate.item_id`` [L_t],
-                ``candidate.sequence_length`` [B] (at most ``max_targets`` each),
-                ``candidate_timestamp.sequence`` [L_t].
-
-        Returns:
-            torch.Tensor: [L_t, K] logits, candidates in input order.
-        """
-        self.transducer.check_cache(cache)
-        self._check_candidates("candidates", candidates, self.max_targets, cache.batch_size)
-        return self.score_step(
-            cache.keys,
-            cache.values,
-            cache.offsets,
-            cache.lengths,
-            cache.query_time,
-            cache.contextual,
-            candidates,
-            longest(candidates[CANDIDATE_LENGTHS]),
-            cache.max_len,
-        )
+        """[L_t, K] logits of ``candidates`` (``candidate.*`` features) against the cached
+        histories, equal to ``forward(history + candidates)`` with prefill's ``query_time``;
+        the cache is unchanged (:func:`tzrec_gr.serving.ranking.score`)."""
+        return serving.score(self, cache, candidates)
 
     def score_step(
-        self,
-        keys: List[torch.Tensor],
-        values: List[torch.Tensor],
-        offsets: torch.Tensor,
-        lengths: torch.Tensor,
-        query_time: Optional[torch.Tensor],
-        contextual: Optional[torch.Tensor],
-        candidates: Batch,
-        max_candidates: Optional[int] = None,
-        max_cached_len: Optional[int] = None,
+        self, cache: ServingCache, candidates: Batch, max_candidates: Optional[int] = None
     ) -> torch.Tensor:
-        """:meth:`score` as a function of plain tensors, which ``torch.export`` can record.
+        """:meth:`score` as a pure function of the cache and the candidates, padded to
+        ``max_candidates`` (default ``max_targets``), which ``torch.export`` can record
+        (:func:`tzrec_gr.serving.ranking.score_step`)."""
+        return serving.score_step(self, cache, candidates, max_candidates)
 
-        The cache comes as its tensors: ``cache.keys``, ``.values``, ``.offsets``,
-        ``.lengths``, ``.query_time``, ``.contextual``. Nothing is checked, nothing read on
-        the host and nothing changed: :meth:`score` checks its arguments and calls this.
-
-        Args:
-            keys, values (List[torch.Tensor]): each STU layer's cached keys / values.
-            offsets (torch.Tensor): [B + 1] offsets of the cached tokens.
-            lengths (torch.Tensor): [B] cached tokens per user.
-            query_time (torch.Tensor | None): [B] the cache's time anchor.
-            contextual (torch.Tensor | None): [B, C * Fc] the cache's contextual features.
-            candidates (Dict[str, torch.Tensor]): as for :meth:`score`.
-            max_candidates (int | None): an upper bound on candidates per user; each user's
-                are padded to it (which changes no output). Default: ``max_targets``.
-            max_cached_len (int | None): an upper bound on ``lengths``. Default:
-                ``max_cached_len`` of the model.
-
-        Returns:
-            torch.Tensor: [L_t, K] logits, candidates in input order.
-        """
-        cache = self.transducer.cache_from_tensors(
-            keys,
-            values,
-            offsets,
-            lengths,
-            self.max_cached_len if max_cached_len is None else max_cached_len,
-            query_time=query_time,
-            contextual=contextual,
-        )
-        users = lengths.shape[0]
-        like = candidates[CANDIDATE_LENGTHS]
-        features, cand = self.embed_features({**self._no_history(users, like), **candidates})
-        max_new = self.max_targets if max_candidates is None else max_candidates
-        user, _, _ = self.transducer.cached_forward(features, cache, max_new, targets=True)
-        return self.head(user, cand)
-
-    @torch.no_grad()
     def extend(self, cache: ServingCache, events: Batch) -> ServingCache:
-        """Append ``events['uih.sequence_length'][b]`` new events to user b's history.
-
-        Exact (the result equals :meth:`prefill` of the longer history, up to rounding)
-        only for a model built with ``use_time_encoding=False`` and no contextual features:
-        otherwise ``NotImplementedError``, because positions counted back from the newest
-        event and time gaps to the query time change for every cached token, and the
-        contextual tokens attend to every history token. Prefill the longer history then.
-
-        Args:
-            cache (ServingCache): from :meth:`prefill` or :meth:`extend` of this model.
-            events (Dict[str, torch.Tensor]): the new events as ``uih.*`` features; a user's
-                cached and new events together stay within ``max_uih_len``.
-
-        Returns:
-            ServingCache: the extended cache (the given one is unchanged).
-        """
-        self.transducer.check_cache(cache)
-        self._check_extendable()
-        self._check_history("events", events, self.max_uih_len, contextual=False)
-        lengths = events[UIH_LENGTHS]
-        check_batch(f"events[{UIH_LENGTHS!r}]", lengths, cache.batch_size, "the cache")
-        check_appended(
-            f"events[{UIH_LENGTHS!r}]",
-            cache.lengths,
-            lengths,
-            self._tokens_per_event(),
-            self.max_uih_len,
-            "max_uih_len",
-        )
-        keys, values, offsets, new_lengths = self.extend_step(
-            cache.keys,
-            cache.values,
-            cache.offsets,
-            cache.lengths,
-            events,
-            longest(lengths),
-            cache.max_len,
-        )
-        return self.transducer.cache_from_tensors(
-            keys,
-            values,
-            offsets,
-            new_lengths,
-            longest(new_lengths),
-            query_time=cache.query_time,
-            contextual=cache.contextual,
-        )
+        """The cache with ``events`` (``uih.*`` features) appended, equal to
+        :meth:`prefill` of the longer history; only with ``use_time_encoding=False`` and no
+        contextual features, ``NotImplementedError`` otherwise
+        (:func:`tzrec_gr.serving.ranking.extend`)."""
+        return serving.extend(self, cache, events)
 
     def extend_step(
-        self,
-        keys: List[torch.Tensor],
-        values: List[torch.Tensor],
-        offsets: torch.Tensor,
-        lengths: torch.Tensor,
-        events: Batch,
-        max_events: Optional[int] = None,
-        max_cached_len: Optional[int] = None,
-    ) -> Tuple[List[torch.Tensor], List[torch.Tensor], torch.Tensor, torch.Tensor]:
-        """:meth:`extend` as a function of plain tensors, which ``torch.export`` can record.
-
-        The cache comes as its tensors (see :meth:`score_step`) and the extended one goes
-        back as new tensors; nothing is checked, read on the host or changed in place.
-
-        Args:
-            keys, values, offsets, lengths: the cache, as for :meth:`score_step`.
-            events (Dict[str, torch.Tensor]): as for :meth:`extend`.
-            max_events (int | None): an upper bound on new events per user. Default:
-                ``max_uih_len``.
-            max_cached_len (int | None): an upper bound on ``lengths``. Default: the
-                model's ``max_cached_len``.
-
-        Returns:
-            (keys, values, offsets [B + 1], lengths [B]) of the extended cache.
-        """
-        self._check_extendable()
-        before = self.max_cached_len if max_cached_len is None else max_cached_len
-        cache = self.transducer.cache_from_tensors(keys, values, offsets, lengths, before)
-        max_new = self.max_uih_len if max_events is None else max_events
-        after = min(before + self._tokens_per_event() * max_new, self.max_cached_len)
-        users = lengths.shape[0]
-        like = events[UIH_LENGTHS]
-        features, _ = self.embed_features({**events, **self._no_candidates(users, like)})
-        _, _, new = self.transducer.cached_forward(
-            features, cache, max_new, targets=False, update_cache=True, max_cached_len=after
-        )
-        if new is None:
-            raise RuntimeError("the transducer returned no cache with update_cache=True")
-        return new.keys, new.values, new.offsets, new.lengths
-
-    def _tokens_per_event(self) -> int:
-        return 2 if self.transducer.input_preprocessor.enable_interleaving else 1
-
-    def _check_extendable(self) -> None:
-        if self.use_time_encoding or self.contextual_seq_len > 0:
-            raise NotImplementedError(
-                "HSTURanking.extend needs use_time_encoding=False and no contextual features: "
-                "positions counted back from the newest event, time gaps to the query time "
-                "and contextual tokens (which attend to all history) change for every cached "
-                "token when history grows; prefill the longer history instead"
-            )
+        self, cache: ServingCache, events: Batch, max_events: Optional[int] = None
+    ) -> ServingCache:
+        """:meth:`extend` as a pure function of the cache and the events, padded to
+        ``max_events`` (default ``max_uih_len``), which ``torch.export`` can record
+        (:func:`tzrec_gr.serving.ranking.extend_step`)."""
+        return serving.extend_step(self, cache, events, max_events)

@@ -6,8 +6,7 @@ T = candidates per user.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -21,8 +20,6 @@ from tzrec_gr.features import (
 from tzrec_gr.hstu_transducer import HSTUTransducer
 from tzrec_gr.losses import sampled_softmax_loss
 from tzrec_gr.models._inputs import (
-    check_appended,
-    check_batch,
     check_bound,
     check_int_tensor,
     check_item_ids,
@@ -32,16 +29,12 @@ from tzrec_gr.models._inputs import (
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
 from tzrec_gr.postprocessors import L2NormPostprocessor
 from tzrec_gr.preprocessors import UIHPreprocessor
-from tzrec_gr.serving import ServingCache, longest
+from tzrec_gr.serving import retrieval as serving
+from tzrec_gr.serving.cache import ServingCache
 from tzrec_gr.stu import STULayer, STUStack
 from tzrec_ops.jagged import mirror, offsets_from_lengths
 
 __all__ = ["HSTURetrieval"]
-
-# extend_step: (rows [L', E], keys, values, offsets [B + 1], lengths [B], users [B, E])
-ExtendStepOutput = Tuple[
-    torch.Tensor, List[torch.Tensor], List[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor
-]
 
 
 class HSTURetrieval(nn.Module):
@@ -95,8 +88,9 @@ class HSTURetrieval(nn.Module):
         new_rows, cache = model.extend(cache, new_ids, new_lengths, new_timestamps)
 
     :meth:`extend_step`, :meth:`event_embeddings_step` and :meth:`score_step` are the same
-    steps as functions of the cache's tensors, which ``torch.export`` can record (the
-    methods over a cache check their inputs and call them).
+    steps as pure functions of the cache (a pytree) and the new tokens, which
+    ``torch.export`` can record (the methods over a cache check their inputs and call them).
+    The serving code lives in :mod:`tzrec_gr.serving.retrieval`; these methods call it.
     """
 
     def __init__(
@@ -256,9 +250,8 @@ class HSTURetrieval(nn.Module):
             user, item_ids, lengths, self.item_embedding, negatives, self.temperature
         )
 
-    # -- serving ---------------------------------------------------------------------------
+    # -- serving (tzrec_gr.serving.retrieval) ---------------------------------------------
 
-    @torch.no_grad()
     def prefill(
         self,
         item_ids: torch.Tensor,
@@ -266,25 +259,11 @@ class HSTURetrieval(nn.Module):
         timestamps: torch.Tensor,
         max_seq_len: Optional[int] = None,
     ) -> ServingCache:
-        """Encode B users' histories once and cache every layer's keys and values.
+        """Encode B users' histories once and cache every layer's keys and values
+        (arguments as in ``forward``; :func:`tzrec_gr.serving.retrieval.prefill`).
+        ``cache.user_embeddings`` is ``user_embedding(item_ids, lengths, timestamps)``."""
+        return serving.prefill(self, item_ids, lengths, timestamps, max_seq_len)
 
-        Arguments as in ``forward``. ``cache.user_embeddings`` is
-        ``user_embedding(item_ids, lengths, timestamps)``.
-
-        Returns:
-            ServingCache: for :meth:`extend` and :meth:`score` of this model.
-        """
-        max_seq_len = check_bound("max_seq_len", max_seq_len, self.max_seq_len)
-        self.transducer.check_cache(None)
-        self._check_history(item_ids, lengths, timestamps, max_seq_len)
-        features = self.embed_features(item_ids, lengths, timestamps)
-        out, cache = self.transducer.prefill(features, max_seq_len)
-        if out.full_embeddings is None:
-            raise RuntimeError("the transducer must return full embeddings")
-        users = self._last_rows(out.full_embeddings, lengths)
-        return dataclasses.replace(cache, user_embeddings=users)
-
-    @torch.no_grad()
     def extend(
         self,
         cache: ServingCache,
@@ -293,167 +272,45 @@ class HSTURetrieval(nn.Module):
         timestamps: torch.Tensor,
         update_cache: bool = True,
     ) -> Tuple[torch.Tensor, Optional[ServingCache]]:
-        """Append ``lengths[b]`` new events to user b's cached history.
-
-        Exact: the returned rows are the rows of the new events in
-        ``forward(history + events)`` and the new cache is ``prefill(history + events)``'s
-        (up to rounding), because positions count forward and the layers are causal with a
-        fixed attention divisor: no cached token depends on later ones.
-
-        Args:
-            cache (ServingCache): from :meth:`prefill` or :meth:`extend` of this model.
-            item_ids (torch.Tensor): [L'] the new events' item ids, user-major.
-            lengths (torch.Tensor): [B] new events per user (0 allowed); a user's cached and
-                new events together stay within ``max_seq_len``.
-            timestamps (torch.Tensor): [L'] their timestamps.
-            update_cache (bool): return the extended cache; False returns None and leaves
-                the cache as it was (a what-if, without copying the cache). Default: True.
-
-        Returns:
-            (torch.Tensor [L', E] the user embedding after each new event,
-            ServingCache | None).
-        """
-        self.transducer.check_cache(cache)
-        check_batch("lengths", lengths, cache.batch_size, "the cache")
-        self._check_history(item_ids, lengths, timestamps, self.max_seq_len)
-        check_appended("lengths", cache.lengths, lengths, 1, self.max_seq_len, "max_seq_len")
-        tensors = (cache.keys, cache.values, cache.offsets, cache.lengths)
-        events = (item_ids, lengths, timestamps)
-        bounds = (longest(lengths), cache.max_len)
-        if not update_cache:
-            return self.event_embeddings_step(*tensors, *events, *bounds), None
-        out, keys, values, offsets, new_lengths, users = self.extend_step(
-            *tensors, self._user_embeddings(cache), *events, *bounds
-        )
-        new = self.transducer.cache_from_tensors(
-            keys, values, offsets, new_lengths, longest(new_lengths), user_embeddings=users
-        )
-        return out, new
-
-    def _cache(
-        self,
-        keys: List[torch.Tensor],
-        values: List[torch.Tensor],
-        offsets: torch.Tensor,
-        lengths: torch.Tensor,
-        max_cached_len: Optional[int],
-    ) -> ServingCache:
-        bound = self.max_cached_len if max_cached_len is None else max_cached_len
-        return self.transducer.cache_from_tensors(keys, values, offsets, lengths, bound)
+        """Append ``lengths[b]`` new events to user b's cached history: (the user embedding
+        after each new event [L', E], the extended cache, or None with
+        ``update_cache=False``), exactly ``forward`` / ``prefill`` of the longer history
+        (:func:`tzrec_gr.serving.retrieval.extend`)."""
+        return serving.extend(self, cache, item_ids, lengths, timestamps, update_cache)
 
     def event_embeddings_step(
         self,
-        keys: List[torch.Tensor],
-        values: List[torch.Tensor],
-        offsets: torch.Tensor,
-        lengths: torch.Tensor,
+        cache: ServingCache,
         item_ids: torch.Tensor,
         new_lengths: torch.Tensor,
         timestamps: torch.Tensor,
         max_events: Optional[int] = None,
-        max_cached_len: Optional[int] = None,
     ) -> torch.Tensor:
-        """``extend(cache, ..., update_cache=False)[0]`` as a function of plain tensors,
-        which ``torch.export`` can record: the user embedding after each new event, the
-        cache unchanged. Nothing is checked or read on the host.
-
-        Args:
-            keys, values (List[torch.Tensor]): each STU layer's cached keys / values
-                (``cache.keys``, ``cache.values``).
-            offsets (torch.Tensor): [B + 1] ``cache.offsets``.
-            lengths (torch.Tensor): [B] ``cache.lengths``.
-            item_ids, new_lengths, timestamps: the new events, as ``extend``'s ``item_ids``,
-                ``lengths`` and ``timestamps``.
-            max_events (int | None): an upper bound on new events per user; each user's
-                are padded to it (which changes no output). Default: ``max_seq_len``.
-            max_cached_len (int | None): an upper bound on ``lengths``. Default: the
-                model's ``max_cached_len``.
-
-        Returns:
-            torch.Tensor: [L', E].
-        """
-        cache = self._cache(keys, values, offsets, lengths, max_cached_len)
-        features = self.embed_features(item_ids, new_lengths, timestamps)
-        max_new = self.max_seq_len if max_events is None else max_events
-        out, _, _ = self.transducer.cached_forward(features, cache, max_new, targets=False)
-        return out
+        """``extend(cache, ..., update_cache=False)[0]`` as a pure function of the cache and
+        the new events, padded to ``max_events`` (default ``max_seq_len``), which
+        ``torch.export`` can record (:func:`tzrec_gr.serving.retrieval.event_embeddings_step`)."""
+        return serving.event_embeddings_step(
+            self, cache, item_ids, new_lengths, timestamps, max_events
+        )
 
     def extend_step(
         self,
-        keys: List[torch.Tensor],
-        values: List[torch.Tensor],
-        offsets: torch.Tensor,
-        lengths: torch.Tensor,
-        user_embeddings: torch.Tensor,
+        cache: ServingCache,
         item_ids: torch.Tensor,
         new_lengths: torch.Tensor,
         timestamps: torch.Tensor,
         max_events: Optional[int] = None,
-        max_cached_len: Optional[int] = None,
-    ) -> ExtendStepOutput:
-        """:meth:`extend` as a function of plain tensors, which ``torch.export`` can record:
-        the cache comes as its tensors and the extended one goes back as new tensors;
-        nothing is checked, read on the host or changed in place.
+    ) -> Tuple[torch.Tensor, ServingCache]:
+        """:meth:`extend` as a pure function: (rows [L', E], the extended cache)
+        (:func:`tzrec_gr.serving.retrieval.extend_step`)."""
+        return serving.extend_step(self, cache, item_ids, new_lengths, timestamps, max_events)
 
-        Args: as for :meth:`event_embeddings_step`, plus ``user_embeddings`` [B, E]
-        (``cache.user_embeddings``).
-
-        Returns:
-            (rows [L', E] the user embedding after each new event, then the extended cache's
-            keys, values, offsets [B + 1], lengths [B] and user embeddings [B, E]).
-        """
-        before = self.max_cached_len if max_cached_len is None else max_cached_len
-        cache = self._cache(keys, values, offsets, lengths, before)
-        features = self.embed_features(item_ids, new_lengths, timestamps)
-        max_new = self.max_seq_len if max_events is None else max_events
-        after = min(before + max_new, self.max_cached_len)
-        out, _, new = self.transducer.cached_forward(
-            features, cache, max_new, targets=False, update_cache=True, max_cached_len=after
-        )
-        if new is None:
-            raise RuntimeError("the transducer returned no cache with update_cache=True")
-        last = self._last_rows(out, new_lengths)
-        users = torch.where((new_lengths > 0).unsqueeze(1), last, user_embeddings)
-        return out, new.keys, new.values, new.offsets, new.lengths, users
-
-    @staticmethod
-    def _user_embeddings(cache: ServingCache) -> torch.Tensor:
-        if cache.user_embeddings is None:
-            raise ValueError("cache holds no user embeddings: it was not built by HSTURetrieval")
-        return cache.user_embeddings
-
-    @torch.no_grad()
     def score(self, cache: ServingCache, candidate_ids: torch.Tensor) -> torch.Tensor:
-        """Cosine similarity of each user's embedding with candidate items.
+        """[B, T] cosines of each user's embedding with ``candidate_ids`` ([B, T], or [T]
+        shared by all) (:func:`tzrec_gr.serving.retrieval.score`)."""
+        return serving.score(self, cache, candidate_ids)
 
-        Equals ``user_embedding(history) @ item_embedding(candidates)`` per user.
-
-        Args:
-            cache (ServingCache): from :meth:`prefill` or :meth:`extend` of this model.
-            candidate_ids (torch.Tensor): [B, T] candidates per user, or [T] shared by all.
-
-        Returns:
-            torch.Tensor: [B, T] in ``[-1, 1]``.
-        """
-        self.transducer.check_cache(cache)
-        if not isinstance(candidate_ids, torch.Tensor) or candidate_ids.dim() not in (1, 2):
-            raise ValueError(
-                "candidate_ids must be a [B, T] or [T] integer tensor, got "
-                f"{getattr(candidate_ids, 'shape', type(candidate_ids).__name__)}"
-            )
-        check_int_tensor("candidate_ids", candidate_ids, candidate_ids.dim())
-        if candidate_ids.dim() == 2:
-            check_batch("candidate_ids", candidate_ids, cache.batch_size, "the cache")
-        check_item_ids("candidate_ids", candidate_ids, self.num_items, self.validate_inputs)
-        return self.score_step(self._user_embeddings(cache), candidate_ids)
-
-    def score_step(
-        self, user_embeddings: torch.Tensor, candidate_ids: torch.Tensor
-    ) -> torch.Tensor:
-        """:meth:`score` as a function of plain tensors (unchecked): [B, T] cosines of
-        ``user_embeddings`` [B, E] (``cache.user_embeddings``) with the candidates' item
-        embeddings, ``candidate_ids`` [B, T] or [T]."""
-        items = self.item_embedding(candidate_ids).to(user_embeddings.dtype)
-        if items.dim() == 2:
-            return user_embeddings @ items.t()
-        return torch.einsum("be,bte->bt", user_embeddings, items)
+    def score_step(self, cache: ServingCache, candidate_ids: torch.Tensor) -> torch.Tensor:
+        """:meth:`score` as a pure function, unchecked
+        (:func:`tzrec_gr.serving.retrieval.score_step`)."""
+        return serving.score_step(self, cache, candidate_ids)

@@ -1,0 +1,21 @@
+"""Serving: encode users' histories once, then score candidates and append events.
+
+Legend: B = users, E = embedding width.
+
+* :mod:`tzrec_gr.serving.cache`: :class:`ServingCache`, the value every serving call takes
+  and returns (a pytree of its tensors);
+* :mod:`tzrec_gr.serving.transducer`: an :class:`~tzrec_gr.HSTUTransducer`'s ``prefill``
+  and ``cached_forward`` (new tokens against a cache);
+* :mod:`tzrec_gr.serving.ranking` and :mod:`tzrec_gr.serving.retrieval`: the models'
+  serving calls (``prefill``, ``score``, ``extend``) and their pure steps (``score_step``,
+  ``extend_step``, ``event_embeddings_step``: functions of the cache and the new tokens that
+  check nothing and read nothing on the host, which ``torch.export`` records).
+
+The models keep the public methods (``model.prefill(...)``, ``model.score(...)``,
+``model.score_step(...)``...), which call these functions: the model classes hold the model,
+these modules the serving around it.
+"""
+
+from tzrec_gr.serving.cache import ServingCache
+
+__all__ = ["ServingCache"]
