@@ -87,43 +87,9 @@ class LayerNorm(nn.Module):
         torch.Tensor: [N, D] in x's dtype.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        eps: float = 1e-5,
-        backend: BackendArg = None,
-        device: Optional[torch.device] = None,
-    ) -> None:
-        super().__init__()
-        _check_dim("dim", dim)
-        self.dim = dim
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim, device=device))
-        self.bias = nn.Parameter(torch.zeros(dim, device=device))
-        self._backend = resolve_module_backend(backend, ("layer_norm",))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_input("LayerNorm", x, self.dim)
-        return layer_norm(
-            x, self.weight.to(x.dtype), self.bias.to(x.dtype), self.eps, backend=self._backend
-        )
-
-
-class SwishLayerNorm(nn.Module):
-    """``y = x * sigmoid(LayerNorm(x))``.
-
-    Args:
-        dim (int): width D.
-        eps (float): variance epsilon. Default: 1e-5.
-        backend (str | Backend | None): ops backend. Default: None.
-        device (torch.device | None): parameter device. Default: None.
-
-    Call Args:
-        x (torch.Tensor): [N, D].
-
-    Returns:
-        torch.Tensor: [N, D] in x's dtype.
-    """
+    # the tzrec-ops op this norm calls (a subclass names another of the same signature)
+    op_name = "layer_norm"
+    _op = staticmethod(layer_norm)
 
     def __init__(
         self,
@@ -138,13 +104,21 @@ class SwishLayerNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, device=device))
         self.bias = nn.Parameter(torch.zeros(dim, device=device))
-        self._backend = resolve_module_backend(backend, ("swish_layer_norm",))
+        self._backend = resolve_module_backend(backend, (self.op_name,))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_input("SwishLayerNorm", x, self.dim)
-        return swish_layer_norm(
+        _check_input(type(self).__name__, x, self.dim)
+        return self._op(
             x, self.weight.to(x.dtype), self.bias.to(x.dtype), self.eps, backend=self._backend
         )
+
+
+class SwishLayerNorm(LayerNorm):
+    """``y = x * sigmoid(LayerNorm(x))`` (arguments, parameters and shapes as
+    :class:`LayerNorm`)."""
+
+    op_name = "swish_layer_norm"
+    _op = staticmethod(swish_layer_norm)
 
 
 class MLP(nn.Module):

@@ -1,8 +1,6 @@
 """The contract of a sequential transduction unit: :class:`STU` and :class:`STUOutput`.
 
-Legend: B = batch, L = total tokens of the jagged batch, E = embedding dim, H = heads,
-A = attention (q/k) dim per head, V = hidden (v/u) dim per head, C = contextual prefix
-length, T_b = number of targets (candidates) at the end of sample b, N = ``max_seq_len``.
+Shapes use the legend of :mod:`tzrec_gr.stu`.
 """
 
 from __future__ import annotations

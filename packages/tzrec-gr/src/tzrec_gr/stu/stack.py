@@ -1,9 +1,7 @@
 """A stack of STU layers: :class:`STUStack`, with optional history truncation before one
 layer and a KV cache per layer.
 
-Legend: B = batch, L = total tokens of the jagged batch, E = embedding dim, H = heads,
-A = attention (q/k) dim per head, V = hidden (v/u) dim per head, C = contextual prefix
-length, T_b = number of targets (candidates) at the end of sample b, N = ``max_seq_len``.
+Shapes use the legend of :mod:`tzrec_gr.stu`.
 """
 
 from __future__ import annotations
