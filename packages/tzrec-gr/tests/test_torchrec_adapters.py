@@ -13,7 +13,11 @@ from tzrec_gr import torchrec_adapters
 
 def test_missing_torchrec_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchrec", None)
-    with pytest.raises(ImportError, match=r"pip install 'tzrec-gr\[torchrec\]'"):
+    with pytest.raises(
+        ImportError,
+        match=r"^torchrec inputs needs the optional dependency torchrec\.sparse\.jagged_tensor, "
+        r"which is not installed: pip install 'tzrec-gr\[torchrec\]'$",
+    ):
         torchrec_adapters.features_from_jagged_tensors({})
     with pytest.raises(ImportError, match=r"tzrec-gr\[torchrec\]"):
         torchrec_adapters.features_from_kjt(object())

@@ -21,12 +21,13 @@ rounding (relative 2^-11).
 from __future__ import annotations
 
 import functools
-import time
 import warnings
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 from torch import nn
+
+from tzrec_ops.measure import median_ms
 
 __all__ = [
     "EMBEDDING_DTYPES",
@@ -160,17 +161,6 @@ def _gr_linear_type() -> Optional[type]:
     return Linear
 
 
-def _latency_ms(run: Callable[[], Any], repeats: int) -> float:
-    """Median wall time of ``run`` in ms (after one warm-up call)."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - start) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def compare(
     reference: nn.Module,
     quantized: nn.Module,
@@ -201,8 +191,10 @@ def compare(
         for args in batches:
             ref_outs.append(reference(*args))
             quant_outs.append(quantized(*args))
-            out["ms_float"] += _latency_ms(functools.partial(reference, *args), repeats)
-            out["ms_quant"] += _latency_ms(functools.partial(quantized, *args), repeats)
+            for key, model in (("ms_float", reference), ("ms_quant", quantized)):
+                # exactly `repeats` timed calls after one warm-up (rep_ms=0 adds none)
+                call = functools.partial(model, *args)
+                out[key] += median_ms(call, "cpu", rep_ms=0, min_calls=repeats)
     for r, q in zip(ref_outs, quant_outs):
         out["max_abs_diff"] = max(out["max_abs_diff"], float((r.float() - q.float()).abs().max()))
     all_labels = torch.cat(list(labels))

@@ -11,19 +11,14 @@ from typing import Any, Dict, Mapping
 import torch
 
 from tzrec_gr.features import lengths_key, sequence_key
+from tzrec_ops.extras import require
 
 __all__ = ["features_from_jagged_tensors", "features_from_kjt"]
 
 
 def _require_torchrec() -> Any:
-    try:
-        import torchrec  # noqa: F401
-        from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
-    except ImportError as exc:
-        raise ImportError(
-            "torchrec inputs need torchrec: pip install 'tzrec-gr[torchrec]'"
-        ) from exc
-    return JaggedTensor, KeyedJaggedTensor
+    jagged = require("torchrec.sparse.jagged_tensor", "tzrec-gr[torchrec]", "torchrec inputs")
+    return jagged.JaggedTensor, jagged.KeyedJaggedTensor
 
 
 def features_from_jagged_tensors(groups: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
