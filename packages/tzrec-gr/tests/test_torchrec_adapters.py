@@ -12,7 +12,9 @@ from tzrec_gr import torchrec_adapters
 
 
 def test_missing_torchrec_names_the_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "torchrec", None)
+    # hide the submodule too: another test may have imported it already
+    for module in ("torchrec", "torchrec.sparse.jagged_tensor"):
+        monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(
         ImportError,
         match=r"^torchrec inputs needs the optional dependency torchrec\.sparse\.jagged_tensor, "

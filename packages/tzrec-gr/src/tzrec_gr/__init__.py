@@ -4,8 +4,10 @@ STU layers and stacks with a functional KV cache, the HSTU transducer (with a se
 cache for prefill / score / extend), its input
 preprocessors, positional encoder, content/action encoders, contextualized MLPs, output
 postprocessors, two end-to-end models (retrieval and ranking) and their losses
-(:mod:`tzrec_gr.losses`). Inputs are plain jagged
-tensors (values + offsets); torchrec inputs go through :mod:`tzrec_gr.torchrec_adapters`.
+(:mod:`tzrec_gr.losses`), whose id tables sit behind one interface
+(:mod:`tzrec_gr.embeddings`: ``nn.Embedding`` or a torchrec ``EmbeddingCollection``).
+Inputs are plain jagged tensors (values + offsets); torchrec inputs go through
+:mod:`tzrec_gr.torchrec_adapters`.
 """
 
 from tzrec_gr.action_encoder import SimpleActionEncoder
@@ -20,6 +22,7 @@ from tzrec_gr.contextualize_mlps import (
     ParameterizedContextualizedMLP,
     SimpleContextualizedMLP,
 )
+from tzrec_gr.embeddings import EmbeddingTable, TorchrecEmbeddingTable, embedding_table
 from tzrec_gr.hstu_transducer import HSTUTransducer, TransducerOutput
 from tzrec_gr.layers import MLP, LayerNorm, Linear, SwishLayerNorm
 from tzrec_gr.losses import multitask_bce_loss, next_item_targets, sampled_softmax_loss
@@ -47,6 +50,7 @@ __all__ = [
     "ContextualInterleavePreprocessor",
     "ContextualProjection",
     "ContextualizedMLP",
+    "EmbeddingTable",
     "HSTUPositionalEncoder",
     "HSTUTransducer",
     "InputPreprocessor",
@@ -72,8 +76,10 @@ __all__ = [
     "SliceContentEncoder",
     "SwishLayerNorm",
     "TimestampLayerNormPostprocessor",
+    "TorchrecEmbeddingTable",
     "TransducerOutput",
     "UIHPreprocessor",
+    "embedding_table",
     "multitask_bce_loss",
     "next_item_targets",
     "sampled_softmax_loss",

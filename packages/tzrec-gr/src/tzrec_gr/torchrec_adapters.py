@@ -1,7 +1,8 @@
 """Optional adapters from torchrec inputs to the plain-tensor features of tzrec-gr.
 
 torchrec is imported lazily; without it these functions raise ImportError naming the
-``tzrec-gr[torchrec]`` extra. Nothing else in tzrec-gr needs torchrec.
+``tzrec-gr[torchrec]`` extra. The only other use of torchrec in tzrec-gr is the torchrec
+id table of :mod:`tzrec_gr.embeddings`.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from tzrec_gr._backend import BackendArg
 from tzrec_gr.action_encoder import SimpleActionEncoder
 from tzrec_gr.content_encoder import SliceContentEncoder
 from tzrec_gr.contextualize_mlps import SimpleContextualizedMLP
+from tzrec_gr.embeddings import embedding_table
 from tzrec_gr.features import (
     CANDIDATE_ITEM_ID,
     CANDIDATE_LENGTHS,
@@ -95,6 +96,11 @@ class HSTURanking(nn.Module):
         validate_inputs (bool): also check item ids that are on a GPU (one device read per
             call; ids on the CPU are always checked) and that ``contextual`` holds no NaN or
             inf. Keyword only. Default: False.
+        embedding_tables (str): the item table's implementation
+            (:func:`tzrec_gr.embeddings.embedding_table`): ``"plain"``, an ``nn.Embedding``;
+            ``"torchrec"``, a torchrec ``EmbeddingCollection`` that
+            ``DistributedModelParallel`` can shard (needs ``tzrec-gr[torchrec]``). The same
+            weights give the same outputs. Keyword only. Default: ``"plain"``.
 
     Call Args:
         batch (Dict[str, torch.Tensor]): ``uih.item_id`` [L_u], ``uih.sequence_length`` [B],
@@ -160,6 +166,7 @@ class HSTURanking(nn.Module):
         max_targets: int = 128,
         use_time_encoding: bool = True,
         validate_inputs: bool = False,
+        embedding_tables: str = "plain",
     ) -> None:
         super().__init__()
         if not task_bitmasks:
@@ -187,7 +194,9 @@ class HSTURanking(nn.Module):
         self.register_buffer(
             "_task_weights", torch.tensor(weights, dtype=torch.float32, device=device)
         )
-        self.item_embeddings = nn.Embedding(num_items, du, device=device)
+        self.item_embeddings = embedding_table(
+            embedding_tables, num_items, du, name="item", device=device
+        )
         nn.init.normal_(self.item_embeddings.weight, std=0.02)
         action_encoder = SimpleActionEncoder(8, action_weights, **kw)
         preprocessor = ContextualInterleavePreprocessor(

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from tzrec_gr._backend import BackendArg
+from tzrec_gr.embeddings import embedding_table
 from tzrec_gr.features import (
     UIH_LENGTHS,
     UIH_SEQUENCE,
@@ -65,6 +66,11 @@ class HSTURetrieval(nn.Module):
             give what ``forward`` gives. Default: 512.
         validate_inputs (bool): also check item ids that are on a GPU (one device read per
             call; ids on the CPU are always checked). Keyword only. Default: False.
+        embedding_tables (str): the item table's implementation
+            (:func:`tzrec_gr.embeddings.embedding_table`): ``"plain"``, an ``nn.Embedding``;
+            ``"torchrec"``, a torchrec ``EmbeddingCollection`` that
+            ``DistributedModelParallel`` can shard (needs ``tzrec-gr[torchrec]``). The same
+            weights give the same outputs. Keyword only. Default: ``"plain"``.
 
     Call Args:
         item_ids (torch.Tensor): [L] integer history item ids.
@@ -110,6 +116,7 @@ class HSTURetrieval(nn.Module):
         *,
         max_seq_len: int = 512,
         validate_inputs: bool = False,
+        embedding_tables: str = "plain",
     ) -> None:
         super().__init__()
         if num_items <= 1:
@@ -130,7 +137,9 @@ class HSTURetrieval(nn.Module):
         # the most tokens a user's cache holds (one per event)
         self.max_cached_len = max_seq_len
         self.validate_inputs = validate_inputs
-        self.item_embeddings = nn.Embedding(num_items, embedding_dim, device=device)
+        self.item_embeddings = embedding_table(
+            embedding_tables, num_items, embedding_dim, name="item", device=device
+        )
         nn.init.normal_(self.item_embeddings.weight, std=0.02)
         layers = [
             STULayer(

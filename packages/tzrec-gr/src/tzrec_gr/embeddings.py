@@ -1,0 +1,164 @@
+"""Id embedding tables behind one interface: plain ``nn.Embedding`` or torchrec.
+
+tzrec-gr's models hold their id tables (the item table) as an :class:`EmbeddingTable`, made
+by :func:`embedding_table` from the models' ``embedding_tables`` argument:
+
+* ``"plain"`` (the default): a ``torch.nn.Embedding`` itself, not a subclass, so a model's
+  state dict, ``torch.fx`` graph (``nn.Embedding`` is a leaf module), export and tzrec-acc's
+  table passes (quantization, sparse/dense split) are what they were. No torchrec needed.
+* ``"torchrec"``: a :class:`TorchrecEmbeddingTable`, a torchrec ``EmbeddingCollection`` of one
+  table fed a ``KeyedJaggedTensor``, which torchrec's ``DistributedModelParallel`` can shard.
+  Needs ``pip install 'tzrec-gr[torchrec]'``; torchrec is imported only when one is built.
+
+Both give the same rows and gradients for the same weights. Legend: N = rows, D = width.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from tzrec_ops.extras import require
+
+__all__ = [
+    "EMBEDDING_TABLE_KINDS",
+    "EmbeddingTable",
+    "TorchrecEmbeddingTable",
+    "embedding_table",
+]
+
+EMBEDDING_TABLE_KINDS = ("plain", "torchrec")
+
+
+@runtime_checkable
+class EmbeddingTable(Protocol):
+    """What a model needs of an id table; ``nn.Embedding`` is one.
+
+    Attributes:
+        num_embeddings (int): N; ids are in ``[0, N)``.
+        embedding_dim (int): D.
+        weight (torch.Tensor): [N, D] the whole table (the parameter itself).
+
+    Call Args:
+        ids (torch.Tensor): integer ids of any shape (e.g. jagged values [L]).
+
+    Returns:
+        torch.Tensor: ``[*ids.shape, D]`` the ids' rows (in the table's dtype for
+        ``nn.Embedding``, float32 for :class:`TorchrecEmbeddingTable`).
+    """
+
+    num_embeddings: int
+    embedding_dim: int
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+
+class TorchrecEmbeddingTable(nn.Module):
+    """One table in a torchrec ``EmbeddingCollection``, looked up through a
+    ``KeyedJaggedTensor``.
+
+    Each call flattens ``ids`` into one bag of one feature, so every process of a sharded
+    model feeds a KeyedJaggedTensor of the same stride (1) whatever its number of ids. The
+    collection is the child ``collection`` (its state dict key is
+    ``collection.embeddings.<name>.weight``), the module ``DistributedModelParallel``
+    replaces with its sharded form; :attr:`weight` is the unsharded table only. A state
+    dict of a plain table (key ``weight``) loads into this one.
+
+    Args:
+        num_embeddings (int): N.
+        embedding_dim (int): D.
+        name (str): the table's name; its feature is ``f"{name}_id"``. Default: ``"item"``.
+        device (torch.device | None): the table's device (``meta`` to build it for
+            sharding). Default: None.
+
+    Call Args:
+        ids (torch.Tensor): integer ids of any shape.
+
+    Returns:
+        torch.Tensor: ``[*ids.shape, D]`` rows in float32 (torchrec's collection returns
+        float32 whatever the table's dtype; equal to a plain table's rows for a float32 one).
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        name: str = "item",
+        device: Optional[torch.device] = None,
+    ) -> None:
+        super().__init__()
+        torchrec = require("torchrec", "tzrec-gr[torchrec]", "embedding_tables='torchrec'")
+        self._keyed_jagged_tensor = torchrec.KeyedJaggedTensor
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.name = name
+        self.feature = f"{name}_id"
+        config = torchrec.EmbeddingConfig(
+            name=name,
+            embedding_dim=embedding_dim,
+            num_embeddings=num_embeddings,
+            feature_names=[self.feature],
+        )
+        self.collection = torchrec.EmbeddingCollection(tables=[config], device=device)
+        self.register_load_state_dict_pre_hook(self._from_plain)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """[N, D] the unsharded table (the collection's parameter)."""
+        return self.collection.embeddings[self.name].weight
+
+    def _from_plain(
+        self, module: nn.Module, state_dict: Dict[str, Any], prefix: str, *args: Any
+    ) -> None:
+        """Renames a plain table's ``weight`` key to the collection's."""
+        if prefix + "weight" in state_dict:
+            key = f"{prefix}collection.embeddings.{self.name}.weight"
+            state_dict[key] = state_dict.pop(prefix + "weight")
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        values = ids.reshape(-1)
+        lengths = torch.full((1,), values.shape[0], dtype=torch.int32, device=ids.device)
+        features = self._keyed_jagged_tensor(keys=[self.feature], values=values, lengths=lengths)
+        rows = self.collection(features)[self.feature].values()
+        return rows.reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, name={self.name!r}"
+
+
+def embedding_table(
+    kind: str,
+    num_embeddings: int,
+    embedding_dim: int,
+    *,
+    name: str = "item",
+    device: Optional[torch.device] = None,
+) -> EmbeddingTable:
+    """An id table of ``kind`` (the models' ``embedding_tables`` argument).
+
+    Args:
+        kind (str): ``"plain"`` (an ``nn.Embedding``) or ``"torchrec"`` (a
+            :class:`TorchrecEmbeddingTable`).
+        num_embeddings (int): N.
+        embedding_dim (int): D.
+        name (str): the table's name (torchrec only). Default: ``"item"``.
+        device (torch.device | None): Default: None.
+
+    Returns:
+        EmbeddingTable: with the implementation's default initialization.
+
+    Raises:
+        ValueError: an unknown ``kind``, naming ``embedding_tables``.
+        ImportError: ``"torchrec"`` without torchrec installed, naming ``tzrec-gr[torchrec]``.
+    """
+    if kind == "plain":
+        return nn.Embedding(num_embeddings, embedding_dim, device=device)
+    if kind == "torchrec":
+        return TorchrecEmbeddingTable(num_embeddings, embedding_dim, name, device)
+    kinds: List[str] = [repr(k) for k in EMBEDDING_TABLE_KINDS]
+    raise ValueError(f"embedding_tables must be one of {', '.join(kinds)}, got {kind!r}")
