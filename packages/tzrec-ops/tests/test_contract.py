@@ -166,6 +166,9 @@ BUILTIN_BACKENDS = ("pytorch", "triton", "triton_tma")
 def test_builtin_implementation_matches_the_declaration(backend, op):
     """Names, order, keyword passing, defaults and annotations of every built-in
     implementation are the public op's."""
+    if backend != "pytorch":
+        # the triton backends' modules import triton (test-ops-fbgemm runs without it)
+        pytest.importorskip("triton", reason="the triton backends' modules need triton")
     record = registry.get_backend(backend)
     if op not in record.ops:
         pytest.skip(f"{backend} does not implement {op}")
