@@ -164,7 +164,7 @@ def split_2D_jagged(
         total_len_left, total_len_right: row counts of the two outputs. When both sides are
             jagged and neither is given, ``offsets_left[-1]`` is taken from its host copy
             (one device sync per batch, none for offsets moved with
-            :func:`~tzrec_ops.ops.host_copies.to_device`; it breaks
+            :func:`~tzrec_ops.jagged.to_device`; it breaks
             ``torch.compile(fullgraph=True)``): pass one to avoid it.
         max_len_left, max_len_right: required for a dense side (its exact length).
         offsets_left, offsets_right: [B + 1]; at least one side must be jagged.

@@ -6,7 +6,7 @@ Shape, dtype and device checks always run. Checks on the *values* of index tenso
 start at 0, never decrease and end at the token count; lengths within ``max_seq_len``;
 ``num_targets`` within its sequence) read host copies of those tensors
 (:mod:`tzrec_ops.ops.host_copies`): one device-to-host transfer per batch at most, none for
-tensors moved with :func:`~tzrec_ops.ops.host_copies.to_device`, and a check the same
+tensors moved with :func:`~tzrec_ops.jagged.to_device`, and a check the same
 tensors passed before is not run again. They run in eager mode unless
 ``TZREC_OPS_VALUE_CHECKS=0`` is set or :func:`set_value_checks` turned them off, and never
 while ``torch.compile``/``torch.export``/FX traces the call.
