@@ -20,6 +20,7 @@ from _models import (
 from torch import nn
 
 from tzrec_gr import EmbeddingTable, TorchrecEmbeddingTable, embedding_table
+from tzrec_gr.embeddings import init_rows_
 from tzrec_gr.models import HSTURanking, HSTURetrieval
 
 needs_torchrec = pytest.mark.skipif(
@@ -155,3 +156,36 @@ def test_ranking_with_torchrec_table_equals_plain():
     for model, out in zip((plain, rec), logits):
         model.loss(out, labels).backward()
     _assert_same_grads(plain, rec)
+
+
+def test_a_factory_builds_the_table_and_is_checked():
+    built = []
+
+    def factory(num_embeddings, embedding_dim, *, name, device):
+        built.append((num_embeddings, embedding_dim, name, device))
+        return nn.Embedding(num_embeddings, embedding_dim, device=device)
+
+    model = HSTURetrieval(40, 8, embedding_tables=factory)
+    assert isinstance(model.item_embeddings, nn.Embedding)
+    assert built == [(40, 8, "item", None)]
+    with pytest.raises(TypeError, match=r"embedding_tables: the factory .* 40 rows of width 8"):
+        HSTURetrieval(40, 8, embedding_tables=lambda n, d, **kw: nn.Embedding(n + 1, d))
+
+
+@pytest.mark.parametrize(
+    "first_row,rows,first_column,columns",
+    [(0, 10, 0, 6), (3, 70_000, 2, 3), (65_530, 12, 0, 6), (131_072, 1, 5, 1)],
+)
+def test_init_rows_fills_a_shard_with_its_rows_of_the_whole_table(
+    first_row, rows, first_column, columns
+):
+    whole = init_rows_(torch.empty(first_row + rows, 6), 0, seed=3)
+    shard = init_rows_(torch.empty(rows, columns), first_row, seed=3, first_column=first_column,
+                       table_width=6)
+    torch.testing.assert_close(
+        shard, whole[first_row:, first_column : first_column + columns], rtol=0, atol=0
+    )
+    assert abs(whole.std().item() - 0.02) < 0.002
+    other = init_rows_(torch.empty(rows, columns), first_row, seed=4, first_column=first_column,
+                       table_width=6)
+    assert not torch.equal(shard, other)

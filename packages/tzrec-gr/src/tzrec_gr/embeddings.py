@@ -10,12 +10,16 @@ by :func:`embedding_table` from the models' ``embedding_tables`` argument:
   table fed a ``KeyedJaggedTensor``, which torchrec's ``DistributedModelParallel`` can shard.
   Needs ``pip install 'tzrec-gr[torchrec]'``; torchrec is imported only when one is built.
 
-Both give the same rows and gradients for the same weights. Legend: N = rows, D = width.
+Both give the same rows and gradients for the same weights. A caller that builds its tables
+itself (a trainer that builds a torchrec table on the ``meta`` device for
+``DistributedModelParallel`` to materialize shard by shard) passes a :data:`TableFactory`
+instead of a name, and :func:`init_rows_` initializes any shard of a table to the values the
+whole table would have. Legend: N = rows, D = width.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Dict, List, Optional, Protocol, Union, runtime_checkable
 
 import torch
 from torch import nn
@@ -25,11 +29,16 @@ from tzrec_ops.extras import require
 __all__ = [
     "EMBEDDING_TABLE_KINDS",
     "EmbeddingTable",
+    "TableFactory",
     "TorchrecEmbeddingTable",
     "embedding_table",
+    "init_rows_",
 ]
 
 EMBEDDING_TABLE_KINDS = ("plain", "torchrec")
+
+
+INIT_BLOCK_ROWS = 65536
 
 
 @runtime_checkable
@@ -131,8 +140,12 @@ class TorchrecEmbeddingTable(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, name={self.name!r}"
 
 
+#: ``factory(num_embeddings, embedding_dim, *, name, device) -> EmbeddingTable``
+TableFactory = Callable[..., EmbeddingTable]
+
+
 def embedding_table(
-    kind: str,
+    kind: Union[str, TableFactory],
     num_embeddings: int,
     embedding_dim: int,
     *,
@@ -142,8 +155,9 @@ def embedding_table(
     """An id table of ``kind`` (the models' ``embedding_tables`` argument).
 
     Args:
-        kind (str): ``"plain"`` (an ``nn.Embedding``) or ``"torchrec"`` (a
-            :class:`TorchrecEmbeddingTable`).
+        kind (str | TableFactory): ``"plain"`` (an ``nn.Embedding``), ``"torchrec"`` (a
+            :class:`TorchrecEmbeddingTable`), or a :data:`TableFactory` called with these
+            arguments (by keyword from ``name`` on).
         num_embeddings (int): N.
         embedding_dim (int): D.
         name (str): the table's name (torchrec only). Default: ``"item"``.
@@ -154,11 +168,78 @@ def embedding_table(
 
     Raises:
         ValueError: an unknown ``kind``, naming ``embedding_tables``.
+        TypeError: a factory that returns no :class:`EmbeddingTable` of ``num_embeddings``
+            rows of width ``embedding_dim``.
         ImportError: ``"torchrec"`` without torchrec installed, naming ``tzrec-gr[torchrec]``.
     """
+    if callable(kind):
+        table = kind(num_embeddings, embedding_dim, name=name, device=device)
+        if not (
+            isinstance(table, EmbeddingTable)
+            and (table.num_embeddings, table.embedding_dim) == (num_embeddings, embedding_dim)
+        ):
+            raise TypeError(
+                f"embedding_tables: the factory {kind!r} must return an EmbeddingTable of "
+                f"{num_embeddings} rows of width {embedding_dim}, got {table!r}"
+            )
+        return table
     if kind == "plain":
         return nn.Embedding(num_embeddings, embedding_dim, device=device)
     if kind == "torchrec":
         return TorchrecEmbeddingTable(num_embeddings, embedding_dim, name, device)
     kinds: List[str] = [repr(k) for k in EMBEDDING_TABLE_KINDS]
     raise ValueError(f"embedding_tables must be one of {', '.join(kinds)}, got {kind!r}")
+
+
+@torch.no_grad()
+def init_rows_(
+    rows: torch.Tensor,
+    first_row: int,
+    *,
+    seed: int,
+    std: float = 0.02,
+    first_column: int = 0,
+    table_width: Optional[int] = None,
+) -> torch.Tensor:
+    """Fills ``rows`` in place with rows ``[first_row, first_row + len(rows))`` (columns
+    ``[first_column, first_column + rows.shape[1])``) of a table drawn N(0, std²).
+
+    The table is drawn in blocks of 65,536 rows, block ``b`` from a generator seeded with
+    ``(seed, b)``, so any shard of a table (row-wise, table-wise or column-wise) is filled
+    with the values it has in the whole table, whatever the number of processes: a sharded
+    run starts from the weights of a one-process run. Only the blocks the shard overlaps
+    are drawn (one block at a time), never the whole table.
+
+    Args:
+        rows (torch.Tensor): [R, C] a shard of the table (any float dtype and device).
+        first_row (int): the table row of ``rows[0]``.
+        seed (int): the table's seed.
+        std (float): standard deviation. Default: 0.02.
+        first_column (int): the table column of ``rows[:, 0]``. Default: 0.
+        table_width (int | None): D, the whole table's width. Default: ``rows.shape[1]``
+            (a shard of whole rows).
+
+    Returns:
+        torch.Tensor: ``rows``.
+    """
+    if rows.dim() != 2:
+        raise ValueError(f"rows must be [R, C], got {tuple(rows.shape)}")
+    if first_row < 0 or first_column < 0:
+        raise ValueError(f"first_row and first_column must be >= 0, got {first_row}, "
+                         f"{first_column}")
+    width = rows.shape[1] if table_width is None else table_width
+    if first_column + rows.shape[1] > width:
+        raise ValueError(f"columns [{first_column}, {first_column + rows.shape[1]}) are outside "
+                         f"a table of width {width} (table_width)")
+    stop = first_row + rows.shape[0]
+    block = first_row // INIT_BLOCK_ROWS
+    generator = torch.Generator()
+    while block * INIT_BLOCK_ROWS < stop:
+        start = block * INIT_BLOCK_ROWS
+        generator.manual_seed(seed * 1_000_003 + block)
+        values = torch.randn(INIT_BLOCK_ROWS, width, generator=generator).mul_(std)
+        lo, hi = max(start, first_row), min(start + INIT_BLOCK_ROWS, stop)
+        columns = slice(first_column, first_column + rows.shape[1])
+        rows[lo - first_row : hi - first_row].copy_(values[lo - start : hi - start, columns])
+        block += 1
+    return rows

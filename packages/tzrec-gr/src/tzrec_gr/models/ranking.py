@@ -6,7 +6,7 @@ K = number of tasks, C = contextual features.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -15,7 +15,7 @@ from tzrec_gr._backend import BackendArg
 from tzrec_gr.action_encoder import SimpleActionEncoder
 from tzrec_gr.content_encoder import SliceContentEncoder
 from tzrec_gr.contextualize_mlps import SimpleContextualizedMLP
-from tzrec_gr.embeddings import embedding_table
+from tzrec_gr.embeddings import TableFactory, embedding_table
 from tzrec_gr.features import (
     CANDIDATE_ITEM_ID,
     CANDIDATE_LENGTHS,
@@ -96,11 +96,12 @@ class HSTURanking(nn.Module):
         validate_inputs (bool): also check item ids that are on a GPU (one device read per
             call; ids on the CPU are always checked) and that ``contextual`` holds no NaN or
             inf. Keyword only. Default: False.
-        embedding_tables (str): the item table's implementation
+        embedding_tables (str | TableFactory): the item table's implementation
             (:func:`tzrec_gr.embeddings.embedding_table`): ``"plain"``, an ``nn.Embedding``;
             ``"torchrec"``, a torchrec ``EmbeddingCollection`` that
-            ``DistributedModelParallel`` can shard (needs ``tzrec-gr[torchrec]``). The same
-            weights give the same outputs. Keyword only. Default: ``"plain"``.
+            ``DistributedModelParallel`` can shard (needs ``tzrec-gr[torchrec]``); or a
+            factory that builds the table. The same weights give the same outputs. Keyword
+            only. Default: ``"plain"``.
 
     Call Args:
         batch (Dict[str, torch.Tensor]): ``uih.item_id`` [L_u], ``uih.sequence_length`` [B],
@@ -166,7 +167,7 @@ class HSTURanking(nn.Module):
         max_targets: int = 128,
         use_time_encoding: bool = True,
         validate_inputs: bool = False,
-        embedding_tables: str = "plain",
+        embedding_tables: Union[str, TableFactory] = "plain",
     ) -> None:
         super().__init__()
         if not task_bitmasks:

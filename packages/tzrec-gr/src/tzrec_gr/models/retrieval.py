@@ -6,13 +6,13 @@ T = candidates per user.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
 from tzrec_gr._backend import BackendArg
-from tzrec_gr.embeddings import embedding_table
+from tzrec_gr.embeddings import TableFactory, embedding_table
 from tzrec_gr.features import (
     UIH_LENGTHS,
     UIH_SEQUENCE,
@@ -66,11 +66,12 @@ class HSTURetrieval(nn.Module):
             give what ``forward`` gives. Default: 512.
         validate_inputs (bool): also check item ids that are on a GPU (one device read per
             call; ids on the CPU are always checked). Keyword only. Default: False.
-        embedding_tables (str): the item table's implementation
+        embedding_tables (str | TableFactory): the item table's implementation
             (:func:`tzrec_gr.embeddings.embedding_table`): ``"plain"``, an ``nn.Embedding``;
             ``"torchrec"``, a torchrec ``EmbeddingCollection`` that
-            ``DistributedModelParallel`` can shard (needs ``tzrec-gr[torchrec]``). The same
-            weights give the same outputs. Keyword only. Default: ``"plain"``.
+            ``DistributedModelParallel`` can shard (needs ``tzrec-gr[torchrec]``); or a
+            factory that builds the table. The same weights give the same outputs. Keyword
+            only. Default: ``"plain"``.
 
     Call Args:
         item_ids (torch.Tensor): [L] integer history item ids.
@@ -116,7 +117,7 @@ class HSTURetrieval(nn.Module):
         *,
         max_seq_len: int = 512,
         validate_inputs: bool = False,
-        embedding_tables: str = "plain",
+        embedding_tables: Union[str, TableFactory] = "plain",
     ) -> None:
         super().__init__()
         if num_items <= 1:
