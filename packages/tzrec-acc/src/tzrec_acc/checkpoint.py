@@ -35,14 +35,7 @@ def _build(name: str, kwargs: Mapping[str, Any]) -> nn.Module:
     if name not in CLASSES:
         raise ValueError(f"model must be one of {', '.join(CLASSES)}, got {name!r}")
     models = require("tzrec_gr.models", "tzrec-acc[gr]", "rebuilding tzrec-gr models")
-    from tzrec_ops import BackendError
-
-    try:
-        return getattr(models, name)(**kwargs)
-    except TypeError as exc:
-        raise ValueError(f"the config's kwargs do not fit {name}: {exc}") from exc
-    except BackendError as exc:  # an unknown or unavailable ops backend
-        raise ValueError(f"cannot build {name}: {exc}") from exc
+    return models.build_from_config({"model": name, "kwargs": kwargs})
 
 
 def _read_config(path: PathLike) -> Dict[str, Any]:

@@ -2,6 +2,12 @@
 
 Legend: B = users, E = embedding width.
 
+* :mod:`tzrec_gr.serving.session`: :class:`ServingSession`, the one serving API over both
+  models: ``recommend`` (top-K of the catalogue, retrieval), ``score`` (per-task
+  probabilities, ranking), per-user state (``open`` / ``extend``) and CUDA graphs inside;
+* :mod:`tzrec_gr.serving.inputs`: :class:`Histories` and :class:`Candidates`, its inputs;
+* :mod:`tzrec_gr.serving.topk`: :func:`catalogue_topk`, exact top-K over a catalogue of any
+  size, in chunks on the device;
 * :mod:`tzrec_gr.serving.cache`: :class:`ServingCache`, the value every serving call takes
   and returns (a pytree of its tensors);
 * :mod:`tzrec_gr.serving.transducer`: an :class:`~tzrec_gr.HSTUTransducer`'s ``prefill``
@@ -17,5 +23,15 @@ these modules the serving around it.
 """
 
 from tzrec_gr.serving.cache import ServingCache
+from tzrec_gr.serving.inputs import Candidates, Histories
+from tzrec_gr.serving.session import ServingSession
+from tzrec_gr.serving.topk import TopK, catalogue_topk
 
-__all__ = ["ServingCache"]
+__all__ = [
+    "Candidates",
+    "Histories",
+    "ServingCache",
+    "ServingSession",
+    "TopK",
+    "catalogue_topk",
+]

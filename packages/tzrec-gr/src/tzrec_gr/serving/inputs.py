@@ -1,0 +1,354 @@
+"""What a :class:`~tzrec_gr.serving.ServingSession` takes: users' histories and candidates.
+
+Legend: B = users, L = events of all users, L_t = candidates of all users, C * Fc = the
+ranking model's contextual width.
+
+Both are jagged batches, user-major (user 0's rows first), with ``lengths`` [B]. Build them
+from Python lists with ``from_lists`` or from tensors. Keep them on the CPU: the session
+checks their values there (naming the argument and the user's row) before any kernel runs,
+then moves them to the model's device without reading the device back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Sequence
+
+import torch
+
+from tzrec_ops.jagged import first_true, offsets_from_lengths
+
+__all__ = ["Candidates", "Histories"]
+
+
+def _int_rows(name: str, rows: Sequence[Sequence[int]]) -> List[torch.Tensor]:
+    try:
+        return [torch.as_tensor(list(r), dtype=torch.int64).reshape(-1) for r in rows]
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{name} must be one sequence of integers per user: {exc}") from exc
+
+
+def _cat(rows: List[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64)
+
+
+def _check_int(name: str, t: object, ndim: int = 1) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+    return t
+
+
+def _user_of(offsets: torch.Tensor, row: int) -> int:
+    return int(torch.searchsorted(offsets, torch.tensor(row), right=True)) - 1
+
+
+def _check_lengths(name: str, lengths: torch.Tensor, rows: int, rows_name: str) -> torch.Tensor:
+    """``lengths`` [B] >= 0 summing to ``rows``; returns the host offsets [B + 1]."""
+    host = lengths.detach().cpu().to(torch.int64)
+    if bool((host < 0).any()):
+        b = first_true(host < 0)
+        raise ValueError(f"{name}[{b}] must be >= 0, got {int(host[b])}")
+    if int(host.sum()) != rows:
+        raise ValueError(
+            f"{name} sums to {int(host.sum())} but {rows_name} has {rows} rows; they must match"
+        )
+    return offsets_from_lengths(host)
+
+
+def _check_ids(name: str, ids: torch.Tensor, offsets: torch.Tensor, num_items: int) -> None:
+    host = ids.detach().cpu()
+    bad = (host < 0) | (host >= num_items)
+    if bool(bad.any()):
+        i = first_true(bad)
+        b = _user_of(offsets, i)
+        raise ValueError(
+            f"{name} of user {b} (position {i - int(offsets[b])}) is {int(host[i])}, not an "
+            f"item of the catalogue [0, {num_items})"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Histories:
+    """B users' event histories (oldest event first), or new events to append.
+
+    Attributes:
+        item_ids (torch.Tensor): [L] integer item ids, user-major.
+        lengths (torch.Tensor): [B] events per user.
+        timestamps (torch.Tensor): [L] integer event times, non-decreasing within a user.
+        actions (torch.Tensor | None): [L] integer action bitmasks (ranking models: required).
+        contextual (torch.Tensor | None): [B, C * Fc] float contextual features (ranking
+            models with a contextual prefix: required on :meth:`ServingSession.open` and
+            stateless calls).
+        query_time (torch.Tensor | None): [B] integer request times (ranking): the anchor
+            of the time encoding; candidates are scored as seen at this time. Default: each
+            user's newest timestamp.
+
+    Raises:
+        ValueError: shapes, dtypes or lengths that do not fit together, naming the argument.
+            Values against a model (ids in the catalogue, sorted timestamps, no empty
+            history) are checked by :meth:`check`, which the session calls.
+    """
+
+    item_ids: torch.Tensor
+    lengths: torch.Tensor
+    timestamps: torch.Tensor
+    actions: Optional[torch.Tensor] = None
+    contextual: Optional[torch.Tensor] = None
+    query_time: Optional[torch.Tensor] = None
+
+    def __post_init__(self) -> None:
+        ids = _check_int("histories.item_ids", self.item_ids)
+        lengths = _check_int("histories.lengths", self.lengths)
+        for name in ("timestamps", "actions"):
+            t = getattr(self, name)
+            if t is None and name == "actions":
+                continue
+            _check_int(f"histories.{name}", t)
+            if t.shape[0] != ids.shape[0]:
+                raise ValueError(
+                    f"histories.{name} has {t.shape[0]} rows but histories.item_ids has "
+                    f"{ids.shape[0]}; they must match"
+                )
+        if self.contextual is not None:
+            ctx = self.contextual
+            if not isinstance(ctx, torch.Tensor) or ctx.dim() != 2 or not ctx.is_floating_point():
+                raise ValueError(
+                    "histories.contextual must be a [B, C * Fc] float tensor, got "
+                    f"{getattr(ctx, 'dtype', type(ctx).__name__)} "
+                    f"{tuple(getattr(ctx, 'shape', ()))}"
+                )
+            if ctx.shape[0] != lengths.shape[0]:
+                raise ValueError(
+                    f"histories.contextual has {ctx.shape[0]} rows but histories.lengths has "
+                    f"B = {lengths.shape[0]} users; they must match"
+                )
+        if self.query_time is not None:
+            _check_int("histories.query_time", self.query_time)
+            if self.query_time.shape[0] != lengths.shape[0]:
+                raise ValueError(
+                    f"histories.query_time has {self.query_time.shape[0]} entries but "
+                    f"histories.lengths has B = {lengths.shape[0]} users; they must match"
+                )
+        object.__setattr__(
+            self,
+            "_offsets",
+            _check_lengths("histories.lengths", lengths, ids.shape[0], "histories.item_ids"),
+        )
+
+    @classmethod
+    def from_lists(
+        cls,
+        item_ids: Sequence[Sequence[int]],
+        timestamps: Optional[Sequence[Sequence[int]]] = None,
+        actions: Optional[Sequence[Sequence[int]]] = None,
+        contextual: Optional[Sequence[Sequence[float]]] = None,
+        query_time: Optional[Sequence[int]] = None,
+    ) -> Histories:
+        """From one list per user (CPU tensors).
+
+        ``timestamps`` None numbers each user's events 0, 1, 2... (for a model that does
+        not encode time, such as :class:`~tzrec_gr.models.HSTURetrieval`).
+        """
+        ids = _int_rows("item_ids", item_ids)
+        lengths = torch.tensor([r.numel() for r in ids], dtype=torch.int64)
+        if timestamps is None:
+            ts = [torch.arange(r.numel(), dtype=torch.int64) for r in ids]
+        else:
+            ts = _int_rows("timestamps", timestamps)
+            if len(ts) != len(ids):
+                raise ValueError(
+                    f"timestamps has {len(ts)} users but item_ids has {len(ids)}; they must match"
+                )
+        for name, rows in (("timestamps", ts), ("actions", actions)):
+            if rows is None:
+                continue
+            if name == "actions":
+                rows = _int_rows("actions", rows)
+            for b, (r, i) in enumerate(zip(rows, ids)):
+                if r.numel() != i.numel():
+                    raise ValueError(
+                        f"{name}[{b}] has {r.numel()} events but item_ids[{b}] has {i.numel()}"
+                    )
+        acts = None if actions is None else _cat(_int_rows("actions", actions))
+        return cls(
+            item_ids=_cat(ids),
+            lengths=lengths,
+            timestamps=_cat(ts),
+            actions=acts,
+            contextual=None if contextual is None else torch.tensor(contextual).float(),
+            query_time=None if query_time is None else torch.tensor(query_time).long(),
+        )
+
+    @property
+    def batch_size(self) -> int:
+        """B, the number of users."""
+        return self.lengths.shape[0]
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        """[B + 1] int64 offsets of the users' rows (on the CPU)."""
+        return self._offsets  # type: ignore[attr-defined]
+
+    def check(
+        self,
+        num_items: int,
+        *,
+        allow_empty: bool = False,
+        needs_actions: bool = False,
+        contextual_width: int = 0,
+        after: Optional[Sequence[Optional[int]]] = None,
+    ) -> None:
+        """Check the values against a model (one read of the values if they are not on the
+        CPU).
+
+        Args:
+            num_items (int): ids must be in ``[0, num_items)``.
+            allow_empty (bool): a user may have no events (appending none). Default: False.
+            needs_actions (bool): ``actions`` is required (ranking). Default: False.
+            contextual_width (int): C * Fc; > 0 requires ``contextual`` of this width.
+                Default: 0.
+            after (Sequence[int | None] | None): each user's newest timestamp so far (for
+                appended events, which must not be older). Default: None.
+
+        Raises:
+            ValueError: naming the argument and the user's row: an unknown item id,
+                timestamps that go back in time, an empty history, a missing feature.
+        """
+        offsets = self.offsets
+        lengths = offsets[1:] - offsets[:-1]
+        if not allow_empty and bool((lengths == 0).any()):
+            b = first_true(lengths == 0)
+            raise ValueError(f"histories of user {b} is empty: every user needs at least one event")
+        _check_ids("histories.item_ids", self.item_ids, offsets, num_items)
+        ts = self.timestamps.detach().cpu().to(torch.int64)
+        if ts.numel() > 1:
+            back = ts[1:] < ts[:-1]
+            same_user = torch.ones_like(back)
+            starts = offsets[1:-1][(offsets[1:-1] > 0) & (offsets[1:-1] < ts.numel())]
+            same_user[starts - 1] = False
+            bad = back & same_user
+            if bool(bad.any()):
+                i = first_true(bad) + 1
+                b = _user_of(offsets, i)
+                p = i - int(offsets[b])
+                raise ValueError(
+                    f"histories.timestamps of user {b} are not sorted: position {p} "
+                    f"({int(ts[i])}) is older than position {p - 1} ({int(ts[i - 1])})"
+                )
+        if after is not None:
+            for b in range(self.batch_size):
+                start, stop = int(offsets[b]), int(offsets[b + 1])
+                if after[b] is not None and stop > start and int(ts[start]) < after[b]:
+                    raise ValueError(
+                        f"histories.timestamps of user {b} start at {int(ts[start])}, older "
+                        f"than that user's newest event so far ({after[b]})"
+                    )
+        if needs_actions and self.actions is None:
+            raise ValueError("histories.actions is required by a ranking model")
+        if contextual_width > 0:
+            if self.contextual is None:
+                raise ValueError(
+                    f"histories.contextual [B, {contextual_width}] is required: the model "
+                    "has a contextual prefix"
+                )
+            if self.contextual.shape[1] != contextual_width:
+                raise ValueError(
+                    f"histories.contextual must have {contextual_width} columns (C * Fc), "
+                    f"got {self.contextual.shape[1]}"
+                )
+            if not bool(torch.isfinite(self.contextual).all()):
+                row = first_true((~torch.isfinite(self.contextual.cpu())).any(dim=1))
+                raise ValueError(f"histories.contextual of user {row} has a NaN or inf")
+
+    def newest_timestamps(self) -> torch.Tensor:
+        """[B] int64 each user's newest timestamp (0 for a user without events), CPU."""
+        ts = self.timestamps.detach().cpu().to(torch.int64)
+        offsets = self.offsets
+        last = (offsets[1:] - 1).clamp(min=0)
+        newest = ts[last] if ts.numel() else torch.zeros(self.batch_size, dtype=torch.int64)
+        return torch.where(offsets[1:] > offsets[:-1], newest, torch.zeros_like(newest))
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidates:
+    """Candidate items to score for each of B users.
+
+    Attributes:
+        item_ids (torch.Tensor): [L_t] integer item ids, user-major.
+        lengths (torch.Tensor): [B] candidates per user.
+        timestamps (torch.Tensor | None): [L_t] integer times the candidates are shown.
+            Default: each user's query time.
+    """
+
+    item_ids: torch.Tensor
+    lengths: torch.Tensor
+    timestamps: Optional[torch.Tensor] = None
+
+    def __post_init__(self) -> None:
+        ids = _check_int("candidates.item_ids", self.item_ids)
+        lengths = _check_int("candidates.lengths", self.lengths)
+        if self.timestamps is not None:
+            _check_int("candidates.timestamps", self.timestamps)
+            if self.timestamps.shape[0] != ids.shape[0]:
+                raise ValueError(
+                    f"candidates.timestamps has {self.timestamps.shape[0]} rows but "
+                    f"candidates.item_ids has {ids.shape[0]}; they must match"
+                )
+        object.__setattr__(
+            self,
+            "_offsets",
+            _check_lengths("candidates.lengths", lengths, ids.shape[0], "candidates.item_ids"),
+        )
+
+    @classmethod
+    def from_lists(
+        cls,
+        item_ids: Sequence[Sequence[int]],
+        timestamps: Optional[Sequence[Sequence[int]]] = None,
+    ) -> Candidates:
+        """From one list per user (CPU tensors)."""
+        ids = _int_rows("item_ids", item_ids)
+        ts = None
+        if timestamps is not None:
+            rows = _int_rows("timestamps", timestamps)
+            if [r.numel() for r in rows] != [r.numel() for r in ids]:
+                raise ValueError("timestamps must hold one time per candidate of item_ids")
+            ts = _cat(rows)
+        lengths = torch.tensor([r.numel() for r in ids], dtype=torch.int64)
+        return cls(_cat(ids), lengths, ts)
+
+    @classmethod
+    def from_dense(cls, item_ids: torch.Tensor) -> Candidates:
+        """From a [B, T] integer tensor: T candidates per user."""
+        _check_int("candidates", item_ids, 2)
+        lengths = torch.full((item_ids.shape[0],), item_ids.shape[1], dtype=torch.int64)
+        return cls(item_ids.reshape(-1), lengths)
+
+    @property
+    def batch_size(self) -> int:
+        """B, the number of users."""
+        return self.lengths.shape[0]
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        """[B + 1] int64 offsets of the users' candidates (on the CPU)."""
+        return self._offsets  # type: ignore[attr-defined]
+
+    def check(self, num_items: int, max_per_user: int) -> None:
+        """Ids in ``[0, num_items)`` and at most ``max_per_user`` candidates per user.
+
+        Raises:
+            ValueError: naming ``candidates`` and the user's row.
+        """
+        lengths = self.offsets[1:] - self.offsets[:-1]
+        if bool((lengths > max_per_user).any()):
+            b = first_true(lengths > max_per_user)
+            raise ValueError(
+                f"candidates of user {b}: {int(lengths[b])}, more than the model's "
+                f"max_targets ({max_per_user})"
+            )
+        _check_ids("candidates.item_ids", self.item_ids, self.offsets, num_items)
