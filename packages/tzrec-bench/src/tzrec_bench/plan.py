@@ -355,6 +355,7 @@ class PlanReport:
             (``forward``, ``backward``, ``ids``, ``total``).
         proposals (int): the plans the planner tried.
         torchrec_version (str): the torchrec that planned it.
+        notes (List[str]): remarks printed under the plan (e.g. what data_parallel leaves out).
     """
 
     options: Dict[str, Any]
