@@ -1,9 +1,11 @@
-"""The ``tzrec-bench`` command: ``train``, ``evaluate``, ``ops`` and ``run-configs`` (also
-``python -m tzrec_bench``).
+"""The ``tzrec-bench`` command: ``train``, ``evaluate``, ``ops``, ``run-configs`` and ``plan``
+(also ``python -m tzrec_bench``).
 
     tzrec-bench train --model hstu-retrieval --data synthetic --epochs 3
     tzrec-bench train --model sasrec --data ml-100k --data-dir ../shared/data/ml-100k
     torchrun --nproc-per-node 2 -m tzrec_bench train --max-steps 100   # data-parallel
+    torchrun --nproc-per-node 2 -m tzrec_bench train --model hstu-ranking --sharding torchrec
+    tzrec-bench plan --items 1e9 --embedding-dim 256 --world-size 64 --device cuda
     tzrec-bench evaluate tzrec-bench-runs/run --split test
     tzrec-bench ops --op hstu_mha --backends pytorch,triton --mode fwd,bwd
     tzrec-bench run-configs hstu-retrieval-synthetic --repeats 3
@@ -32,6 +34,9 @@ from tzrec_bench.train.config import (
     DEFAULT_EPOCHS,
     DEVICES,
     MODEL_TASKS,
+    SHARDING_TYPES,
+    SHARDINGS,
+    TABLE_OPTIMIZER_NAMES,
     ConfigError,
     TrainConfig,
     metric_names,
@@ -188,6 +193,25 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     g.add_argument("--min-delta", type=_number(float, 0.0), default=d.min_delta, metavar="X",
                    help="the least gain that counts as an improvement")
 
+    g = p.add_argument_group(
+        "the item table across processes",
+        "--sharding torchrec splits the HSTU models' item table over the processes with "
+        "torchrec's DistributedModelParallel (pip install 'tzrec-bench[torchrec]'); the "
+        "table then trains with a fused optimizer at the constant --lr, and checkpoints "
+        "are folders of each rank's shards (best.pt is gathered whole at the end)",
+    )
+    g.add_argument("--sharding", choices=SHARDINGS, default=d.sharding,
+                   help="replicate: every process holds the whole model (DDP)")
+    g.add_argument("--sharding-type", choices=SHARDING_TYPES, default=d.sharding_type,
+                   help="how torchrec splits the table: row_wise (a slice of rows per rank), "
+                   "table_wise (the whole table on one rank) or auto (its planner chooses)")
+    g.add_argument("--table-optimizer", choices=TABLE_OPTIMIZER_NAMES,
+                   default=d.table_optimizer,
+                   help="the tables' fused optimizer (adam needs CUDA)")
+    g.add_argument("--storage-reservation", type=_fraction, default=d.storage_reservation,
+                   metavar="F", help="share of each device's memory the planner leaves "
+                   "for the dense part and activations")
+
     g = p.add_argument_group("the run")
     g.add_argument("--device", choices=DEVICES, default=d.device,
                    help="auto is the GPU when CUDA is available (cuda:LOCAL_RANK under "
@@ -337,11 +361,27 @@ def _run_run_configs(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 # -- entry point -----------------------------------------------------------------------------
 
 Runner = Callable[[argparse.Namespace, argparse.ArgumentParser], int]
+# -- plan ------------------------------------------------------------------------------------
+
+
+def _add_plan(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from tzrec_bench.plan import add_parser
+
+    return add_parser(subparsers, _HelpFormatter)
+
+
+def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from tzrec_bench.plan import run
+
+    return run(args, parser)
+
+
 SUBCOMMANDS: Dict[str, Tuple[Callable[..., argparse.ArgumentParser], Runner]] = {
     "train": (_add_train, _run_train),
     "evaluate": (_add_evaluate, _run_evaluate),
     "ops": (_add_ops, _run_ops),
     "run-configs": (_add_run_configs, _run_run_configs),
+    "plan": (_add_plan, _run_plan),
 }
 
 

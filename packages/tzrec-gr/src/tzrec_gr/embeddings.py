@@ -19,6 +19,7 @@ whole table would have. Legend: N = rows, D = width.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Dict, List, Optional, Protocol, Union, runtime_checkable
 
 import torch
@@ -33,12 +34,15 @@ __all__ = [
     "TorchrecEmbeddingTable",
     "embedding_table",
     "init_rows_",
+    "to_plain_state_dict",
 ]
 
 EMBEDDING_TABLE_KINDS = ("plain", "torchrec")
 
 
 INIT_BLOCK_ROWS = 65536
+# a TorchrecEmbeddingTable's weight in a state dict, and the plain table's key it stands for
+_TORCHREC_WEIGHT = re.compile(r"^(?P<table>(?:.*\.)?)collection\.embeddings\.[^.]+\.weight$")
 
 
 @runtime_checkable
@@ -243,3 +247,12 @@ def init_rows_(
         rows[lo - first_row : hi - first_row].copy_(values[lo - start : hi - start, columns])
         block += 1
     return rows
+
+
+def to_plain_state_dict(state_dict: Dict[str, Any]) -> Dict[str, Any]:
+    """``state_dict`` with each :class:`TorchrecEmbeddingTable`'s weight under the key of a
+    plain table (``<table>.collection.embeddings.<name>.weight`` -> ``<table>.weight``), so
+    that a model trained with torchrec tables loads into one built with plain tables
+    (``load_state_dict`` of a torchrec table takes either key already)."""
+    return {_TORCHREC_WEIGHT.sub(r"\g<table>weight", key): value
+            for key, value in state_dict.items()}

@@ -1,12 +1,16 @@
 """Checkpoint files and random-number-generator state.
 
 A run's folder holds ``checkpoint.pt`` (the latest state: model, optimizer, scheduler, step,
-early-stopping state, history, and every rank's RNG state) and ``best.pt`` (the model at
-the best validation metric). The data position is the step: the order of epoch ``e`` is a
-permutation seeded by ``(seed, e)``, so a resumed run recomputes it and skips the batches
-already trained on. Files are written to a temporary name and renamed, so an interrupted
-write never leaves a truncated checkpoint behind; a file damaged later, or one of another
-kind, is refused by :func:`load` with a :class:`CheckpointError` naming it.
+early-stopping state, history, and every rank's RNG state) and ``best.pt`` (the model at the
+best validation metric). A run with sharded tables (``--sharding torchrec``) keeps its model
+and optimizer states in ``checkpoint.dcp/`` (each rank's shards, written with
+``torch.distributed.checkpoint``), named by the ``sharded`` entry of ``checkpoint.pt``; its
+``best.pt`` is the plain model, gathered at the end of the run. The data position is the
+step: the order of epoch ``e`` is a permutation seeded by ``(seed, e)``, so a resumed run
+recomputes it and skips the batches already trained on. Files are written to a temporary
+name and renamed, so an interrupted write never leaves a truncated checkpoint behind; a file
+damaged later, or one of another kind, is refused by :func:`load` with a
+:class:`CheckpointError` naming it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ FORMAT = 1
 # (what --resume restores); best.pt holds the first set (and model_config, metrics)
 KEYS: Tuple[str, ...] = ("config", "step", "model")
 RESUME_KEYS: Tuple[str, ...] = ("optimizer", "scheduler", "early_stopping", "history", "rng")
+#: a sharded checkpoint.pt names its folder of shards here instead of holding the states
+SHARDED = "sharded"
+SHARDED_STATES = ("model", "optimizer")
 EXPECTED = f"a {CHECKPOINT} or {BEST} written by `tzrec-bench train`"
 
 
@@ -104,7 +111,8 @@ def load(path: Union[str, Path]) -> Dict[str, Any]:
     """A checkpoint's payload, tensors on the CPU.
 
     A file named :data:`CHECKPOINT` must hold what ``--resume`` restores (:data:`KEYS` and
-    :data:`RESUME_KEYS`); any other name, :data:`KEYS` (what ``evaluate`` reads).
+    :data:`RESUME_KEYS`, less the model and optimizer when its :data:`SHARDED` entry names
+    the folder that holds them); any other name, :data:`KEYS` (what ``evaluate`` reads).
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -126,6 +134,8 @@ def load(path: Union[str, Path]) -> Dict[str, Any]:
             f"{path}: holds a {type(payload).__name__}, not a checkpoint; expected {EXPECTED}"
         )
     keys = ("format", *KEYS, *(RESUME_KEYS if path.name == CHECKPOINT else ()))
+    if path.name == CHECKPOINT and isinstance(payload.get(SHARDED), dict):
+        keys = tuple(k for k in keys if k not in SHARDED_STATES)
     missing = [key for key in keys if key not in payload]
     if missing:
         raise CheckpointError(f"{path}: no {', '.join(missing)} in the file; expected {EXPECTED}")
@@ -134,7 +144,7 @@ def load(path: Union[str, Path]) -> Dict[str, Any]:
             f"{path}: checkpoint format {payload['format']!r}, expected {FORMAT} ({EXPECTED})"
         )
     for key in ("config", "model"):
-        if not isinstance(payload[key], dict):
+        if key in payload and not isinstance(payload[key], dict):
             raise CheckpointError(
                 f"{path}: its {key} is a {type(payload[key]).__name__}, not a dict; "
                 f"expected {EXPECTED}"

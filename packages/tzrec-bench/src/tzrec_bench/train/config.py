@@ -29,6 +29,9 @@ RANKING_TASKS = ("click", "like", "long_view")
 DEFAULT_EPOCHS = 10
 AMP_MODES = ("auto", "bf16", "off")
 DEVICES = ("auto", "cpu", "cuda")
+SHARDINGS = ("replicate", "torchrec")
+SHARDING_TYPES = ("auto", "row_wise", "table_wise")
+TABLE_OPTIMIZER_NAMES = ("rowwise-adagrad", "adagrad", "sgd", "adam")
 
 # options that may change when a run is resumed: they do not change what the next step does
 RESUMABLE_CHANGES = frozenset(
@@ -88,6 +91,11 @@ class TrainConfig:
     amp: str = "auto"
     epochs: Optional[int] = None
     max_steps: Optional[int] = None
+    # the item table across processes (train/sharding.py)
+    sharding: str = "replicate"
+    sharding_type: str = "auto"
+    table_optimizer: str = "rowwise-adagrad"
+    storage_reservation: float = 0.15
     # evaluation and early stopping
     eval_every: Optional[int] = None
     eval_users: Optional[int] = None
@@ -157,6 +165,14 @@ class TrainConfig:
         if self.device not in DEVICES:
             raise ConfigError("device", f"expected one of {', '.join(DEVICES)}; got "
                               f"{self.device!r}")
+        for field, choices in (("sharding", SHARDINGS), ("sharding_type", SHARDING_TYPES),
+                               ("table_optimizer", TABLE_OPTIMIZER_NAMES)):
+            if getattr(self, field) not in choices:
+                raise ConfigError(field, f"expected one of {', '.join(choices)}; got "
+                                  f"{getattr(self, field)!r}")
+        if not 0.0 <= self.storage_reservation < 1.0:
+            raise ConfigError("storage_reservation", f"must be in [0, 1); got "
+                              f"{self.storage_reservation}")
         if self.metric is not None and self.metric not in metric_names(self.task):
             raise ConfigError("metric", f"{self.metric!r} is not a metric of {self.model}; "
                               f"expected one of {', '.join(metric_names(self.task))}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import os
 from dataclasses import dataclass
-from typing import Any, List
+from typing import Any, Dict, List
 
 import numpy as np
 import torch
@@ -70,20 +70,26 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
-def init_distributed(device: str) -> DistContext:
-    """The context of this process; joins the process group when run under torchrun."""
+def init_distributed(device: str, group: bool = False) -> DistContext:
+    """The context of this process; joins the process group when run under torchrun.
+
+    ``group`` makes a process group of one for a run outside torchrun (torchrec's sharded
+    modules need one whatever the number of processes)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     target = pick_device(device, local_rank)
     owns_group = False
-    if world_size > 1 and not dist.is_initialized():
+    if (world_size > 1 or group) and not dist.is_initialized():
+        backend = "nccl" if target.type == "cuda" else "gloo"
+        options: Dict[str, Any] = {}
         if target.type == "cuda":
             # NCCL binds the group to this GPU: no guessing from the rank at the first barrier
             torch.cuda.set_device(target)
-            dist.init_process_group("nccl", device_id=target)
-        else:
-            dist.init_process_group("gloo")
+            options["device_id"] = target
+        if world_size == 1:  # a group of one needs no rendezvous (nor torchrun's variables)
+            options.update(store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, **options)
         owns_group = True
     return DistContext(rank, local_rank, world_size, target, owns_group)
 

@@ -3,7 +3,7 @@ arguments) and the task it trains on."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -21,6 +21,7 @@ from tzrec_bench.train.distributed import DistContext
 from tzrec_bench.train.ranking import RankingTask
 from tzrec_bench.train.retrieval import RetrievalTask
 from tzrec_bench.train.task import Task
+from tzrec_gr.embeddings import TableFactory
 from tzrec_gr.models import HSTURanking, HSTURetrieval
 
 #: (model class, its constructor arguments except ``device``: plain values that JSON holds)
@@ -117,10 +118,14 @@ def build_model(
     num_items: int,
     task_bits: Sequence[int] = (),
     device: Optional[torch.device] = None,
+    embedding_tables: Union[str, TableFactory] = "plain",
 ) -> nn.Module:
     """The model ``config.model`` for a catalogue of ``num_items`` (arguments as in
-    :func:`model_config`), with its parameters on ``device``."""
+    :func:`model_config`), with its parameters on ``device``; ``embedding_tables`` is the
+    HSTU models' table implementation (a checkpoint's ``model_config`` holds plain tables)."""
     cls, kwargs = MODELS[config.model](config, num_items, task_bits)
+    if embedding_tables != "plain":
+        kwargs = {**kwargs, "embedding_tables": embedding_tables}
     return cls(**kwargs, device=device)
 
 

@@ -15,12 +15,16 @@ metrics refuse non-finite scores. Models without trainable parameters (the count
 baselines of :mod:`tzrec_bench.baselines.simple`) are fitted once on the training events
 instead of trained, then validated and tested the same way. On one process, Ctrl-C ends
 the run at the next step boundary with a checkpoint that ``--resume`` continues exactly.
+With ``--sharding torchrec`` the item table is split over the processes
+(:mod:`tzrec_bench.train.sharding` says what else changes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import resource
 import signal
 import sys
 import time
@@ -44,6 +48,7 @@ from tzrec_bench.train.distributed import (
     gather_objects,
     init_distributed,
     mean_over_ranks,
+    pick_device,
     shard,
 )
 from tzrec_bench.train.early_stopping import EarlyStopping
@@ -51,10 +56,21 @@ from tzrec_bench.train.factory import build_model, is_fitted, make_task, model_c
 from tzrec_bench.train.metrics import NonFiniteError
 from tzrec_bench.train.plot import plot_curves
 from tzrec_bench.train.report import metrics_table, steady_state, throughput_line
+from tzrec_bench.train.sharding import (
+    ShardedTables,
+    check_catalogue,
+    check_sharding,
+    consolidate,
+    meta_table,
+    plan_lines,
+)
 from tzrec_bench.train.task import Batch, Task, amp_dtype, autocast
 from tzrec_ops.registry import resolve_backend
 
 METRICS_FILE = "metrics.json"
+# a sharded run's folders of shards (torch.distributed.checkpoint)
+CHECKPOINT_SHARDS = "checkpoint.dcp"
+BEST_SHARDS = "best.dcp"
 HISTORY_FILE = "history.json"
 PLOT_FILE = "curves.png"
 
@@ -74,6 +90,8 @@ class RunResult:
         train_seconds: time spent in training steps in this process (no evaluation).
         tokens: tokens of the global batches trained on in this process.
         out_dir: the run's folder.
+        peak_memory: each rank's peak resident memory (bytes) by the end of training,
+            before the final evaluation.
     """
 
     steps: int
@@ -85,6 +103,7 @@ class RunResult:
     train_seconds: float
     tokens: int
     out_dir: Path
+    peak_memory: List[int] = dataclasses.field(default_factory=list)
 
 
 class TrainStep(nn.Module):
@@ -177,21 +196,35 @@ class Trainer:
         self.out_dir = Path(config.out_dir)
         checkpoint.seed_everything(config.seed)  # the same initial weights on every rank
         self.task = make_task(config, load_data(config, ctx), ctx)
-        self.model = build_model(config, self.task.num_items, self.task.task_bits, ctx.device)
+        self.sharded = config.sharding == "torchrec"
+        check_catalogue(config, self.task.num_items)
+        self.model = build_model(
+            config, self.task.num_items, self.task.task_bits, ctx.device,
+            embedding_tables=meta_table if self.sharded else "plain",
+        )
         self.fitted = is_fitted(config)
         torch.manual_seed(config.seed + ctx.rank)  # each rank its own dropout masks
         step_module = TrainStep(self.model, self.task)
-        if ctx.distributed and not self.fitted:
-            ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-            step_module = DistributedDataParallel(step_module, device_ids=ids)
-        self.step_module = step_module
-        # a fitted baseline has no parameters; AdamW over none would refuse to start
-        trained = list(self.model.parameters()) or [torch.zeros(1, requires_grad=True)]
-        self.optimizer = torch.optim.AdamW(
-            trained, lr=config.lr, weight_decay=config.weight_decay
-        )
+        self.tables: Optional[ShardedTables] = None
+        if self.sharded:
+            self.tables = ShardedTables(step_module, config, ctx)
+            self.step_module: nn.Module = self.tables.module
+            self.optimizer = self.tables.optimizer
+            scheduled = self.tables.dense_optimizer  # the fused table optimizer has no warm-up
+            self.clipped = self.tables.dense_parameters
+        else:
+            if ctx.distributed and not self.fitted:
+                ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+                step_module = DistributedDataParallel(step_module, device_ids=ids)
+            self.step_module = step_module
+            # a fitted baseline has no parameters; AdamW over none would refuse to start
+            trained = list(self.model.parameters()) or [torch.zeros(1, requires_grad=True)]
+            self.optimizer = scheduled = torch.optim.AdamW(
+                trained, lr=config.lr, weight_decay=config.weight_decay
+            )
+            self.clipped = trained
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _warmup(config.warmup_steps)
+            scheduled, _warmup(config.warmup_steps)
         )
         # the step of the first non-finite loss (1-based), or -1: written on the device
         self._diverged_at = torch.full((), -1, dtype=torch.int64, device=ctx.device)
@@ -238,6 +271,7 @@ class Trainer:
             f"  {self.ctx.placement}, {backend_name(c)}, amp {amp}\n"
             f"  {self.total_steps} steps ({self.steps_per_epoch} per epoch of {c.batch_size} "
             f"users), validation every {self.eval_every}, early stopping on {c.key_metric}"
+            + "".join("\n" + line for line in (plan_lines(self.tables) if self.tables else ()))
         )
 
     # -- one step ----------------------------------------------------------------------
@@ -254,12 +288,13 @@ class Trainer:
     def _train_step(self, rows: np.ndarray) -> torch.Tensor:
         """One optimizer step on the global batch ``rows``; returns this rank's scaled loss."""
         local = shard(rows, self.ctx)
-        # DDP averages gradients over ranks: weighting each rank's mean by its share of the
-        # global batch's loss terms (times the world size) makes that average the gradient
-        # of the mean over the whole global batch
+        # weighting each rank's mean by its share of the global batch's loss terms makes the
+        # sum of the ranks' gradients that of the mean over the whole global batch; DDP
+        # averages (divides by the world size) unless the tables are sharded, where every
+        # gradient is summed (train/sharding.py)
+        averaged = 1 if self.sharded else self.ctx.world_size
         scale = (
-            self.task.loss_terms(local) * self.ctx.world_size
-            / max(self.task.loss_terms(rows), 1)
+            self.task.loss_terms(local) * averaged / max(self.task.loss_terms(rows), 1)
         )
         batch = self.task.batch(local, self.step)
         self.model.train()
@@ -268,7 +303,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.config.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad_norm)
+            torch.nn.utils.clip_grad_norm_(self.clipped, self.config.clip_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         loss = loss.detach()
@@ -307,7 +342,9 @@ class Trainer:
         key = self.config.key_metric
         improved = self.stopper.update(metrics[key], self.step)
         self.history["valid"].append({"step": self.step, **metrics})
-        if improved:
+        if improved and self.tables is not None:  # each rank its shards; best.pt at the end
+            self.tables.save(self.out_dir / BEST_SHARDS, with_optimizer=False)
+        elif improved:
             self.best_state = {
                 k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()
             }
@@ -333,6 +370,12 @@ class Trainer:
 
     def _save_checkpoint(self) -> None:
         rng = gather_objects(checkpoint.capture_rng(), self.ctx)  # a collective: every rank
+        if self.tables is not None:
+            self.tables.save(self.out_dir / CHECKPOINT_SHARDS, with_optimizer=True)
+            states: Dict[str, Any] = {checkpoint.SHARDED: {"folder": CHECKPOINT_SHARDS}}
+        else:
+            states = {"model": self.model.state_dict(),
+                      "optimizer": self.optimizer.state_dict()}
         if self.ctx.is_main:
             checkpoint.save(
                 self.out_dir / checkpoint.CHECKPOINT,
@@ -341,8 +384,7 @@ class Trainer:
                     "model_config": self._model_config(),
                     "step": self.step,
                     "world_size": self.ctx.world_size,
-                    "model": self.model.state_dict(),
-                    "optimizer": self.optimizer.state_dict(),
+                    **states,
                     "scheduler": self.scheduler.state_dict(),
                     "early_stopping": self.stopper.state_dict(),
                     "history": self.history,
@@ -361,8 +403,19 @@ class Trainer:
         conflicts = self.config.resume_conflicts(TrainConfig.from_dict(state["config"]))
         if conflicts:
             raise ConfigError("resume", f"cannot resume from {path}: " + "; ".join(conflicts))
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.tables is not None:
+            if state["world_size"] != self.ctx.world_size:
+                raise ConfigError(
+                    "resume",
+                    f"{path} holds tables sharded over {state['world_size']} process(es); a "
+                    f"sharded run resumes on as many (this run has {self.ctx.world_size}). "
+                    f"Its model, gathered whole, is in {checkpoint.BEST} at the end of a run "
+                    "(tzrec_bench.train.sharding.consolidate reads the shards in one process)",
+                )
+            self.tables.load(self.out_dir / state[checkpoint.SHARDED]["folder"], True)
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.stopper.load_state_dict(state["early_stopping"])
         self.history = state["history"]
@@ -374,7 +427,7 @@ class Trainer:
                      f"run has {self.ctx.world_size}: dropout masks will differ")
             torch.manual_seed(self.config.seed + self.ctx.rank + self.step)
         best = self.out_dir / checkpoint.BEST
-        if best.exists():
+        if best.exists() and self.tables is None:
             self.best_state = checkpoint.load(best)["model"]
         self.log(f"resumed from {path} at step {self.step}")
 
@@ -390,6 +443,9 @@ class Trainer:
             self.log(f"fitted in {train_seconds:.2f} s")
         else:
             train_seconds, tokens = self._train_loop()
+        # ru_maxrss is in KiB on Linux: the peak so far, before evaluation and gathering
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self._peak_memory = [int(p) for p in gather_objects(peak, self.ctx)]
         if self.stopper.should_stop:
             self.log(f"early stopping at step {self.step}: no better {self.config.key_metric} "
                      f"in {self.stopper.bad_evaluations} evaluations")
@@ -399,6 +455,8 @@ class Trainer:
             self._save_checkpoint()
         if self.best_state is not None:
             self.model.load_state_dict(self.best_state)
+        elif self.tables is not None and (self.out_dir / BEST_SHARDS).exists():
+            self.tables.load(self.out_dir / BEST_SHARDS, with_optimizer=False)
         test = self._evaluate("test", None)
         valid = next(
             (r for r in self.history["valid"] if r["step"] == self.stopper.best_step),
@@ -414,10 +472,24 @@ class Trainer:
             train_seconds=train_seconds,
             tokens=tokens,
             out_dir=self.out_dir,
+            peak_memory=self._peak_memory,
         )
+        if self.tables is not None:
+            self._write_best_gathered(result)
         if self.ctx.is_main:
             self._report(result)
         return result
+
+    def _write_best_gathered(self, result: RunResult) -> None:
+        """``best.pt`` of a sharded run: rank 0 gathers the best shards into a plain model."""
+        if self.ctx.is_main and (self.out_dir / BEST_SHARDS).exists():
+            checkpoint.save(
+                self.out_dir / checkpoint.BEST,
+                {"config": self.config.to_dict(), "model_config": self._model_config(),
+                 "step": result.best_step, "metrics": result.valid,
+                 "model": consolidate(self.out_dir / BEST_SHARDS)},
+            )
+        barrier(self.ctx)
 
     def _train_loop(self) -> Tuple[float, int]:
         """Steps with progress, validation and checkpoints; returns (seconds, tokens) trained."""
@@ -505,6 +577,8 @@ class Trainer:
             )
             if steady:
                 print(steady)
+            gib = ", ".join(f"{p / 2**30:.2f}" for p in result.peak_memory)
+            print(f"peak resident memory by the end of training (GiB, per rank): {gib}")
         if config.plot:
             shown = [config.key_metric, "hr@10"] if config.task == "retrieval" else list(
                 result.test)
@@ -521,7 +595,8 @@ class Trainer:
 def train(config: TrainConfig) -> RunResult:
     """Trains ``config.model`` on ``config.data``; under torchrun, data-parallel."""
     config.check()
-    ctx = init_distributed(config.device)
+    check_sharding(config, pick_device(config.device))
+    ctx = init_distributed(config.device, group=config.sharding == "torchrec")
     try:
         return Trainer(config, ctx).run()
     finally:

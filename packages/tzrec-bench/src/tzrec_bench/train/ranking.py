@@ -25,9 +25,9 @@ from torch import nn
 from tzrec_bench.data import Action, HeldOut, SequenceDataset, leave_one_out
 from tzrec_bench.data.dataset import segment_index
 from tzrec_bench.train.config import RANKING_TASKS, ConfigError, TrainConfig
-from tzrec_bench.train.distributed import DistContext, shard
+from tzrec_bench.train.distributed import DistContext
 from tzrec_bench.train.metrics import TaskAUC
-from tzrec_bench.train.task import Batch, amp_dtype, autocast, chunks, eval_rows
+from tzrec_bench.train.task import Batch, amp_dtype, autocast, eval_rows, eval_shard
 from tzrec_gr.features import (
     CANDIDATE_ITEM_ID,
     CANDIDATE_LENGTHS,
@@ -160,13 +160,15 @@ class RankingTask:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, max_users: Optional[int]) -> Dict[str, float]:
         held = getattr(self.split, split)
-        rows = shard(eval_rows(len(held), max_users, self.config.seed), self.ctx)
+        rows, own = eval_shard(eval_rows(len(held), max_users, self.config.seed), self.ctx,
+                               self.config.sharding == "torchrec")
         auc = TaskAUC(list(self.tasks)).to(self.ctx.device)
-        for chunk in chunks(rows, self.config.eval_batch_size):
+        for start in range(0, len(rows), self.config.eval_batch_size):
+            chunk = rows[start : start + self.config.eval_batch_size]
             batch = self._held_out_batch(held, chunk)
             with autocast(self.ctx.device, self._amp):
-                logits = self._logits(model, batch).float()
-            scores, labels = self._per_task(logits, batch["labels"])
+                logits = self._logits(model, batch).float()[: max(own - start, 0)]
+            scores, labels = self._per_task(logits, batch["labels"][: len(logits)])
             auc.update(scores, labels)
         per_task = auc.compute()
         result = {"auc": float(np.mean(list(per_task.values())))}

@@ -11,18 +11,19 @@ history before the held-out item and ranks the item against the whole catalogue
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+import math
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import nn
 
-from tzrec_bench.data import SequenceDataset, leave_one_out, make_batch, make_eval_batch
+from tzrec_bench.data import HeldOut, SequenceDataset, leave_one_out, make_batch, make_eval_batch
 from tzrec_bench.data.dataset import segment_index
 from tzrec_bench.train.config import RETRIEVAL_KS, TrainConfig
 from tzrec_bench.train.distributed import DistContext, shard
 from tzrec_bench.train.metrics import RetrievalMetrics
-from tzrec_bench.train.task import Batch, amp_dtype, autocast, chunks, eval_rows
+from tzrec_bench.train.task import Batch, amp_dtype, autocast, chunks, eval_rows, eval_shard
 from tzrec_ops.jagged import to_device
 
 
@@ -35,6 +36,14 @@ def step_negatives(seed: int, step: int, num_items: int, count: int) -> torch.Te
     return torch.from_numpy(rng.integers(0, num_items, size=count, dtype=np.int64))
 
 
+def seen_pairs(history: SequenceDataset, rows: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(row position, item id) of every event in each row's whole history (int64 each)."""
+    lengths = history.lengths[rows]
+    events = segment_index(history.offsets[rows], lengths)
+    user = torch.from_numpy(np.repeat(np.arange(len(rows)), lengths))
+    return user, torch.from_numpy(history.item_ids[events].astype(np.int64))
+
+
 def seen_items(history: SequenceDataset, rows: np.ndarray, num_items: int) -> torch.Tensor:
     """[len(rows), num_items] bool: the items in each row's whole history."""
     lengths = history.lengths[rows]
@@ -43,6 +52,10 @@ def seen_items(history: SequenceDataset, rows: np.ndarray, num_items: int) -> to
     user = torch.from_numpy(np.repeat(np.arange(len(rows)), lengths))
     seen[user, torch.from_numpy(history.item_ids[events])] = True
     return seen
+
+
+#: catalogue rows looked up at once by the evaluation of a sharded table
+CATALOGUE_CHUNK = 65536
 
 
 class RetrievalTask:
@@ -91,7 +104,10 @@ class RetrievalTask:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, max_users: Optional[int]) -> Dict[str, float]:
         held = getattr(self.split, split)
-        rows = shard(eval_rows(len(held), max_users, self.config.seed), self.ctx)
+        rows = eval_rows(len(held), max_users, self.config.seed)
+        if self.config.sharding == "torchrec":
+            return self._evaluate_sharded(model, held, rows)
+        rows = shard(rows, self.ctx)
         device = self.ctx.device
         metrics = RetrievalMetrics(RETRIEVAL_KS, device=device)
         # the count baselines score the catalogue themselves; embedding models by dot product
@@ -101,10 +117,7 @@ class RetrievalTask:
                 items = model.item_embedding(torch.arange(self.num_items, device=device)).float()
             for chunk in chunks(rows, self.config.eval_batch_size):
                 cpu = make_eval_batch(held, chunk, self.config.max_seq_len)
-                history = (
-                    cpu.item_ids.to(device), to_device(cpu.lengths, device),
-                    cpu.timestamps.to(device), self.config.max_seq_len,
-                )
+                history = self._history(cpu)
                 if score_catalogue is None:
                     scores = model.user_embedding(*history).float() @ items.t()
                 else:
@@ -113,6 +126,62 @@ class RetrievalTask:
                 if self.config.exclude_seen:
                     excluded = seen_items(held.history, chunk, self.num_items).to(device)
                 metrics.update_scores(scores, cpu.targets.to(device), excluded)
+        return metrics.compute()
+
+    def _history(self, cpu: Any) -> Tuple[Any, ...]:
+        device = self.ctx.device
+        return (
+            cpu.item_ids.to(device), to_device(cpu.lengths, device),
+            cpu.timestamps.to(device), self.config.max_seq_len,
+        )
+
+    def _evaluate_sharded(
+        self, model: nn.Module, held: HeldOut, rows: np.ndarray
+    ) -> Dict[str, float]:
+        """The ranks of a sharded table's evaluation: the catalogue is read in chunks of
+        :data:`CATALOGUE_CHUNK` items (each a lookup that every rank makes together), never
+        whole, and each user's target is compared with every chunk.
+
+        The target's own score is computed once from its row and its comparison with itself
+        in its chunk is taken back out, so a target never outranks or ties itself.
+        """
+        device = self.ctx.device
+        rows, own = eval_shard(rows, self.ctx, lockstep=True)
+        users, targets, target_scores = [], [], []
+        with autocast(device, self._amp):
+            for chunk in chunks(rows, self.config.eval_batch_size):
+                cpu = make_eval_batch(held, chunk, self.config.max_seq_len)
+                user = model.user_embedding(*self._history(cpu)).float()
+                target = cpu.targets.to(device)
+                users.append(user)
+                targets.append(target)
+                target_scores.append((user * model.item_embedding(target).float()).sum(-1))
+            users_, targets_ = torch.cat(users)[:own], torch.cat(targets)[:own]
+            target_score = torch.cat(target_scores)[:own].unsqueeze(1)
+            seen = None
+            if self.config.exclude_seen:
+                seen = tuple(t.to(device) for t in seen_pairs(held.history, rows[:own]))
+            higher = torch.zeros(own, dtype=torch.int64, device=device)
+            ties = torch.zeros_like(higher)
+            finite = torch.isfinite(target_score).squeeze(1)
+            user_index = torch.arange(own, device=device)
+            for start in range(0, self.num_items, CATALOGUE_CHUNK):
+                stop = min(start + CATALOGUE_CHUNK, self.num_items)
+                items = model.item_embedding(torch.arange(start, stop, device=device)).float()
+                scores = users_ @ items.t()
+                finite &= torch.isfinite(scores).all(dim=1)
+                if seen is not None:
+                    user, item = seen
+                    inside = (item >= start) & (item < stop) & (item != targets_[user])
+                    scores[user[inside], item[inside] - start] = -math.inf
+                higher += (scores > target_score).sum(dim=1)
+                ties += (scores == target_score).sum(dim=1)
+                inside = (targets_ >= start) & (targets_ < stop)
+                itself = scores[user_index, (targets_ - start).clamp(0, stop - start - 1)]
+                higher -= (inside & (itself > target_score.squeeze(1))).long()
+                ties -= (inside & (itself == target_score.squeeze(1))).long()
+        metrics = RetrievalMetrics(RETRIEVAL_KS, device=device)
+        metrics.update_ranks(higher, ties, (~finite).sum())
         return metrics.compute()
 
     def describe(self) -> str:

@@ -8,13 +8,14 @@ early stopping, checkpoints), so both tasks train the same way.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Dict, Iterator, Optional, Protocol
+from typing import Any, ContextManager, Dict, Iterator, Optional, Protocol, Tuple
 
 import numpy as np
 import torch
 from torch import nn
 
 from tzrec_bench.train.config import TrainConfig
+from tzrec_bench.train.distributed import DistContext, shard
 
 Batch = Dict[str, Any]
 
@@ -74,3 +75,19 @@ def eval_rows(num_rows: int, max_users: Optional[int], seed: int) -> np.ndarray:
 def chunks(rows: np.ndarray, size: int) -> Iterator[np.ndarray]:
     for start in range(0, len(rows), size):
         yield rows[start : start + size]
+
+
+def eval_shard(rows: np.ndarray, ctx: DistContext, lockstep: bool) -> Tuple[np.ndarray, int]:
+    """This rank's evaluated rows, and how many of them are its own.
+
+    With ``lockstep`` (tables sharded by torchrec, whose lookups are collectives that every
+    rank must enter together) every rank gets the same number of rows: the short ones repeat
+    a row, whose results the caller drops (the rows past the count), so that all ranks make
+    the same sequence of calls.
+    """
+    own = shard(rows, ctx)
+    if not lockstep:
+        return own, len(own)
+    size = -(-len(rows) // ctx.world_size)
+    filler = own[-1:] if len(own) else rows[:1]
+    return np.concatenate([own, np.repeat(filler, size - len(own))]), len(own)
