@@ -66,6 +66,7 @@ class _Entry:
     graph: Optional[Any] = None
     out: Optional[torch.Tensor] = None
     resident: Optional[weakref.ref] = None
+    slots: Optional[Tuple[Tuple[int, ...], torch.Tensor]] = None  # the last candidates' slots
     capture_ms: float = 0.0
     memory_bytes: int = 0
     replays: int = 0
@@ -181,9 +182,14 @@ class ScoreGraphs:
     ) -> torch.Tensor:
         """Copy the candidates into the entry's slots; returns their slots [L_t] (device)."""
         _, _, tb = entry.bucket
-        offsets = offsets_from_lengths(lengths)
-        user = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)
-        slots = (user * tb + torch.arange(int(offsets[-1])) - offsets[user]).to(ids.device)
+        key = tuple(lengths.tolist())
+        if entry.slots is not None and entry.slots[0] == key:
+            slots = entry.slots[1]
+        else:
+            offsets = offsets_from_lengths(lengths)
+            user = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)
+            slots = (user * tb + torch.arange(int(offsets[-1])) - offsets[user]).to(ids.device)
+            entry.slots = (key, slots)
         entry.cand_ids.zero_()
         entry.cand_ids.index_copy_(0, slots, ids)
         # the filler is shown at its user's query time (or 0 without time encoding)

@@ -76,6 +76,7 @@ class _User:
     actions: Optional[torch.Tensor]
     contextual: Optional[torch.Tensor]  # [C * Fc] device
     query_time: Optional[torch.Tensor]  # 0-D device
+    request_time: Optional[int]  # the same on the host (ranking)
     keys: Tuple[torch.Tensor, ...]
     values: Tuple[torch.Tensor, ...]
     length: int  # cached tokens
@@ -333,7 +334,7 @@ class ServingSession:
         else:
             states = self._states("users", users)
             cache = self._assemble(users, states)  # type: ignore[arg-type]
-            query_time = torch.stack([s.query_time for s in states]).cpu()  # type: ignore[misc]
+            query_time = torch.tensor([s.request_time for s in states], dtype=torch.int64)
         if cands.batch_size != cache.batch_size:
             raise ValueError(
                 f"candidates are for {cands.batch_size} users but users has "
@@ -422,8 +423,8 @@ class ServingSession:
                 [
                     int(ts[-1])
                     if ts.numel()
-                    else int(s.query_time)
-                    if s.query_time is not None
+                    else s.request_time
+                    if s.request_time is not None
                     else 0
                     for (_, ts, _), s in zip(longer, states)
                 ]
@@ -585,9 +586,10 @@ class ServingSession:
     def _store(self, ids: List[Hashable], h: Histories, cache: ServingCache) -> None:
         offsets = host_copy(cache.offsets).values
         hoff = h.offsets
+        request_time = self._query_time(h) if self.kind == "ranking" else None
         query_time = cache.query_time
-        if query_time is None and self.kind == "ranking":
-            query_time = self._query_time(h).to(self.device)
+        if query_time is None and request_time is not None:
+            query_time = request_time.to(self.device)
         for b, u in enumerate(ids):
             start, stop = int(offsets[b]), int(offsets[b + 1])
             es, ee = int(hoff[b]), int(hoff[b + 1])
@@ -598,6 +600,7 @@ class ServingSession:
                 actions=None if h.actions is None else h.actions[es:ee].detach().cpu(),
                 contextual=None if cache.contextual is None else cache.contextual[b],
                 query_time=None if query_time is None else query_time[b],
+                request_time=None if request_time is None else int(request_time[b]),
                 keys=tuple(k[start:stop] for k in cache.keys),
                 values=tuple(v[start:stop] for v in cache.values),
                 length=stop - start,
@@ -659,8 +662,11 @@ class ServingSession:
         timestamps: torch.Tensor,
     ) -> torch.Tensor:
         """[L_t, K] logits; ``lengths`` [B] on the CPU."""
-        ids = ids.to(self.device)
-        timestamps = timestamps.to(self.device)
+        if ids.device.type == "cpu" and timestamps.device.type == "cpu":  # one transfer
+            both = torch.stack([ids.to(torch.int64), timestamps.to(torch.int64)])
+            ids, timestamps = both.to(self.device, non_blocking=True).unbind(0)
+        else:
+            ids, timestamps = ids.to(self.device), timestamps.to(self.device)
         graphs = self._graphs
         if graphs is not None:
             bucket = graphs.bucket(
