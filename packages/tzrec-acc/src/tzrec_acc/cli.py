@@ -238,9 +238,11 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _op_libraries(program: torch.export.ExportedProgram) -> List[str]:
-    """The modules a loader imports for the graph's custom ops (tzrec_ops' triton library)."""
+    """The modules a loader imports for the graph's custom ops: tzrec_ops' triton library,
+    and fbgemm_gpu (the pytorch backend's jagged ops where fbgemm is installed)."""
     names = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
-    return ["tzrec_ops.backends.triton.library"] if any("tzrec_ops." in n for n in names) else []
+    libraries = {"tzrec_ops.": "tzrec_ops.backends.triton.library", "fbgemm.": "fbgemm_gpu"}
+    return [module for prefix, module in libraries.items() if any(prefix in n for n in names)]
 
 
 def _to(value: Any, device: str) -> Any:

@@ -286,7 +286,8 @@ class Trainer:
         return self._order[index * size : (index + 1) * size]
 
     def _train_step(self, rows: np.ndarray) -> torch.Tensor:
-        """One optimizer step on the global batch ``rows``; returns this rank's scaled loss."""
+        """One optimizer step on the global batch ``rows``; returns this rank's loss, weighted
+        so that its mean over ranks is the mean over the global batch."""
         local = shard(rows, self.ctx)
         # weighting each rank's mean by its share of the global batch's loss terms makes the
         # sum of the ranks' gradients that of the mean over the whole global batch; DDP
@@ -306,7 +307,8 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.clipped, self.config.clip_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
-        loss = loss.detach()
+        # reported as a term of the mean over ranks, which is then the global-batch mean
+        loss = loss.detach() * (self.ctx.world_size / averaged)
         self._diverged_at = torch.where(
             (self._diverged_at < 0) & ~torch.isfinite(loss), self.step + 1, self._diverged_at
         )
@@ -417,6 +419,9 @@ class Trainer:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        # the warm-up's current lr (a sharded run's optimizer states do not hold it)
+        for group, lr in zip(self.scheduler.optimizer.param_groups, self.scheduler.get_last_lr()):
+            group["lr"] = lr
         self.stopper.load_state_dict(state["early_stopping"])
         self.history = state["history"]
         self.step = self.start_step = state["step"]

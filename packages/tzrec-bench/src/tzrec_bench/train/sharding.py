@@ -241,6 +241,11 @@ class ShardedTables:
         """Reads what :meth:`save` wrote into this run's shards (the same world size)."""
         import torch.distributed.checkpoint as dcp
 
+        if with_optimizer:
+            # AdamW creates its state at its first step, and DCP loads in place: a step on
+            # zero gradients makes the tensors to load into (the weights are loaded after)
+            self.dense_optimizer.init_state()
+            self.dense_optimizer.zero_grad(set_to_none=True)
         state = self._state(with_optimizer)
         dcp.load(state, checkpoint_id=str(folder))
         self.module.load_state_dict(state["model"])
