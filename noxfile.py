@@ -252,16 +252,27 @@ def test_ops_fbgemm(session: nox.Session) -> None:
     )
 
 
-@nox.session(name="test-gr-torchrec", tags=["test"])
-def test_gr_torchrec(session: nox.Session) -> None:
-    """tzrec-gr's tests with torchrec and fbgemm-gpu-cpu installed."""
-    _install_packages(session, "tzrec-gr", "fbgemm-gpu-cpu")
+# the tests that need torchrec (each skips without it in the other sessions)
+TORCHREC_TESTS = (
+    "packages/tzrec-gr/tests/test_embeddings.py",
+    "packages/tzrec-gr/tests/test_torchrec_adapters.py",
+    "packages/tzrec-bench/tests/test_plan.py",
+    "packages/tzrec-bench/tests/test_sharded_training.py",
+)
+
+
+@nox.session(name="test-torchrec", tags=["test"])
+def test_torchrec(session: nox.Session) -> None:
+    """The tests that need torchrec, with torchrec and fbgemm-gpu-cpu installed: tzrec-gr's
+    torchrec tables and input adapters, tzrec-bench's sharded training (2 gloo processes) and
+    ``plan``."""
+    _install_packages(session, "tzrec-bench", "fbgemm-gpu-cpu")
     if session.venv_backend == "uv":
         _install(session, "--override", str(TORCHREC_OVERRIDES), "torchrec")
     else:
         _install(session, "--no-deps", "torchrec")
         _install(session, *TORCHREC_DEPS)
-    _pytest(session, str(ROOT / "packages" / "tzrec-gr" / "tests"), parallel=True)
+    _pytest(session, *(str(ROOT / path) for path in TORCHREC_TESTS))
 
 
 # -- compatibility --------------------------------------------------------------------------
@@ -340,6 +351,11 @@ def _compat_session(short: str, dist: str, ops: str) -> None:
     def _session(session: nox.Session) -> None:
         if ops == "min":
             version = _lower_bound(dist, "tzrec-ops")
+            if version == Version(_pyproject("tzrec-ops")["version"]):
+                session.skip(
+                    f"{dist} declares tzrec-ops >= {version}, this tree's version: "
+                    f"compat-{short}-ops-current runs the same tests against the same source"
+                )
             ops_source = _source_of(session, "tzrec-ops", version)
         else:
             version = Version(_pyproject("tzrec-ops")["version"])
@@ -514,7 +530,7 @@ CI_SESSIONS = (
     "test-bench",
     "test-plugins",
     "test-ops-fbgemm",
-    "test-gr-torchrec",
+    "test-torchrec",
     *COMPAT_SESSIONS,
     "demo",
 )

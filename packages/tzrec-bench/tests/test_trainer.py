@@ -312,3 +312,31 @@ def test_nccl_group_is_bound_to_the_local_gpu(monkeypatch):
     gpu = torch.device("cuda", 1)
     assert ctx.device == gpu and ctx.owns_group
     assert calls == [("set", gpu), ("nccl", {"device_id": gpu})]
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"sharding": "fsdp"}, r"--sharding: expected one of replicate, torchrec; got 'fsdp'"),
+        ({"sharding_type": "column_wise"}, r"--sharding-type: expected one of auto, row_wise, "),
+        ({"table_optimizer": "lamb"}, r"--table-optimizer: expected one of rowwise-adagrad"),
+        ({"storage_reservation": 1.0}, r"--storage-reservation: must be in \[0, 1\)"),
+    ],
+)
+def test_sharding_settings_out_of_range_name_their_option(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        _config(tmp_path, **overrides).check()
+
+
+def test_sharding_without_torchrec_fails_before_training_naming_the_extra(tmp_path, monkeypatch):
+    from tzrec_bench.train import sharding
+
+    def missing(module, extra, feature):
+        raise ImportError(f"{feature} needs the optional dependency {module}, which is not "
+                          f"installed: pip install '{extra}'")
+
+    monkeypatch.setattr(sharding, "require", missing)
+    with pytest.raises(ConfigError, match=r"--sharding: --sharding torchrec needs .* "
+                                          r"pip install 'tzrec-bench\[torchrec\]'"):
+        train(_config(tmp_path, sharding="torchrec"))
+    assert not (tmp_path / "run").exists()  # nothing was trained or written

@@ -25,7 +25,7 @@ from tzrec_gr.models import HSTURanking, HSTURetrieval
 
 needs_torchrec = pytest.mark.skipif(
     importlib.util.find_spec("torchrec") is None,
-    reason="needs torchrec (pip install 'tzrec-gr[torchrec]'; the test-gr-torchrec session)",
+    reason="needs torchrec (pip install 'tzrec-gr[torchrec]'; the test-torchrec session)",
 )
 
 TORCHREC_KEY = "item_embeddings.collection.embeddings.item.weight"

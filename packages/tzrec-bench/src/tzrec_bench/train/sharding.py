@@ -89,7 +89,7 @@ def check_catalogue(config: TrainConfig, num_items: int) -> None:
             "num_negatives",
             f"{config.num_negatives} >= the {num_items} items trains on the full softmax, "
             "which gathers the whole table every step; with --sharding torchrec sample "
-            f"fewer (e.g. --num-negatives 128)",
+            f"fewer (e.g. --num-negatives {max(1, min(128, num_items // 2))})",
         )
 
 
