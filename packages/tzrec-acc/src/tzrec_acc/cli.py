@@ -4,6 +4,8 @@
 
     python -m tzrec_acc export --model run/best.pt --format aoti --output ranking.pt2
     python -m tzrec_acc run ranking.pt2
+    python -m tzrec_acc predict run/best.pt --input users.parquet --output top10.parquet
+    python -m tzrec_acc predict ranking.pt2 --input users.csv --output scores.csv
 
 ``export`` reads :mod:`tzrec_acc.settings` for what the options leave open (the format
 from ``ENABLE_TRT`` / ``ENABLE_AOT``, embedding quantization from ``QUANT_EMB``, TF32 from
@@ -14,15 +16,30 @@ exports it with dynamic dims, builds the package (``aoti``: an AOTInductor packa
 TensorRT-compiled program), loads that package in a fresh process and prints the
 per-output parity with eager on the sample batch and on a batch of one more user. Next to
 ``OUTPUT`` it writes ``OUTPUT.sample.pt``: the sample batches, the eager outputs, the
-package kind and the modules its loader imports; ``run`` reads it.
+package kind and the modules its loader imports, and what ``predict`` needs to know of the
+model (its kind, catalogue and bounds, the form and the dynamic dims); ``run`` reads it.
+``export`` checks ``--output`` (its suffix, that its folder exists and is writable), the
+options and the model file before any export or compile work.
 
-Exit status: 0 on success, 1 when the package's outputs do not match eager, 2 for bad
-options, files, models, settings or a missing extra (the message says which).
+``predict`` writes top-K recommendations (retrieval) or per-task candidate probabilities
+(ranking) for every user of a Parquet, CSV or JSONL file (the columns, the bad-row handling
+and the output: :mod:`tzrec_gr.serving.files`, shared with ``tzrec-bench predict``). Its
+model is a checkpoint (or ``--config`` + a state dict), served by
+:class:`tzrec_gr.serving.ServingSession`, or a ``--form full`` package of a *ranking* model
+(``.pt2``), called in this process in batches of at most its ``--max-batch``. A retrieval
+package cannot recommend: it holds the user tower (event embeddings) but not the item table
+that top-K needs, so ``predict`` names the checkpoint to use instead; a ``--form serving``
+package scores against a cache that only the model's prefill makes, so it is refused too.
+
+Exit status: 0 on success, 1 when the package's outputs do not match eager or a bad row
+under ``predict --on-error fail``, 2 for bad options, files, models, settings or a missing
+extra (the message says which).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -94,7 +111,31 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--min-block-size", type=int, default=5, help="TensorRT block size")
     run = sub.add_parser("run", help="score the sample batch with an exported package")
     run.add_argument("package", help="a package written by export")
+    pr = sub.add_parser(
+        "predict",
+        help="top-K recommendations or candidate scores for a file of users' histories",
+        description="Predict for every user of --input (Parquet, CSV or JSONL) and write "
+        "--output (Parquet or CSV): top --k items (retrieval checkpoints) or each candidate's "
+        "probability per task (ranking checkpoints and --form full ranking packages).",
+    )
+    pr.add_argument(
+        "model",
+        help="a tzrec-bench checkpoint, a state dict (with --config) or "
+        "a ranking package (.pt2) written by export --form full",
+    )
+    pr.add_argument("--config", help="JSON/TOML model config, for a plain state dict")
+    pr.add_argument("--backend", help="ops backend to build the model with (checkpoints)")
+    try:
+        _files().add_predict_arguments(pr)
+    except ImportError:  # without tzrec-gr: ``predict`` says what to install when run
+        pr.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
+
+
+def _files() -> Any:
+    from tzrec_ops.extras import require
+
+    return require("tzrec_gr.serving.files", "tzrec-acc[gr]", "predict")
 
 
 def _quantize(model: torch.nn.Module, quantize: str, precision: str) -> torch.nn.Module:
@@ -163,10 +204,47 @@ def _module_and_batches(
     return module, batches, shapes
 
 
+def _check_output(output: str) -> None:
+    """``--output``: a .pt2 file name in a folder that exists and is writable."""
+    if not str(output).endswith(".pt2"):
+        raise UsageError(f"--output must end with .pt2, got {output!r}")
+    path = pathlib.Path(output)
+    if path.is_dir():
+        raise UsageError(f"--output {output} is a folder; give a file name ending with .pt2")
+    if not path.parent.is_dir():
+        raise UsageError(f"--output {output}: its folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--output {output}: its folder {path.parent} is not writable")
+
+
+def _check_export_options(args: argparse.Namespace) -> None:
+    """Every option, the files named and the extras needed, before the model is loaded."""
+    _check_output(args.output)
+    if args.max_batch < 1 or args.batch < 1 or args.new < 1:
+        raise UsageError("--max-batch, --batch and --new must be >= 1")
+    if args.batch + 1 > args.max_batch:
+        raise UsageError(f"--batch ({args.batch}) must be < --max-batch ({args.max_batch})")
+    if args.history is not None and args.history < 1:
+        raise UsageError(f"--history must be >= 1, got {args.history}")
+    if args.quantize is not None and args.quantize != "none" and args.precision != "fp32":
+        raise UsageError("--quantize and --precision cannot be combined; choose one")
+    if not pathlib.Path(args.model).is_file():
+        raise UsageError(f"--model: no checkpoint or state dict at {args.model}")
+    if args.config is not None and not pathlib.Path(args.config).is_file():
+        raise UsageError(f"--config: no model config at {args.config}")
+    try:
+        device = torch.device(args.device)
+    except (RuntimeError, ValueError) as exc:
+        raise UsageError(f"--device {args.device!r} is not a device ({exc})") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {args.device}: CUDA is not available on this machine")
+
+
 def _export(args: argparse.Namespace) -> int:
     from tzrec_acc import aot, settings
     from tzrec_acc.checkpoint import load_model
 
+    _check_export_options(args)  # before the settings are applied and the model loaded
     try:
         toggles = settings.read()
     except ValueError as exc:
@@ -175,21 +253,21 @@ def _export(args: argparse.Namespace) -> int:
         args.format = "trt" if toggles.enable_trt else "aoti" if toggles.enable_aot else "fx"
     if args.quantize is None:
         args.quantize = "none" if toggles.quant_emb == "fp32" else f"emb-{toggles.quant_emb}"
-    settings.apply_tf32(toggles.tf32_matmul, toggles.tf32_cudnn)
+    if args.quantize == "dense-int8" or (args.quantize != "none" and args.precision != "fp32"):
+        _quantize(torch.nn.Identity(), args.quantize, args.precision)  # raises the UsageError
+    if args.format == "trt":  # the ImportError naming tzrec-acc[tensorrt], before any work
+        from tzrec_ops.extras import require
 
-    if args.max_batch < 1 or args.batch < 1 or args.new < 1:
-        raise UsageError("--max-batch, --batch and --new must be >= 1")
-    if args.batch + 1 > args.max_batch:
-        raise UsageError(f"--batch ({args.batch}) must be < --max-batch ({args.max_batch})")
-    if not str(args.output).endswith(".pt2"):
-        raise UsageError(f"--output must end with .pt2, got {args.output!r}")
+        require("torch_tensorrt", "tzrec-acc[tensorrt]", "TensorRT compilation")
+    settings.apply_tf32(toggles.tf32_matmul, toggles.tf32_cudnn)
     try:
         model = load_model(args.model, args.config, args.backend)
         from tzrec_acc.gr import model_kind
 
-        model_kind(model)
+        kind_of_model = model_kind(model)
     except (FileNotFoundError, ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
+    served = _served(model, kind_of_model, args)
     model = _quantize(model.to(args.device), args.quantize, args.precision)
     module, batches, shapes = _module_and_batches(model, args)
     batches = [_to(b, args.device) for b in batches]
@@ -224,7 +302,13 @@ def _export(args: argparse.Namespace) -> int:
         tensorrt.save(compiled, args.output, batches[0])
         kind = "program"
         imports = ["torch_tensorrt", *_op_libraries(program)]
-    sample = {"kind": kind, "imports": imports, "batches": batches, "expected": expected}
+    sample = {
+        "kind": kind,
+        "imports": imports,
+        "batches": batches,
+        "expected": expected,
+        "served": served,
+    }
     torch.save(sample, _sample_path(args.output))
     got = aot.run_in_fresh_process(args.output, batches, kind, imports)
     ok = True
@@ -235,6 +319,29 @@ def _export(args: argparse.Namespace) -> int:
         ok = ok and report.ok
     print(f"wrote {args.output} ({args.format}) and {_sample_path(args.output)}")
     return 0 if ok else 1
+
+
+def _served(model: torch.nn.Module, kind: str, args: argparse.Namespace) -> Dict[str, Any]:
+    """What ``predict`` needs to know of a package's model (stored in its sample file)."""
+    served: Dict[str, Any] = {
+        "model": kind,
+        "form": args.form,
+        "dynamic": list(args.dynamic),
+        "max_batch": args.max_batch,
+        "num_items": int(model.num_items),
+    }
+    if kind == "retrieval":
+        served["max_events"] = int(model.max_seq_len)
+        return served
+    pre = model.transducer.input_preprocessor
+    width = pre.contextual_seq_len() * pre.contextual_feature_dim if model.contextual_seq_len else 0
+    served.update(
+        max_events=int(model.max_uih_len),
+        max_candidates=int(model.max_targets),
+        contextual_width=int(width),
+        num_tasks=int(model.num_tasks),
+    )
+    return served
 
 
 def _op_libraries(program: torch.export.ExportedProgram) -> List[str]:
@@ -282,10 +389,159 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+class _PackageRanker:
+    """A ``--form full`` ranking package as a predictor: ``score(histories, candidates)``
+    builds the batch the package was exported for (the sample's keys, dtypes and device;
+    candidates shown at each user's newest event, as :class:`ServingSession` does) and
+    returns ``sigmoid`` of its logits."""
+
+    def __init__(self, run: Any, example: Dict[str, torch.Tensor]) -> None:
+        self.run = run
+        self.example = example
+
+    @torch.no_grad()
+    def score(self, histories: Any, candidates: Sequence[Sequence[int]]) -> torch.Tensor:
+        from tzrec_gr import features as keys
+
+        lengths = torch.tensor([len(c) for c in candidates], dtype=torch.int64)
+        ids = torch.tensor([i for c in candidates for i in c], dtype=torch.int64)
+        query_time = histories.newest_timestamps()
+        batch = {
+            keys.UIH_ITEM_ID: histories.item_ids,
+            keys.UIH_LENGTHS: histories.lengths,
+            keys.UIH_ACTIONS: histories.actions,
+            keys.UIH_TIMESTAMPS: histories.timestamps,
+            keys.CANDIDATE_ITEM_ID: ids,
+            keys.CANDIDATE_LENGTHS: lengths,
+            keys.CANDIDATE_TIMESTAMPS: query_time.repeat_interleave(lengths),
+            keys.CONTEXTUAL: histories.contextual,
+        }
+        if set(self.example) - set(batch) or (keys.CONTEXTUAL in self.example) != (
+            histories.contextual is not None
+        ):
+            raise UsageError(
+                f"the package takes {sorted(self.example)}, which predict cannot build"
+            )
+        args = {k: batch[k].to(device=v.device, dtype=v.dtype) for k, v in self.example.items()}
+        out = self.run(args)
+        logits = out[0] if isinstance(out, (list, tuple)) else out
+        return torch.sigmoid(logits.float()).cpu()
+
+
+def _package_predictor(path: pathlib.Path, batch_size: int) -> Tuple[Any, Any, int]:
+    """(predictor, limits, batch size) of a ranking package written by export."""
+    files = _files()
+    sample_path = pathlib.Path(_sample_path(str(path)))
+    if not sample_path.is_file():
+        raise UsageError(f"no file at {sample_path} (write both with python -m tzrec_acc export)")
+    sample: Dict[str, Any] = torch.load(sample_path, weights_only=False)
+    served = sample.get("served")
+    if served is None:
+        raise UsageError(
+            f"{path} was exported by an older tzrec-acc (its sample file does not describe "
+            "the model); export it again, or predict from the checkpoint"
+        )
+    if served["model"] == "retrieval":
+        raise UsageError(
+            f"{path} is a retrieval package: it holds the user tower (event embeddings) "
+            "but not the item table that top-K needs; predict from the checkpoint instead "
+            "(python -m tzrec_acc predict best.pt ...)"
+        )
+    if served["form"] != "full":
+        raise UsageError(
+            f"{path} is a --form {served['form']} package: it scores against a cache that "
+            "only the model's prefill makes; export --form full for predict, or predict "
+            "from the checkpoint"
+        )
+    if set(served["dynamic"]) != set(DYNAMIC):
+        raise UsageError(
+            f"{path} was exported with --dynamic {','.join(served['dynamic']) or 'none'}: it "
+            "takes the sample batch's shapes only; export it with --dynamic users,tokens"
+        )
+    for module in sample["imports"]:
+        __import__(module)
+    if sample["kind"] == "aoti":
+        run = torch._inductor.aoti_load_package(str(path))
+    else:
+        run = torch.export.load(str(path)).module()
+    (example,) = sample["batches"][0]
+    limits = files.Limits(
+        "ranking",
+        served["num_items"],
+        served["max_events"],
+        served["max_candidates"],
+        served["contextual_width"],
+        tuple(f"task_{i}" for i in range(served["num_tasks"])),
+    )
+    return _PackageRanker(run, example), limits, min(batch_size, served["max_batch"])
+
+
+def _predict(args: argparse.Namespace) -> int:
+    files = _files()
+    try:  # the options and files first: nothing is loaded for a run that cannot finish
+        files.check_output_path(args.output)
+        files.input_format(args.input)
+        device = files.pick_device(args.device)
+        if args.batch_size < 1 or args.k < 1:
+            raise files.PredictError("--batch-size and --k must be >= 1")
+        if not pathlib.Path(args.input).is_file():
+            raise files.PredictError(f"--input: no file at {args.input}")
+        model_path = pathlib.Path(args.model)
+        if not model_path.is_file():
+            raise files.PredictError(f"model: no file at {model_path}")
+    except files.PredictError as exc:
+        raise UsageError(str(exc)) from exc
+    batch_size = args.batch_size
+    if model_path.suffix == ".pt2":
+        if args.config is not None or args.backend is not None:
+            raise UsageError("--config and --backend apply to checkpoints, not to packages")
+        predictor, limits, batch_size = _package_predictor(model_path, batch_size)
+        what = f"package {model_path}"
+    else:
+        from tzrec_acc.checkpoint import load_model
+
+        serving = _serving()
+        try:
+            model = load_model(model_path, args.config, args.backend)
+            predictor = serving.ServingSession(model, device=device)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(str(exc)) from exc
+        limits = files.session_limits(predictor)
+        what = f"{type(model).__name__} from {model_path} on {device}"
+    print(f"python -m tzrec_acc predict: {what} ({limits.kind})")
+    try:
+        summary = files.predict_file(
+            predictor,
+            limits,
+            args.input,
+            args.output,
+            k=args.k,
+            exclude_seen=args.exclude_seen,
+            batch_size=batch_size,
+            on_error=args.on_error,
+            progress=args.progress,
+        )
+    except files.BadRowError as exc:
+        print(f"error: {args.input} {exc} (--on-error fail: nothing written)", file=sys.stderr)
+        return 1
+    except files.PredictError as exc:
+        raise UsageError(str(exc)) from exc
+    print(f"wrote {args.output}: {summary}")
+    return 0
+
+
+def _serving() -> Any:
+    """:mod:`tzrec_gr.serving` (``tzrec-acc[gr]``)."""
+    from tzrec_ops.extras import require
+
+    return require("tzrec_gr.serving", "tzrec-acc[gr]", "predict")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    commands = {"export": _export, "run": _run, "predict": _predict}
     try:
-        return _export(args) if args.command == "export" else _run(args)
+        return commands[args.command](args)
     except (UsageError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,5 +1,5 @@
-"""The ``tzrec-bench`` command: ``train``, ``evaluate``, ``ops``, ``run-configs`` and ``plan``
-(also ``python -m tzrec_bench``).
+"""The ``tzrec-bench`` command: ``train``, ``evaluate``, ``predict``, ``ops``, ``run-configs``
+and ``plan`` (also ``python -m tzrec_bench``).
 
     tzrec-bench train --model hstu-retrieval --data synthetic --epochs 3
     tzrec-bench train --model sasrec --data ml-100k --data-dir ../shared/data/ml-100k
@@ -7,6 +7,7 @@
     torchrun --nproc-per-node 2 -m tzrec_bench train --model hstu-ranking --sharding torchrec
     tzrec-bench plan --items 1e9 --embedding-dim 256 --world-size 64 --device cuda
     tzrec-bench evaluate tzrec-bench-runs/run --split test
+    tzrec-bench predict tzrec-bench-runs/run --input users.parquet --output top10.parquet
     tzrec-bench ops --op hstu_mha --backends pytorch,triton --mode fwd,bwd
     tzrec-bench run-configs hstu-retrieval-synthetic --repeats 3
 
@@ -324,6 +325,21 @@ def _run_evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     return 0
 
 
+# -- predict -------------------------------------------------------------------------------
+
+
+def _add_predict(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from tzrec_bench.predict import add_parser
+
+    return add_parser(subparsers, _HelpFormatter)
+
+
+def _run_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from tzrec_bench.predict import run
+
+    return run(args, parser)
+
+
 # -- ops -----------------------------------------------------------------------------------
 
 
@@ -379,6 +395,7 @@ def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 SUBCOMMANDS: Dict[str, Tuple[Callable[..., argparse.ArgumentParser], Runner]] = {
     "train": (_add_train, _run_train),
     "evaluate": (_add_evaluate, _run_evaluate),
+    "predict": (_add_predict, _run_predict),
     "ops": (_add_ops, _run_ops),
     "run-configs": (_add_run_configs, _run_run_configs),
     "plan": (_add_plan, _run_plan),

@@ -1,0 +1,200 @@
+"""``python -m tzrec_acc predict`` (checkpoints and ranking packages) and ``export``'s fast
+failure.
+
+What is checked against what: predictions from a checkpoint == ``ServingSession`` on the
+same histories; from a ``--form full`` ranking package (fx) == from its checkpoint (within
+float32 tolerance); packages predict cannot serve are refused naming why; ``export`` refuses
+a bad ``--output``, a missing model or config and bad options before loading anything.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+
+import pytest
+import torch
+from test_checkpoint import RANKING_KWARGS, bench_checkpoint
+
+from tzrec_acc import aot
+from tzrec_acc.cli import main
+from tzrec_gr.models import HSTURanking
+from tzrec_gr.serving import Histories, ServingSession
+
+
+def _rows(n, num_items=30, seed=0, ranking=True):
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for u in range(n):
+        length = int(torch.randint(1, 10, (1,), generator=gen))
+        row = {
+            "user_id": 100 + u,
+            "item_ids": torch.randint(0, num_items, (length,), generator=gen).tolist(),
+            "timestamps": torch.cumsum(torch.randint(0, 90, (length,), generator=gen), 0).tolist(),
+        }
+        if ranking:
+            row["actions"] = torch.randint(0, 256, (length,), generator=gen).tolist()
+            row["candidates"] = torch.randint(0, num_items, (3,), generator=gen).tolist()
+        rows.append(row)
+    return rows
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _probs(path, tasks=("task_0", "task_1")):
+    """[L_t, K] from a CSV of scores."""
+    rows = _read_csv(path)
+    return torch.cat(
+        [torch.tensor([[float(x) for x in r[t].split()] for t in tasks]).t() for r in rows]
+    )
+
+
+def _session_probs(best, rows):
+    session = ServingSession.from_checkpoint(best)
+    h = Histories.from_lists(
+        [r["item_ids"] for r in rows],
+        [r["timestamps"] for r in rows],
+        actions=[r["actions"] for r in rows],
+    )
+    return session.score(h, [r["candidates"] for r in rows])
+
+
+def test_predict_from_a_checkpoint_equals_the_session(tmp_path, capsys):
+    bench_checkpoint(tmp_path / "best.pt")
+    rows = _rows(6)
+    rows[4] = {**rows[4], "timestamps": rows[4]["timestamps"][::-1] + [0]}  # row 5: bad
+    out = tmp_path / "scores.csv"
+    source = _jsonl(tmp_path / "u.jsonl", rows)
+    code = main(["predict", str(tmp_path / "best.pt"), "--input", source,
+                 "--output", str(out), "--batch-size", "2", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "skipped row 5: item_ids has" in captured.err
+    assert "5 users in" in captured.out and "users/s" in captured.out
+    good = rows[:4] + rows[5:]
+    assert [int(r["user_id"]) for r in _read_csv(out)] == [r["user_id"] for r in good]
+    torch.testing.assert_close(_probs(out), _session_probs(tmp_path / "best.pt", good),
+                               rtol=1e-5, atol=1e-6)
+    code = main(["predict", str(tmp_path / "best.pt"), "--input", str(tmp_path / "u.jsonl"),
+                 "--output", str(tmp_path / "again.csv"), "--on-error", "fail"])
+    assert code == 1 and "row 5: item_ids has" in capsys.readouterr().err
+    assert not (tmp_path / "again.csv").exists()
+
+
+def test_retrieval_checkpoint_recommends(tmp_path, capsys):
+    bench_checkpoint(tmp_path / "best.pt", "hstu-retrieval")
+    rows = _rows(3, ranking=False)
+    out = tmp_path / "top.csv"
+    assert main(["predict", str(tmp_path / "best.pt"), "--input",
+                 _jsonl(tmp_path / "u.jsonl", rows), "--output", str(out), "--k", "5"]) == 0
+    session = ServingSession.from_checkpoint(tmp_path / "best.pt")
+    want = session.recommend(
+        Histories.from_lists([r["item_ids"] for r in rows], [r["timestamps"] for r in rows]), 5
+    ).ids.tolist()
+    assert [[int(i) for i in r["item_ids"].split()] for r in _read_csv(out)] == want
+
+
+def _in_process(path, batches, kind, imports):
+    """``run_in_fresh_process`` without the fresh process (its own tests are in test_cli):
+    the export's parity check then costs no second Python start."""
+    run = torch.export.load(path).module()
+    with torch.no_grad():
+        return [[t for t in aot.flat_outputs(run(*args))] for args in batches]
+
+
+def test_ranking_package_predicts_what_its_checkpoint_does(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(aot, "run_in_fresh_process", _in_process)
+    # one layer: torch.export's time grows with the layers
+    kwargs = {**RANKING_KWARGS, "num_layers": 1}
+    model = HSTURanking(**kwargs)
+    torch.save({"format": 1, "config": {"model": "hstu-ranking"}, "step": 1,
+                "model_config": {"model": "HSTURanking", "kwargs": kwargs},
+                "model": model.state_dict()}, tmp_path / "best.pt")
+    package = str(tmp_path / "ranking.pt2")
+    assert main(["export", "--model", str(tmp_path / "best.pt"), "--format", "fx",
+                 "--output", package, "--max-batch", "8"]) == 0, capsys.readouterr().err
+    rows = _rows(11, seed=1)
+    out = tmp_path / "scores.csv"
+    code = main(["predict", package, "--input", _jsonl(tmp_path / "u.jsonl", rows),
+                 "--output", str(out), "--batch-size", "64", "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    assert "11 users" in capsys.readouterr().out  # in batches of --max-batch 8
+    torch.testing.assert_close(_probs(out), _session_probs(tmp_path / "best.pt", rows),
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "served, message",
+    [
+        ({"model": "retrieval", "form": "full"}, "holds the user tower (event embeddings) but "
+         "not the item table that top-K needs; predict from the checkpoint"),
+        ({"model": "ranking", "form": "serving"}, "--form serving package: it scores against "
+         "a cache that only the model's prefill makes"),
+        ({"model": "ranking", "form": "full", "dynamic": []}, "--dynamic none: it takes the "
+         "sample batch's shapes only"),
+        (None, "exported by an older tzrec-acc"),
+    ],
+)
+def test_packages_predict_cannot_serve_are_refused(tmp_path, capsys, served, message):
+    package = tmp_path / "m.pt2"
+    package.write_bytes(b"")
+    sample = {"kind": "program", "imports": [], "batches": [], "expected": []}
+    if served is not None:
+        sample["served"] = {"dynamic": ["users", "tokens"], **served}
+    torch.save(sample, str(package) + ".sample.pt")
+    source = _jsonl(tmp_path / "u.jsonl", _rows(1))
+    assert main(["predict", str(package), "--input", source, "--output",
+                 str(tmp_path / "o.csv")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_predict_bad_files_exit_2(tmp_path, capsys):
+    source = _jsonl(tmp_path / "u.jsonl", _rows(1))
+    for argv, message in [
+        (["m.pt", "--input", source, "--output", str(tmp_path / "no" / "o.csv")], "--output"),
+        (["m.pt", "--input", source, "--output", str(tmp_path / "o.json")], "--output must end"),
+        (["m.pt", "--input", str(tmp_path / "x.csv"), "--output", str(tmp_path / "o.csv")],
+         "--input: no file at"),
+        ([str(tmp_path / "m.pt"), "--input", source, "--output", str(tmp_path / "o.csv")],
+         "model: no file at"),
+    ]:
+        assert main(["predict", *argv]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_export_fails_fast_on_a_missing_output_folder(tmp_path, capsys):
+    bench_checkpoint(tmp_path / "best.pt")
+    missing = tmp_path / "no-such-folder" / "m.pt2"
+    start = time.perf_counter()
+    code = main(["export", "--model", str(tmp_path / "best.pt"), "--output", str(missing)])
+    seconds = time.perf_counter() - start
+    assert code == 2 and seconds < 0.5, seconds
+    err = capsys.readouterr().err
+    assert err == f"error: --output {missing}: its folder {missing.parent} does not exist\n"
+    out = str(tmp_path / "m.pt2")
+    for argv, message in [
+        (["--model", str(tmp_path / "none.pt"), "--output", out],
+         "--model: no checkpoint or state dict at"),
+        (["--model", str(tmp_path / "best.pt"), "--config", str(tmp_path / "c.json"),
+          "--output", out], "--config: no model config at"),
+        (["--model", str(tmp_path / "best.pt"), "--output", str(tmp_path)], "--output must end"),
+        (["--model", str(tmp_path / "best.pt"), "--output", out, "--history", "0"],
+         "--history must be >= 1"),
+        *([] if torch.cuda.is_available() else [
+            (["--model", str(tmp_path / "best.pt"), "--output", out, "--device", "cuda"],
+             "--device cuda: CUDA is not available")]),
+    ]:
+        start = time.perf_counter()
+        assert main(["export", *argv]) == 2, argv
+        assert time.perf_counter() - start < 0.5
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "m.pt2").exists()
