@@ -222,7 +222,10 @@ def test_serving_needs_eval_mode_and_stays_within_the_bound():
 @pytest.mark.parametrize("time", [False, True])
 def test_positional_encoder_forward_appended_matches_forward(time):
     """The new rows of ``[cached | new]`` encoded alone equal forward's rows."""
-    encoder = HSTUPositionalEncoder(8, 6, 5, use_time_encoding=time, contextual_seq_len=1)
+    # CPU float64 tensors: the pytorch backend on every machine (a GPU one would pick triton)
+    encoder = HSTUPositionalEncoder(
+        8, 6, 5, use_time_encoding=time, contextual_seq_len=1, backend="pytorch"
+    )
     cached, new = torch.tensor([3, 1]), torch.tensor([2, 2])
     lengths = cached + new
     offsets = offsets_from_lengths(lengths)
