@@ -95,18 +95,22 @@ def test_a_session_that_loses_events_fails_the_check(monkeypatch):
     assert result.worst_ratio > 1.0 and not result.passed
 
 
-def test_a_dropped_request_exits_non_zero(monkeypatch, capsys):
-    serve = load_test._serve
+def test_a_request_the_session_fails_is_dropped_and_exits_non_zero(monkeypatch, capsys):
+    extend = ServingSession.extend
     calls = []
 
-    def drop_the_fifth_call(session, kind, group, k):
-        answers = serve(session, kind, group, k)
-        calls.append(kind)
-        return answers[:-1] if len(calls) == 5 else answers
+    def fails_once(self, user_ids, events):
+        calls.append(user_ids)
+        if len(calls) == 3:
+            raise RuntimeError("out of cache memory")
+        return extend(self, user_ids, events)
 
-    monkeypatch.setattr(load_test, "_serve", drop_the_fifth_call)
+    monkeypatch.setattr(ServingSession, "extend", fails_once)
     assert load_test.main(TINY) == 1
-    assert "FAILED: 1 requests dropped" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "29 served of 30 sent" in captured.out and "1 failed" in captured.out
+    err = captured.err
+    assert "FAILED: 1 requests dropped" in err and "RuntimeError: out of cache memory" in err
 
 
 def test_calls_keep_each_users_order_and_the_batch_bound():

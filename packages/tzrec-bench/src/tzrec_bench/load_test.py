@@ -162,6 +162,7 @@ class LoadTestResult:
         worst_ratio (float): the largest |served - full forward| / allowed (<= 1 passes).
         tolerance (Tolerance): the one used.
         graph_stats (Dict[str, Any]): ``session.graph_stats()``.
+        errors (List[str]): the session calls that raised (their requests are not served).
     """
 
     sent: int
@@ -176,6 +177,7 @@ class LoadTestResult:
     worst_ratio: float
     tolerance: Tolerance
     graph_stats: Dict[str, Any]
+    errors: List[str] = dataclasses.field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -475,8 +477,18 @@ def run_load_test(
     requests, checks = make_stream(args, args.warmup + args.requests)
     by_index = {c.request.index: c for c in checks}
     warm, timed = requests[: args.warmup], requests[args.warmup:]
+    errors: List[str] = []
+
+    def serve(kind: str, group: List[Request]) -> List[Optional[Tuple[torch.Tensor, ...]]]:
+        try:
+            return _serve(session, kind, group, args.k)
+        except Exception as exc:  # the server drops these requests and goes on
+            errors.append(f"{kind} of users {[r.user for r in group]} (requests "
+                          f"{[r.index for r in group]}): {type(exc).__name__}: {exc}")
+            return []
+
     for kind, group in _calls(warm, args.max_batch):
-        for req, answer in zip(group, _serve(session, kind, group, args.k)):
+        for req, answer in zip(group, serve(kind, group)):
             if req.index in by_index:
                 by_index[req.index].served = answer
     if log:
@@ -497,7 +509,7 @@ def run_load_test(
             stop += 1
         stop = max(stop, nxt + 1)
         for kind, group in _calls(timed[nxt:stop], args.max_batch):
-            answers = _serve(session, kind, group, args.k)
+            answers = serve(kind, group)
             done = time.perf_counter()
             calls += 1
             for req, answer in zip(group, answers):
@@ -513,6 +525,8 @@ def run_load_test(
     tol = TOLERANCES[DTYPES[args.dtype]]
     max_abs = worst = 0.0
     for check in checks:
+        if check.served is None:  # dropped: counted above
+            continue
         got, want = _reference(session.model, check, args.k, device)
         diff = (got - want).abs()
         allowed = tol.atol * float(want.abs().max()) + tol.rtol * want.abs()
@@ -529,11 +543,12 @@ def run_load_test(
         events=sum(r.item_ids.numel() for r in timed if r.kind != "score"),
         kinds=kinds,
         calls=calls,
-        checks=len(checks),
+        checks=sum(c.served is not None for c in checks),
         max_abs_diff=max_abs,
         worst_ratio=worst,
         tolerance=tol,
         graph_stats=session.graph_stats(),
+        errors=errors,
     )
 
 
@@ -579,7 +594,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     pct = result.percentiles()
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(result.kinds.items()))
     print(f"  requests: {result.served} served of {result.sent} sent ({kinds}) in "
-          f"{result.calls} session calls")
+          f"{result.calls} session calls, {len(result.errors)} failed")
     print("  latency (completion - due): " + ", ".join(f"{k} {v:.2f} ms" for k, v in pct.items()))
     rps = result.served / result.elapsed_s if result.elapsed_s > 0 else math.nan
     eps = result.events / result.elapsed_s if result.elapsed_s > 0 else math.nan
@@ -594,6 +609,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if result.served != result.sent:
         print(f"load_test: FAILED: {result.sent - result.served} requests dropped",
               file=sys.stderr)
+        for error in result.errors[:3]:
+            print(f"  {error}", file=sys.stderr)
         status = 1
     if result.checks == 0:
         print("load_test: FAILED: no scoring request was checked; lower --check-every or "
