@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ import torch
 from _models import RANKING, RETRIEVAL, ranking, retrieval
 from test_checkpoint import bench_checkpoint
 
-from tzrec_acc.cli import main
+from tzrec_acc.cli import _auc, main
 
 
 def _ok_lines(out: str) -> int:
@@ -65,6 +66,11 @@ def test_fx_serving_step_with_int8_embeddings_from_quant_emb(tmp_path, capsys, m
     out = capsys.readouterr().out
     assert code == 0, out
     assert _ok_lines(out) == 2 and "MISMATCH" not in out and "(fx)" in out
+    assert "package vs the eager --quantize emb-int8 model (the packaging)" in out
+    assert "--quantize emb-int8 eager model vs the float32 model on the same batches" in out
+    assert 0 < _float_error(out) < 0.5  # int8 rows: close to float, but not equal
+    tasks = re.findall(r"task (\d): probability max abs err \S+; AUC change ([-+.\d]+)", out)
+    assert [t for t, _ in tasks] == ["0", "1"] and all(-1 <= float(c) <= 0 for _, c in tasks)
     sample = torch.load(package + ".sample.pt", weights_only=False)
     assert sample["kind"] == "program" and sample["imports"] == []
     assert main(["run", package]) == 0
@@ -78,6 +84,24 @@ def test_fx_program_in_bf16(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert _ok_lines(out) == 2 and "MISMATCH" not in out
+    assert "--precision bf16 eager model vs the float32 model" in out
+    assert 0 < _float_error(out) < 0.5
+
+
+def _float_error(out: str) -> float:
+    """The max abs error of output 0 in export's lossy-vs-float32 lines."""
+    (err,) = re.findall(r"error of output 0: shape \[\d+, \d+\]  max abs err (\S+)", out)
+    return float(err)
+
+
+def test_auc_counts_pairs_and_ties_by_half():
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randint(0, 5, (40,), generator=gen).float()  # many ties
+    labels = torch.rand(40, generator=gen) > 0.6
+    pos, neg = scores[labels], scores[~labels]
+    pairs = (pos[:, None] > neg[None, :]).double() + 0.5 * (pos[:, None] == neg[None, :])
+    assert _auc(scores, labels) == pytest.approx(float(pairs.mean()))
+    assert _auc(scores, torch.ones(40, dtype=torch.bool)) is None
 
 
 def test_bf16_serving_step_takes_its_cache_in_bf16(tmp_path, capsys):

@@ -122,14 +122,35 @@ def test_ranking_package_predicts_what_its_checkpoint_does(tmp_path, capsys, mon
     package = str(tmp_path / "ranking.pt2")
     assert main(["export", "--model", str(tmp_path / "best.pt"), "--format", "fx",
                  "--output", package, "--max-batch", "8"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "package vs the eager float32 model (the packaging)" in out
+    assert "not quantized (--quantize none, --precision fp32)" in out
+    assert "vs the float32 model on the same batches" not in out
     rows = _rows(11, seed=1)
     out = tmp_path / "scores.csv"
-    code = main(["predict", package, "--input", _jsonl(tmp_path / "u.jsonl", rows),
+    source = _jsonl(tmp_path / "u.jsonl", rows)
+    code = main(["predict", package, "--input", source,
                  "--output", str(out), "--batch-size", "64", "--no-progress"])
     assert code == 0, capsys.readouterr().err
     assert "11 users" in capsys.readouterr().out  # in batches of --max-batch 8
     torch.testing.assert_close(_probs(out), _session_probs(tmp_path / "best.pt", rows),
                                rtol=1e-4, atol=1e-5)
+    # run --input is predict: the same rows, to a file or (no --output) to stdout
+    again = tmp_path / "run.csv"
+    code = main(["run", package, "--input", source, "--output", str(again), "--batch-size",
+                 "5", "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    assert "wrote " + str(again) in capsys.readouterr().out
+    # other batches (5 users, not 8): the same rows, the same scores up to float rounding
+    assert [(r["user_id"], r["candidates"]) for r in _read_csv(again)] == [
+        (r["user_id"], r["candidates"]) for r in _read_csv(out)]
+    torch.testing.assert_close(_probs(again), _probs(out), rtol=1e-5, atol=1e-6)
+    assert main(["run", package, "--input", source, "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == out.read_text()  # the batches of predict's default --batch-size
+    assert "wrote stdout: 11 users" in captured.err
+    assert main(["run", package, "--output", str(again)]) == 2
+    assert "--output, --batch-size and --on-error apply with --input" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@
 
     python -m tzrec_acc export --model run/best.pt --format aoti --output ranking.pt2
     python -m tzrec_acc run ranking.pt2
+    python -m tzrec_acc run ranking.pt2 --input users.csv          # = predict ranking.pt2 ...
     python -m tzrec_acc predict run/best.pt --input users.parquet --output top10.parquet
     python -m tzrec_acc predict ranking.pt2 --input users.csv --output scores.csv
 
@@ -14,12 +15,22 @@ from ``ENABLE_TRT`` / ``ENABLE_AOT``, embedding quantization from ``QUANT_EMB``,
 exports it with dynamic dims, builds the package (``aoti``: an AOTInductor package;
 ``fx``: the exported FX program saved with ``torch.export.save``; ``trt``: a
 TensorRT-compiled program), loads that package in a fresh process and prints the
-per-output parity with eager on the sample batch and on a batch of one more user. Next to
+per-output parity with the eager model it exported (the quantized or half-precision one,
+when so exported: this checks the packaging) on the sample batch and on a batch of one more
+user. With ``--quantize`` other than ``none`` or ``--precision`` other than ``fp32`` it also
+prints what that costs against the float32 model on the same batches: each output's error
+and, for ranking models, each task's AUC change against the float model's decisions (see
+:func:`_against_float`; the sample has no labels). Next to
 ``OUTPUT`` it writes ``OUTPUT.sample.pt``: the sample batches, the eager outputs, the
 package kind and the modules its loader imports, and what ``predict`` needs to know of the
 model (its kind, catalogue and bounds, the form and the dynamic dims); ``run`` reads it.
 ``export`` checks ``--output`` (its suffix, that its folder exists and is writable), the
 options and the model file before any export or compile work.
+
+``run PACKAGE`` replays the stored sample batch and prints the outputs and their parity
+with the stored eager outputs. ``run PACKAGE --input FILE [--output FILE]`` is
+``predict PACKAGE --input FILE`` (the same function, with predict's defaults for the options
+``run`` does not take); without ``--output`` the rows go to stdout as CSV.
 
 ``predict`` writes top-K recommendations (retrieval) or per-task candidate probabilities
 (ranking) for every user of a Parquet, CSV or JSONL file (the columns, the bad-row handling
@@ -39,9 +50,12 @@ extra (the message says which).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import os
 import pathlib
 import sys
+import tempfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -109,8 +123,30 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--new", type=int, default=4, help="candidates / new events per user")
     ex.add_argument("--workspace-size", type=int, default=1 << 30, help="TensorRT bytes")
     ex.add_argument("--min-block-size", type=int, default=5, help="TensorRT block size")
-    run = sub.add_parser("run", help="score the sample batch with an exported package")
+    run = sub.add_parser(
+        "run",
+        help="score the sample batch with an exported package, or a file of users (--input)",
+        description="Without --input: run the package on the sample batch stored beside it "
+        "and compare with the eager outputs stored at export. With --input: predict for "
+        "every user of the file, exactly as 'predict PACKAGE --input FILE' does.",
+    )
     run.add_argument("package", help="a package written by export")
+    run.add_argument(
+        "--input",
+        metavar="FILE",
+        help="users' histories (.parquet, .csv or .jsonl, the columns of predict --input); "
+        "the package must be one predict takes (a --form full ranking package)",
+    )
+    run.add_argument(
+        "--output",
+        metavar="FILE",
+        help="with --input: predictions to .parquet or .csv (default: CSV on stdout)",
+    )
+    run.add_argument("--batch-size", type=int, metavar="B", help="with --input: as predict's")
+    run.add_argument("--on-error", choices=("skip", "fail"), help="with --input: as predict's")
+    run.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="with --input: no bar"
+    )
     pr = sub.add_parser(
         "predict",
         help="top-K recommendations or candidate scores for a file of users' histories",
@@ -268,7 +304,12 @@ def _export(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
     served = _served(model, kind_of_model, args)
-    model = _quantize(model.to(args.device), args.quantize, args.precision)
+    model = model.to(args.device)
+    lossy = _lossy(args)
+    # quantize_embeddings changes the model in place (HalfPrecision copies it): the float
+    # model the quantization is measured against is a copy taken first
+    float_model = copy.deepcopy(model) if args.quantize != "none" else model
+    model = _quantize(model, args.quantize, args.precision)
     module, batches, shapes = _module_and_batches(model, args)
     batches = [_to(b, args.device) for b in batches]
     shapes = _restrict(shapes, args.dynamic)
@@ -278,6 +319,8 @@ def _export(args: argparse.Namespace) -> int:
         batches = batches[:1]
     with torch.no_grad():
         expected = [aot.flat_outputs(module(*b)) for b in batches]
+    reference = _float_outputs(float_model, args, batches) if lossy else None
+    del float_model
     program = aot.export(module, batches[0], shapes)
     imports: List[str] = []
     if args.format == "aoti":
@@ -312,13 +355,119 @@ def _export(args: argparse.Namespace) -> int:
     torch.save(sample, _sample_path(args.output))
     got = aot.run_in_fresh_process(args.output, batches, kind, imports)
     ok = True
+    eager = f"the eager {lossy} model" if lossy else "the eager float32 model"
     for i, (want, have) in enumerate(zip(expected, got)):
         report = aot.parity(want, have)
-        print(f"batch {i} ({_describe(batches[i])}), package vs eager:")
+        print(f"batch {i} ({_describe(batches[i])}), package vs {eager} (the packaging):")
         print("  " + str(report).replace("\n", "\n  "))
         ok = ok and report.ok
+    if reference is None:
+        print(
+            "not quantized (--quantize none, --precision fp32): the package vs eager lines "
+            "above are its error against the float32 model"
+        )
+    else:
+        print(
+            f"{lossy} eager model vs the float32 model on the same batches (what {lossy} "
+            "costs; reported, not checked):"
+        )
+        for line in _against_float(reference, expected, kind_of_model == "ranking"):
+            print("  " + line)
     print(f"wrote {args.output} ({args.format}) and {_sample_path(args.output)}")
     return 0 if ok else 1
+
+
+def _lossy(args: argparse.Namespace) -> str:
+    """What makes the exported model differ from the float32 model ("" for nothing)."""
+    if args.quantize != "none":
+        return f"--quantize {args.quantize}"
+    return f"--precision {args.precision}" if args.precision != "fp32" else ""
+
+
+def _float_outputs(
+    model: torch.nn.Module, args: argparse.Namespace, batches: Sequence[Tuple[Any, ...]]
+) -> List[List[torch.Tensor]]:
+    """The float32 ``model``'s outputs on the batches the exported module ran: the same
+    seeds give the same ids, lengths and times (checked); a serving step's cache is the
+    float model's own prefill of the same histories, so its error is part of the measure."""
+    from torch.utils import _pytree as pytree
+
+    from tzrec_acc import aot
+
+    plain = argparse.Namespace(**{**vars(args), "precision": "fp32"})
+    module, ours, _ = _module_and_batches(model, plain)
+    ours = [_to(b, args.device) for b in ours][: len(batches)]
+    for mine, theirs in zip(ours, batches):
+        a, b = pytree.tree_leaves(mine), pytree.tree_leaves(theirs)
+        same = len(a) == len(b) and all(
+            torch.equal(x.cpu(), y.cpu())
+            for x, y in zip(a, b)
+            if isinstance(x, torch.Tensor) and not x.is_floating_point()
+        )
+        if not same:  # a bug here, not a user error: the comparison would be meaningless
+            raise RuntimeError("the float model's sample batches differ from the exported ones")
+    with torch.no_grad():
+        return [aot.flat_outputs(module(*b)) for b in ours]
+
+
+def _auc(scores: torch.Tensor, labels: torch.Tensor) -> Optional[float]:
+    """Binary AUC (Mann-Whitney, ties counted one half); None with a single class."""
+    labels = labels.bool().flatten()
+    pos = int(labels.sum())
+    neg = labels.numel() - pos
+    if pos == 0 or neg == 0:
+        return None
+    values, inverse, counts = torch.unique(
+        scores.double().flatten(), return_inverse=True, return_counts=True
+    )
+    end = torch.cumsum(counts, 0).double()
+    ranks = (end - (counts.double() - 1) / 2)[inverse]  # 1-based, ties averaged
+    return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+def _against_float(
+    reference: Sequence[Sequence[torch.Tensor]],
+    lossy: Sequence[Sequence[torch.Tensor]],
+    ranking: bool,
+) -> List[str]:
+    """Lines of the lossy model's error against the float32 model over all sample batches.
+
+    Per output: the max and mean absolute error and the max elementwise relative error. For
+    a ranking model's logits ([L_t, tasks]), per task: the max absolute error of the
+    probabilities and the AUC change. The sample has no labels, so the AUC is taken against
+    pseudo-labels from the float model: a candidate is positive when its float probability
+    is above the median of the sample's (its top half; a fixed 0.5 threshold would leave a
+    model of rare clicks no positive). The float model's AUC against them is 1 (less with
+    ties at the median), so the change says how much of the float model's order the lossy
+    model keeps across that split: agreement with the float model, not accuracy.
+    """
+    lines = []
+    for i in range(len(reference[0])):
+        want = torch.cat([r[i].detach().cpu().double() for r in reference])
+        got = torch.cat([q[i].detach().cpu().double() for q in lossy])
+        err = (got - want).abs()
+        rel = err / want.abs().clamp(min=torch.finfo(torch.float64).tiny)
+        lines.append(
+            f"error of output {i}: shape {list(want.shape)}  max abs err {float(err.max()):.3g}"
+            f"  mean abs err {float(err.mean()):.3g}  max rel err {float(rel.max()):.3g}"
+        )
+        if not ranking or i != 0 or want.dim() != 2:
+            continue
+        for task in range(want.shape[1]):
+            p_float, p_lossy = torch.sigmoid(want[:, task]), torch.sigmoid(got[:, task])
+            labels = p_float > p_float.median()
+            auc_float, auc_lossy = _auc(p_float, labels), _auc(p_lossy, labels)
+            drift = float((p_lossy - p_float).abs().max())
+            drift = f"task {task}: probability max abs err {drift:.3g}"
+            if auc_float is None or auc_lossy is None:
+                lines.append(f"{drift}; AUC: n/a (the float probabilities are all equal)")
+                continue
+            lines.append(
+                f"{drift}; AUC change {auc_lossy - auc_float:+.4f} ({auc_lossy:.4f} vs the "
+                f"float model's {auc_float:.4f}; labels: the float model's top half of the "
+                f"{want.shape[0]} sample candidates, not real labels)"
+            )
+    return lines
 
 
 def _served(model: torch.nn.Module, kind: str, args: argparse.Namespace) -> Dict[str, Any]:
@@ -372,6 +521,10 @@ def _sample_path(package: str) -> str:
 def _run(args: argparse.Namespace) -> int:
     from tzrec_acc import aot
 
+    if args.input is not None:
+        return _run_file(args)
+    if args.output is not None or args.batch_size is not None or args.on_error is not None:
+        raise UsageError("--output, --batch-size and --on-error apply with --input FILE")
     package = pathlib.Path(args.package)
     sample_path = pathlib.Path(_sample_path(args.package))
     for path in (package, sample_path):
@@ -387,6 +540,28 @@ def _run(args: argparse.Namespace) -> int:
     print("package vs the eager outputs stored at export:")
     print("  " + str(report).replace("\n", "\n  "))
     return 0 if report.ok else 1
+
+
+def _run_file(args: argparse.Namespace) -> int:
+    """``run PACKAGE --input FILE``: ``predict PACKAGE --input FILE`` (parsed by predict's
+    own parser, so its defaults apply to what ``run`` does not take); no ``--output``: the
+    rows are written to a temporary CSV and printed to stdout, the other lines to stderr."""
+    argv = ["predict", args.package, "--input", args.input]
+    if args.batch_size is not None:
+        argv += ["--batch-size", str(args.batch_size)]
+    if args.on_error is not None:
+        argv += ["--on-error", args.on_error]
+    if not args.progress:
+        argv.append("--no-progress")
+    if args.output is not None:
+        return _predict(_parser().parse_args([*argv, "--output", args.output]))
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "predictions.csv")
+        with contextlib.redirect_stdout(sys.stderr):
+            code = _predict(_parser().parse_args([*argv, "--output", path]), "stdout")
+        if code == 0:
+            sys.stdout.write(pathlib.Path(path).read_text())
+    return code
 
 
 class _PackageRanker:
@@ -476,7 +651,9 @@ def _package_predictor(path: pathlib.Path, batch_size: int) -> Tuple[Any, Any, i
     return _PackageRanker(run, example), limits, min(batch_size, served["max_batch"])
 
 
-def _predict(args: argparse.Namespace) -> int:
+def _predict(args: argparse.Namespace, destination: Optional[str] = None) -> int:
+    """``predict``; ``destination`` names where the rows go in the last line (default:
+    ``--output``)."""
     files = _files()
     try:  # the options and files first: nothing is loaded for a run that cannot finish
         files.check_output_path(args.output)
@@ -526,7 +703,7 @@ def _predict(args: argparse.Namespace) -> int:
         return 1
     except files.PredictError as exc:
         raise UsageError(str(exc)) from exc
-    print(f"wrote {args.output}: {summary}")
+    print(f"wrote {destination or args.output}: {summary}")
     return 0
 
 
