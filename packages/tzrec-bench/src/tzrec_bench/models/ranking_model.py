@@ -15,6 +15,11 @@ Measures, with E=512, H=4, d=128, 3 layers, 64 users of ~2000-event histories:
   model built with ``use_time_encoding=False`` (the form that can append); eager and, on a
   GPU, replayed from CUDA graphs.
 
+``--profile`` also profiles the training step (``torch.profiler``): per part of the model
+(forward ranges: embeddings, preprocessing, each STU layer, postprocessing, towers; then loss,
+backward and optimizer) the device time of the kernels it launched, its span on the GPU
+timeline and its host time, and the kernels with the most device time.
+
 Each figure is a median in ms (:func:`tzrec_ops.measure.median_ms`: on a GPU
 ``triton.testing.do_bench``, warm-up 25 ms, rep 200 ms; on the CPU, calls timed one by one
 for 200 ms). Inputs come as a server gets them: index tensors built on the CPU and moved with
@@ -115,6 +120,107 @@ def bench_train(provider: str, args, device) -> Dict[str, float]:
     return {"ms": ms, "tokens_per_s": tokens / ms * 1e3}
 
 
+def _annotate(model: HSTURanking) -> List[torch.utils.hooks.RemovableHandle]:
+    """Puts each forward of the model's parts in a profiler range named after it (the
+    embeddings, the transducer's preprocessing, each STU layer, postprocessing, the towers)."""
+    transducer = model.transducer
+    parts = {"item_embeddings": model.item_embeddings, "item_tower": model.item_tower,
+             "task_head": model.task_head}
+    for name, child in transducer.named_children():
+        if name == "stu":
+            for i, layer in enumerate(child.stu_layers):
+                parts[f"stu.layer{i}"] = layer
+        else:
+            parts[f"transducer.{name}"] = child
+    handles = []
+    for name, module in parts.items():
+        ranges: List[torch.profiler.record_function] = []
+
+        def enter(module, inputs, ranges=ranges, name=name):
+            ranges.append(torch.profiler.record_function(f"fwd:{name}"))
+            ranges[-1].__enter__()
+
+        def leave(module, inputs, output, ranges=ranges):
+            ranges.pop().__exit__(None, None, None)
+
+        handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    return handles
+
+
+def profile_train(provider: str, args, device, steps: int = 5) -> str:
+    """The training step of :func:`bench_train` under ``torch.profiler``: device (kernel) time
+    and host time per step, split into forward parts, loss, backward and the optimizer, and
+    the kernels that take the most device time."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    model = build_model(provider, args, device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    n = args.max_uih_len
+    uih = torch.randint(int(0.9 * n), n, (args.train_batch,))
+    cand = torch.randint(1, args.max_targets + 1, (args.train_batch,))
+    batch = {**history(uih, args.num_items, device),
+             **candidates(cand, args.num_items, int(uih.sum()) * 60, device)}
+    labels = torch.randint(0, 4, (int(cand.sum()),), device=device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+    def step() -> None:
+        with autocast:
+            with record_function("step:forward"):
+                logits = model(batch)
+            with record_function("step:loss"):
+                loss = model.loss(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        with record_function("step:backward"):
+            loss.backward()
+        with record_function("step:optimizer"):
+            optimizer.step()
+
+    for _ in range(3):  # compiles and autotuning stay out of the profile
+        step()
+    handles = _annotate(model)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    try:
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                with record_function("step"):
+                    step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+    finally:
+        for handle in handles:
+            handle.remove()
+    events = prof.key_averages()
+
+    def device_ms(evt) -> float:
+        return getattr(evt, "device_time_total", getattr(evt, "cuda_time_total", 0.0)) / 1e3
+
+    def on_device(evt) -> bool:
+        return str(getattr(evt, "device_type", "")).endswith("CUDA")
+
+    # each range appears twice: its host side (the device time of the kernels it launched)
+    # and, on CUDA, its span on the GPU timeline (kernels and the idle gaps between them)
+    ranges = sorted({e.key for e in events if e.key.startswith(("step", "fwd:"))})
+    host = {e.key: e for e in events if e.key in ranges and not on_device(e)}
+    span = {e.key: device_ms(e) / steps for e in events if e.key in ranges and on_device(e)}
+    kernels = [e for e in events if on_device(e) and e.key not in ranges
+               and not e.key.startswith("Optimizer.")]
+    total_kernel = sum(device_ms(e) for e in kernels) / steps
+    lines = [f"profile {provider} (B {args.train_batch}, history < {n}, {steps} steps): per "
+             f"step {host['step'].cpu_time_total / 1e3 / steps:.2f} ms on the host, "
+             f"{span.get('step', float('nan')):.2f} ms on the GPU timeline, "
+             f"{total_kernel:.2f} ms of kernels"]
+    lines.append(f"  {'range':<36} {'kernels ms':>10} {'GPU span':>9} {'host ms':>9}")
+    for key in ranges:
+        evt = host[key]
+        lines.append(f"  {key:<36} {device_ms(evt) / steps:10.3f} "
+                     f"{span.get(key, float('nan')):9.3f} {evt.cpu_time_total / 1e3 / steps:9.3f}")
+    lines.append("  kernels with the most device time (ms per step, calls per step):")
+    for evt in sorted(kernels, key=device_ms, reverse=True)[:15]:
+        lines.append(f"    {device_ms(evt) / steps:8.3f} {evt.count // steps:5d}  {evt.key[:90]}")
+    return "\n".join(lines)
+
+
 def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
     """ms of ``score``/``extend`` of Δ events vs the full forward; ``graph_*`` on a GPU."""
     b, cache_len, delta = args.batch, args.cache_len, args.delta
@@ -163,6 +269,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--profile", action="store_true",
+                   help="also profile the training step (torch.profiler): kernel and host "
+                   "time per part of the model, and the heaviest kernels")
     args = p.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -181,6 +290,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"train {provider:>10} (B {args.train_batch}, history < {args.max_uih_len}): "
                 f"{r['ms']:9.2f} ms/step {r['tokens_per_s'] / 1e6:8.3f} M tokens/s"
             )
+        if "train" in modes and args.profile:
+            print(profile_train(provider, args, device))
         if "serve" in modes:
             r = bench_serve(provider, args, device, dtype)
             runs = [("eager", "")] + ([("cuda graph", "graph_")] if "graph_full_ms" in r else [])
