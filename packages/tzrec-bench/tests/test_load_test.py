@@ -8,7 +8,7 @@ import torch
 
 from tzrec_bench import load_test
 from tzrec_gr.serving import Histories, ServingSession
-from tzrec_ops.testing.tolerances import tolerance
+from tzrec_ops.tolerances import tolerance
 
 TINY = [
     "--device", "cpu", "--dim", "16", "--heads", "2", "--layers", "1", "--items", "50",
@@ -43,7 +43,7 @@ def test_serves_every_request_and_matches_the_full_forward(extra):
     assert result.kinds.get("score", 0) > 0 and result.kinds.get("extend", 0) > 0
     assert result.checks >= 2
     assert result.worst_ratio <= 1.0 and result.passed
-    assert result.tolerance == load_test.TOLERANCES[load_test.DTYPES[args.dtype]]
+    assert result.tolerance == tolerance(load_test.DTYPES[args.dtype])
     pct = result.percentiles()
     assert 0 <= pct["p50"] <= pct["p90"] <= pct["p99"] <= pct["max"]
     assert result.elapsed_s > 0 and result.events > 0
@@ -142,11 +142,6 @@ def test_stream_histories_follow_the_requests():
         ids = torch.cat([r.item_ids for r in events])[-12:]
         assert torch.equal(check.item_ids, ids)
         assert bool((check.timestamps[1:] >= check.timestamps[:-1]).all())
-
-
-def test_tolerances_are_the_tests_forward_tolerances():
-    for dtype, tol in load_test.TOLERANCES.items():
-        assert (tol.atol, tol.rtol) == (tolerance(dtype).atol, tolerance(dtype).rtol)
 
 
 def test_percentile_interpolates_between_ranks():

@@ -27,7 +27,8 @@ served against requests sent (all must be served: exit 1 otherwise), the session
 graphs on a GPU, and a correctness check: every ``--check-every``-th scoring request is
 answered again, after the timed run, by the model's full forward over the user's whole
 history at that moment (kept on the host by the load test, apart from the session) and the
-served answer must equal it within the dtype's tolerance (:data:`TOLERANCES`; exit 1
+served answer must equal it within the dtype's forward tolerance
+(:func:`tzrec_ops.tolerances.tolerance`, the one the tzrec tests hold the backends to; exit 1
 otherwise). The model has random weights (``--seed``): the check compares two ways of
 computing the same function, which needs no training.
 """
@@ -56,15 +57,14 @@ from tzrec_gr.features import (
 )
 from tzrec_gr.models import HSTURanking, HSTURetrieval
 from tzrec_gr.serving import Candidates, Histories, ServingSession
+from tzrec_ops.tolerances import Tolerance, tolerance
 
 __all__ = [
     "CPU_DEFAULTS",
     "CUDA_DEFAULTS",
-    "TOLERANCES",
     "Check",
     "LoadTestResult",
     "Request",
-    "Tolerance",
     "build_model",
     "main",
     "make_stream",
@@ -77,26 +77,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: simulated seconds between two requests of the stream (the events' timestamps)
 GAP_S = 60
 
-
-@dataclasses.dataclass(frozen=True)
-class Tolerance:
-    """A served value ``s`` passes against the full forward's ``r`` when
-    ``|s - r| <= atol * max|r| + rtol * |r|`` (max over the request's values)."""
-
-    atol: float
-    rtol: float
-
-
-#: per dtype of the model: the forward tolerances the tzrec tests hold a backend to
-#: (``tzrec_ops.testing.tolerances``, which production code does not import; a test checks
-#: that the two agree). tzrec-gr's tests hold the served scores to these against the full
-#: forward in the same dtype.
-TOLERANCES: Dict[torch.dtype, Tolerance] = {
-    torch.float64: Tolerance(atol=1e-10, rtol=1e-9),
-    torch.float32: Tolerance(atol=1e-5, rtol=1e-4),
-    torch.bfloat16: Tolerance(atol=1e-2, rtol=2e-2),
-    torch.float16: Tolerance(atol=2e-3, rtol=5e-3),
-}
 
 #: defaults of the options left out, on the CPU (a tiny model, ~10-20 s) and on a GPU (the
 #: serving benchmark's model: HSTURanking E=512, 4 heads, 3 layers, bf16)
@@ -522,7 +502,7 @@ def run_load_test(
     if log:
         log(f"  {served} requests served in {elapsed:.2f} s; checking {len(checks)} answers "
             "against the full forward")
-    tol = TOLERANCES[DTYPES[args.dtype]]
+    tol = tolerance(DTYPES[args.dtype])
     max_abs = worst = 0.0
     for check in checks:
         if check.served is None:  # dropped: counted above
