@@ -87,8 +87,12 @@ def test_ci_runs_every_dependent_against_both_ends_of_its_tzrec_ops_range(noxfil
     ]
     assert dependents == ["gr", "acc"]
     for short in dependents:
-        for end in ("min", "current"):
-            assert f"compat-{short}-ops-{end}" in noxfile.CI_SESSIONS
+        # the lower end: the lowest tzrec-ops declared; the upper: this tree's, as installed
+        assert f"compat-{short}-ops-min" in noxfile.CI_SESSIONS
+        assert f"test-{short}" in noxfile.CI_SESSIONS
+    ops = str(ROOT / "packages" / "tzrec-ops")
+    args = noxfile._sibling_args(noxfile._siblings("tzrec-acc"))
+    assert args == ["-e", str(ROOT / "packages" / "tzrec-gr"), ops]  # ops not editable
 
 
 def test_siblings_come_from_the_declared_dependencies(noxfile):
