@@ -25,10 +25,8 @@ in the bucket (:mod:`tzrec_gr.serving._graphs`); requests outside every bucket r
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import pathlib
-from typing import Any, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -37,17 +35,17 @@ from tzrec_gr.features import (
     CANDIDATE_ITEM_ID,
     CANDIDATE_LENGTHS,
     CANDIDATE_TIMESTAMPS,
-    CONTEXTUAL,
-    UIH_ACTIONS,
     UIH_ITEM_ID,
     UIH_LENGTHS,
     UIH_TIMESTAMPS,
 )
+from tzrec_gr.serving import _requests as req
 from tzrec_gr.serving._graphs import ScoreGraphs, powers_of_two_up_to
+from tzrec_gr.serving._users import UserIds, UserStore, joined, user_list
 from tzrec_gr.serving.cache import ServingCache
 from tzrec_gr.serving.inputs import Candidates, Histories
 from tzrec_gr.serving.topk import TopK, catalogue_topk
-from tzrec_ops.jagged import host_copy, mirror, offsets_from_lengths, to_device
+from tzrec_ops.jagged import host_copy, offsets_from_lengths, to_device
 
 __all__ = ["CHECKPOINT_FORMAT", "ServingSession"]
 
@@ -62,51 +60,7 @@ def _models() -> Any:
 #: the ``format`` of tzrec-bench's checkpoints that :meth:`ServingSession.from_checkpoint` reads
 CHECKPOINT_FORMAT = 1
 
-UserIds = Union[Sequence[Hashable], torch.Tensor]
 CandidatesArg = Union[Candidates, torch.Tensor, Sequence[Sequence[int]]]
-_versions = itertools.count()
-
-
-@dataclasses.dataclass
-class _User:
-    """One opened user: the events so far (CPU) and their encoded rows (device)."""
-
-    item_ids: torch.Tensor
-    timestamps: torch.Tensor
-    actions: Optional[torch.Tensor]
-    contextual: Optional[torch.Tensor]  # [C * Fc] device
-    query_time: Optional[torch.Tensor]  # 0-D device
-    request_time: Optional[int]  # the same on the host (ranking)
-    keys: Tuple[torch.Tensor, ...]
-    values: Tuple[torch.Tensor, ...]
-    length: int  # cached tokens
-    user_embedding: Optional[torch.Tensor]  # [E] device (retrieval)
-    version: int
-
-
-def _user_list(name: str, user_ids: UserIds) -> List[Hashable]:
-    if isinstance(user_ids, torch.Tensor):
-        if user_ids.dim() != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {tuple(user_ids.shape)}")
-        return user_ids.tolist()
-    if isinstance(user_ids, (str, bytes)) or not isinstance(user_ids, Iterable):
-        raise ValueError(f"{name} must be a sequence of user ids, got {type(user_ids).__name__}")
-    ids = list(user_ids)
-    seen = set()
-    for i, u in enumerate(ids):
-        if u in seen:
-            raise ValueError(f"{name}[{i}] = {u!r} appears twice; give each user once")
-        seen.add(u)
-    return ids
-
-
-def _joined(
-    old: Optional[torch.Tensor], new: Optional[torch.Tensor], start: int, stop: int, keep: int
-) -> Optional[torch.Tensor]:
-    """The newest ``keep`` of ``old`` followed by ``new[start:stop]`` (CPU), or None."""
-    if old is None or new is None:
-        return None
-    return torch.cat([old, new[start:stop].detach().cpu()])[-keep:]
 
 
 class ServingSession:
@@ -167,8 +121,7 @@ class ServingSession:
         self.model = model.to(self.device).eval()
         self.kind = "retrieval" if isinstance(model, _models().HSTURetrieval) else "ranking"
         self.chunk_size = chunk_size
-        self._users: Dict[Hashable, _User] = {}
-        self._group: Optional[Tuple[Tuple[Any, ...], ServingCache]] = None
+        self._users = UserStore(self.device)
         self._catalogue: Optional[torch.Tensor] = None
         self._graphs: Optional[ScoreGraphs] = None
         self._strict_graphs = cuda_graphs == "on"
@@ -283,7 +236,7 @@ class ServingSession:
             embeddings = cache.user_embeddings
             seen = (users.item_ids, users.offsets)
         else:
-            states = self._states("users", users)
+            states = self._users.states("users", users)
             embeddings = torch.stack([s.user_embedding for s in states])  # type: ignore[misc]
             seen_ids = [s.item_ids for s in states]
             lengths = torch.tensor([t.numel() for t in seen_ids], dtype=torch.int64)
@@ -330,9 +283,9 @@ class ServingSession:
         if isinstance(users, Histories):
             self._check(users)
             cache = self._prefill(users)
-            query_time = self._query_time(users)
+            query_time = req.query_times(users)
         else:
-            states = self._states("users", users)
+            states = self._users.states("users", users)
             cache = self._assemble(users, states)  # type: ignore[arg-type]
             query_time = torch.tensor([s.request_time for s in states], dtype=torch.int64)
         if cands.batch_size != cache.batch_size:
@@ -358,7 +311,7 @@ class ServingSession:
             user_ids: B distinct hashable ids (or a 1-D integer tensor).
             histories (Histories): the users' histories, one each, none empty.
         """
-        ids = _user_list("user_ids", user_ids)
+        ids = user_list("user_ids", user_ids)
         if len(ids) != histories.batch_size:
             raise ValueError(
                 f"user_ids has {len(ids)} users but histories has {histories.batch_size}; "
@@ -385,8 +338,8 @@ class ServingSession:
                 their newest so far; ``query_time`` (ranking) replaces the users' query
                 time (default: the newest event's time).
         """
-        ids = _user_list("user_ids", user_ids)
-        states = self._states("user_ids", ids)
+        ids = user_list("user_ids", user_ids)
+        states = self._users.states("user_ids", ids)
         if len(ids) != events.batch_size:
             raise ValueError(
                 f"user_ids has {len(ids)} users but events has {events.batch_size}; they must match"
@@ -397,11 +350,11 @@ class ServingSession:
             contextual=False,
             after=[int(s.timestamps[-1]) if s.timestamps.numel() else None for s in states],
         )
-        bound = self._max_events()
+        bound = req.max_events(self.model, self.kind)
         offsets = events.offsets
         longer = [
             tuple(
-                _joined(old, new, int(offsets[b]), int(offsets[b + 1]), bound)
+                joined(old, new, int(offsets[b]), int(offsets[b + 1]), bound)
                 for old, new in (
                     (s.item_ids, events.item_ids),
                     (s.timestamps, events.timestamps),
@@ -446,7 +399,7 @@ class ServingSession:
                 cache = self._prefill(history)
             else:
                 cache = self._assemble(ids, states)
-                dev = self._on_device(events)
+                dev = req.on_device(events, self.kind, self.device)
                 if self.kind == "retrieval":
                     _, cache = self.model.extend(
                         cache, dev[UIH_ITEM_ID], dev[UIH_LENGTHS], dev[UIH_TIMESTAMPS]
@@ -457,9 +410,7 @@ class ServingSession:
 
     def close(self, user_ids: UserIds) -> None:
         """Forget these users (unknown ids are ignored)."""
-        for u in _user_list("user_ids", user_ids):
-            self._users.pop(u, None)
-        self._group = None
+        self._users.forget(user_list("user_ids", user_ids))
 
     def __contains__(self, user_id: Hashable) -> bool:
         return user_id in self._users
@@ -470,13 +421,13 @@ class ServingSession:
     @property
     def user_ids(self) -> List[Hashable]:
         """The opened users, in the order they were opened."""
-        return list(self._users)
+        return list(self._users.users)
 
     def refresh(self) -> None:
         """Forget what the session derived from the weights (the normalized catalogue);
         call it after changing the model's weights, and ``open`` the users again."""
         self._catalogue = None
-        self._group = None
+        self._users.forget_batch()
 
     def graph_stats(self) -> Dict[str, Any]:
         """The CUDA graphs so far: ``enabled``, ``captures``, ``replays``, ``eager_calls``
@@ -503,156 +454,30 @@ class ServingSession:
                 f"{type(self.model).__name__}, which answers {other}"
             )
 
-    def _max_events(self) -> int:
-        model = self.model
-        return model.max_seq_len if self.kind == "retrieval" else model.max_uih_len
-
-    def _check(
-        self,
-        histories: Histories,
-        *,
-        allow_empty: bool = False,
-        contextual: bool = True,
-        after: Optional[List[Optional[int]]] = None,
-    ) -> None:
-        if not isinstance(histories, Histories):
-            raise ValueError(f"histories must be a Histories, got {type(histories).__name__}")
-        model = self.model
-        ranking = self.kind == "ranking"
-        width = 0
-        if ranking and contextual and model.contextual_seq_len > 0:
-            pre = model.transducer.input_preprocessor
-            width = pre.contextual_seq_len() * pre.contextual_feature_dim
-        histories.check(
-            model.num_items,
-            allow_empty=allow_empty,
-            needs_actions=ranking,
-            contextual_width=width,
-            after=after,
-        )
-        if after is None:
-            bound = self._max_events()
-            lengths = histories.offsets[1:] - histories.offsets[:-1]
-            if bool((lengths > bound).any()):
-                b = int((lengths > bound).nonzero()[0, 0])
-                raise ValueError(
-                    f"histories of user {b} has {int(lengths[b])} events, more than the "
-                    f"model takes ({bound}); keep the newest {bound}"
-                )
-
-    def _on_device(self, h: Histories) -> Dict[str, torch.Tensor]:
-        out = {
-            UIH_ITEM_ID: h.item_ids.to(self.device),
-            UIH_LENGTHS: to_device(h.lengths.detach().cpu().to(torch.int64), self.device),
-            UIH_TIMESTAMPS: h.timestamps.to(self.device),
-        }
-        if h.actions is not None and self.kind == "ranking":
-            out[UIH_ACTIONS] = h.actions.to(self.device)
-        return out
-
-    def _query_time(self, h: Histories) -> torch.Tensor:
-        """[B] CPU: the given query times, or each user's newest timestamp."""
-        if h.query_time is not None:
-            return h.query_time.detach().cpu().to(torch.int64)
-        return h.newest_timestamps()
+    def _check(self, histories: Histories, **kwargs: Any) -> None:
+        req.check_histories(self.model, self.kind, histories, **kwargs)
 
     def _prefill(self, h: Histories) -> ServingCache:
-        dev = self._on_device(h)
-        model = self.model
-        if self.kind == "retrieval":
-            return model.prefill(dev[UIH_ITEM_ID], dev[UIH_LENGTHS], dev[UIH_TIMESTAMPS])
-        if model.contextual_seq_len > 0:
-            assert h.contextual is not None
-            dtype = next(model.parameters()).dtype
-            dev[CONTEXTUAL] = h.contextual.to(self.device, dtype)
-        return model.prefill(dev, self._query_time(h).to(self.device))
+        return req.prefill(self.model, self.kind, self.device, h)
+
+    def _store(self, ids: List[Hashable], h: Histories, cache: ServingCache) -> None:
+        request_time = req.query_times(h) if self.kind == "ranking" else None
+        self._users.store(ids, h, cache, request_time)
+
+    def _assemble(self, users: UserIds, states: List[Any]) -> ServingCache:
+        return self._users.assemble(
+            users, states, timed=self.model_timed(), owner=self.model.transducer.owner_id
+        )
 
     def _items(self) -> torch.Tensor:
         """[I, E] the model's normalized item embeddings, computed once."""
         if self._catalogue is None:
-            model = self.model
-            with torch.no_grad():
-                rows = [
-                    model.item_embedding(
-                        torch.arange(
-                            s, min(s + self.chunk_size, model.num_items), device=self.device
-                        )
-                    )
-                    for s in range(0, model.num_items, self.chunk_size)
-                ]
-            self._catalogue = torch.cat(rows)
+            self._catalogue = req.catalogue(self.model, self.device, self.chunk_size)
         return self._catalogue
-
-    def _store(self, ids: List[Hashable], h: Histories, cache: ServingCache) -> None:
-        offsets = host_copy(cache.offsets).values
-        hoff = h.offsets
-        request_time = self._query_time(h) if self.kind == "ranking" else None
-        query_time = cache.query_time
-        if query_time is None and request_time is not None:
-            query_time = request_time.to(self.device)
-        for b, u in enumerate(ids):
-            start, stop = int(offsets[b]), int(offsets[b + 1])
-            es, ee = int(hoff[b]), int(hoff[b + 1])
-            self._users.pop(u, None)  # re-opened users move to the end
-            self._users[u] = _User(
-                item_ids=h.item_ids[es:ee].detach().cpu(),
-                timestamps=h.timestamps[es:ee].detach().cpu(),
-                actions=None if h.actions is None else h.actions[es:ee].detach().cpu(),
-                contextual=None if cache.contextual is None else cache.contextual[b],
-                query_time=None if query_time is None else query_time[b],
-                request_time=None if request_time is None else int(request_time[b]),
-                keys=tuple(k[start:stop] for k in cache.keys),
-                values=tuple(v[start:stop] for v in cache.values),
-                length=stop - start,
-                user_embedding=(
-                    None if cache.user_embeddings is None else cache.user_embeddings[b]
-                ),
-                version=next(_versions),
-            )
-        self._group = None
-
-    def _states(self, name: str, users: UserIds) -> List[_User]:
-        ids = _user_list(name, users)
-        if not ids:
-            raise ValueError(f"{name} is empty; give at least one user")
-        missing = [u for u in ids if u not in self._users]
-        if missing:
-            raise ValueError(
-                f"{name} holds users that were not opened: {missing[:5]!r}; open them "
-                "first (session.open(user_ids, histories)) or pass Histories"
-            )
-        return [self._users[u] for u in ids]
-
-    def _assemble(self, users: UserIds, states: List[_User]) -> ServingCache:
-        """The users' kept rows as one batch cache (the last one reused when the same
-        users, unchanged, come again: a graph then skips copying it)."""
-        key = tuple((u, s.version) for u, s in zip(_user_list("users", users), states))
-        if self._group is not None and self._group[0] == key:
-            return self._group[1]
-        lengths_host = torch.tensor([s.length for s in states], dtype=torch.int64)
-        lengths = to_device(lengths_host, self.device)
-        layers = len(states[0].keys)
-        qt = [s.query_time for s in states]
-        ctx = [s.contextual for s in states]
-        emb = [s.user_embedding for s in states]
-        cache = ServingCache(
-            keys=tuple(torch.cat([s.keys[i] for s in states]) for i in range(layers)),
-            values=tuple(torch.cat([s.values[i] for s in states]) for i in range(layers)),
-            offsets=mirror(offsets_from_lengths, lengths),
-            lengths=lengths,
-            query_time=(torch.stack(qt) if qt[0] is not None and self.model_timed() else None),
-            contextual=torch.stack(ctx) if ctx[0] is not None else None,
-            user_embeddings=torch.stack(emb) if emb[0] is not None else None,
-            max_len=int(lengths_host.max()),
-            owner=self.model.transducer.owner_id,
-        )
-        self._group = (key, cache)
-        return cache
 
     def model_timed(self) -> bool:
         """Whether the model encodes time (the cache then holds each user's query time)."""
-        encoder = self.model.transducer.positional_encoder
-        return encoder is not None and encoder.use_time_encoding
+        return req.timed(self.model)
 
     def _score_cache(
         self,
