@@ -51,6 +51,13 @@ DKDV_KEY = KEY + ["ATOMIC_DQ"]
 # 129.5 for 128x32 halves; TMA loads use 112 registers capped or not, 127.0 against 127.8).
 # 128x32 w8 s3 capped at 128 registers runs two 8-warp programs per SM (N=512, pointer loads,
 # kernel only: 239.9 against 236.1 for 64x16 and 229.5 for 128x32 halves).
+# The backward tiles have no warp-specialized variant: Triton 3.6's automatic warp
+# specialization (``tl.range(..., warp_specialize=True)`` on the unmasked query loop of dK/dV
+# and key loop of dQ) fails its NVGPUWarpSpecialization pass for every 4-warp tile, and the
+# 8-warp tiles it compiles time like the same tiles without it (H200, torch 2.11, bf16,
+# B=512, H=4, A=V=128, whole backward, one run each; best of each kind at N=4096, pointer
+# loads: dK/dV 56.5 ms against 55.0 ms unspecialized, dQ 54.9 ms against 56.0 ms; TMA loads
+# 57.5 against 55.3 and 55.3 against 56.4; at N=256 every specialized tile was slower).
 _CUDA: Dict[str, Sequence[Tuple[int, ...]]] = {
     FWD: (
         (128, 64, 8, 2),
