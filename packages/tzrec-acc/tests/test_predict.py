@@ -3,8 +3,9 @@ failure.
 
 What is checked against what: predictions from a checkpoint == ``ServingSession`` on the
 same histories; from a ``--form full`` ranking package (fx) == from its checkpoint (within
-float32 tolerance); packages predict cannot serve are refused naming why; ``export`` refuses
-a bad ``--output``, a missing model or config and bad options before loading anything.
+float32 tolerance), and so is ``tzrec_acc.serving.load_session(package).score``; packages
+predict cannot serve are refused naming why; ``export`` refuses a bad ``--output``, a missing
+model or config and bad options before loading anything. Retrieval packages: test_serving.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from test_checkpoint import RANKING_KWARGS, bench_checkpoint
 
 from tzrec_acc import aot
 from tzrec_acc.cli import main
+from tzrec_acc.serving import PackageSession, load_session
 from tzrec_gr.models import HSTURanking
 from tzrec_gr.serving import Histories, ServingSession
 
@@ -151,13 +153,28 @@ def test_ranking_package_predicts_what_its_checkpoint_does(tmp_path, capsys, mon
     assert "wrote stdout: 11 users" in captured.err
     assert main(["run", package, "--output", str(again)]) == 2
     assert "--output, --batch-size and --on-error apply with --input" in capsys.readouterr().err
+    # the session API over the same package: score as ServingSession.score, any batch size
+    session = load_session(package)
+    assert isinstance(session, PackageSession) and session.kind == "ranking"
+    histories = Histories.from_lists([r["item_ids"] for r in rows],
+                                     [r["timestamps"] for r in rows],
+                                     actions=[r["actions"] for r in rows])
+    dense = torch.tensor([r["candidates"] for r in rows])  # [11, 3]: 2 calls of 8 users at most
+    got = session.score(histories, dense)
+    assert got.shape == (11, 3, 2)
+    torch.testing.assert_close(got.reshape(-1, 2), _session_probs(tmp_path / "best.pt", rows),
+                               rtol=1e-4, atol=1e-5)
+    with pytest.raises(TypeError, match=r"recommend needs a retrieval package"):
+        session.recommend(histories, 3)
+    with pytest.raises(TypeError, match="extend is not possible from a package"):
+        session.extend([1], histories)
 
 
 @pytest.mark.parametrize(
     "served, message",
     [
-        ({"model": "retrieval", "form": "full"}, "holds the user tower (event embeddings) but "
-         "not the item table that top-K needs; predict from the checkpoint"),
+        ({"model": "retrieval", "form": "full"}, "a retrieval package exported by an older "
+         "tzrec-acc, without the item table that top-K needs"),
         ({"model": "ranking", "form": "serving"}, "--form serving package: it scores against "
          "a cache that only the model's prefill makes"),
         ({"model": "ranking", "form": "full", "dynamic": []}, "--dynamic none: it takes the "

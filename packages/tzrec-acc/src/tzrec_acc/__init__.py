@@ -9,7 +9,8 @@ Modules: :mod:`~tzrec_acc.settings` (environment toggles), :mod:`~tzrec_acc.fx` 
 :mod:`~tzrec_acc.passes` (graph passes), :mod:`~tzrec_acc.aot` (torch.export, AOTInductor,
 parity), :mod:`~tzrec_acc.gr` (tzrec-gr models: inputs, dynamic shapes, serving steps),
 :mod:`~tzrec_acc.tensorrt`, :mod:`~tzrec_acc.quant`, :mod:`~tzrec_acc.precision`,
-:mod:`~tzrec_acc.checkpoint` (rebuild a saved model) and :mod:`~tzrec_acc.cli`. Its
+:mod:`~tzrec_acc.checkpoint` (rebuild a saved model), :mod:`~tzrec_acc.serving` (one
+session API over a checkpoint or a package) and :mod:`~tzrec_acc.cli`. Its
 benchmark is tzrec-bench's ``python -m tzrec_bench.export_bench``.
 """
 
@@ -43,6 +44,7 @@ _EXPORTS = {
     "quantize_dense": "quant",
     "HalfPrecision": "precision",
     "load_model": "checkpoint",
+    "load_session": "serving",
 }
 _MODULES = (
     "aot",
@@ -53,6 +55,7 @@ _MODULES = (
     "passes",
     "precision",
     "quant",
+    "serving",
     "settings",
     "tensorrt",
 )

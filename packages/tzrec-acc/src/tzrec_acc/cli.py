@@ -7,6 +7,7 @@
     python -m tzrec_acc run ranking.pt2 --input users.csv          # = predict ranking.pt2 ...
     python -m tzrec_acc predict run/best.pt --input users.parquet --output top10.parquet
     python -m tzrec_acc predict ranking.pt2 --input users.csv --output scores.csv
+    python -m tzrec_acc predict retrieval.pt2 --input users.csv --output top10.csv
 
 ``export`` reads :mod:`tzrec_acc.settings` for what the options leave open (the format
 from ``ENABLE_TRT`` / ``ENABLE_AOT``, embedding quantization from ``QUANT_EMB``, TF32 from
@@ -24,6 +25,9 @@ and, for ranking models, each task's AUC change against the float model's decisi
 ``OUTPUT`` it writes ``OUTPUT.sample.pt``: the sample batches, the eager outputs, the
 package kind and the modules its loader imports, and what ``predict`` needs to know of the
 model (its kind, catalogue and bounds, the form and the dynamic dims); ``run`` reads it.
+For a retrieval model it also writes ``OUTPUT.items.pt``: the catalogue as the model's top-K
+scores it (:func:`tzrec_acc.gr.item_table`, the L2-normalized item embeddings in the
+exported model's dtype), which the package (the user tower) does not hold.
 ``export`` checks ``--output`` (its suffix, that its folder exists and is writable), the
 options and the model file before any export or compile work.
 
@@ -36,11 +40,12 @@ with the stored eager outputs. ``run PACKAGE --input FILE [--output FILE]`` is
 (ranking) for every user of a Parquet, CSV or JSONL file (the columns, the bad-row handling
 and the output: :mod:`tzrec_gr.serving.files`, shared with ``tzrec-bench predict``). Its
 model is a checkpoint (or ``--config`` + a state dict), served by
-:class:`tzrec_gr.serving.ServingSession`, or a ``--form full`` package of a *ranking* model
-(``.pt2``), called in this process in batches of at most its ``--max-batch``. A retrieval
-package cannot recommend: it holds the user tower (event embeddings) but not the item table
-that top-K needs, so ``predict`` names the checkpoint to use instead; a ``--form serving``
-package scores against a cache that only the model's prefill makes, so it is refused too.
+:class:`tzrec_gr.serving.ServingSession`, or a ``--form full`` package (``.pt2``) served by
+:class:`tzrec_acc.serving.PackageSession` in this process, in batches of at most its
+``--max-batch``: a ranking package scores the candidates, a retrieval package gives the user
+embeddings that top-K ranks against the ``OUTPUT.items.pt`` catalogue written beside it. A
+``--form serving`` package scores against a cache that only the model's prefill makes, so
+it is refused, naming the checkpoint route.
 
 Exit status: 0 on success, 1 when the package's outputs do not match eager or a bad row
 under ``predict --on-error fail``, 2 for bad options, files, models, settings or a missing
@@ -135,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
         "--input",
         metavar="FILE",
         help="users' histories (.parquet, .csv or .jsonl, the columns of predict --input); "
-        "the package must be one predict takes (a --form full ranking package)",
+        "the package must be one predict takes (a --form full package)",
     )
     run.add_argument(
         "--output",
@@ -151,13 +156,14 @@ def _parser() -> argparse.ArgumentParser:
         "predict",
         help="top-K recommendations or candidate scores for a file of users' histories",
         description="Predict for every user of --input (Parquet, CSV or JSONL) and write "
-        "--output (Parquet or CSV): top --k items (retrieval checkpoints) or each candidate's "
-        "probability per task (ranking checkpoints and --form full ranking packages).",
+        "--output (Parquet or CSV): top --k items (retrieval checkpoints and packages) or each "
+        "candidate's probability per task (ranking checkpoints and packages); packages: "
+        "written by export --form full.",
     )
     pr.add_argument(
         "model",
         help="a tzrec-bench checkpoint, a state dict (with --config) or "
-        "a ranking package (.pt2) written by export --form full",
+        "a package (.pt2) written by export --form full",
     )
     pr.add_argument("--config", help="JSON/TOML model config, for a plain state dict")
     pr.add_argument("--backend", help="ops backend to build the model with (checkpoints)")
@@ -277,8 +283,9 @@ def _check_export_options(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from tzrec_acc import aot, settings
+    from tzrec_acc import aot, gr, settings
     from tzrec_acc.checkpoint import load_model
+    from tzrec_acc.serving import items_path, sample_path
 
     _check_export_options(args)  # before the settings are applied and the model loaded
     try:
@@ -321,6 +328,8 @@ def _export(args: argparse.Namespace) -> int:
         expected = [aot.flat_outputs(module(*b)) for b in batches]
     reference = _float_outputs(float_model, args, batches) if lossy else None
     del float_model
+    # the catalogue a retrieval package's top-K ranks against, from the exported model
+    items = gr.item_table(_retrieval_model(module)) if kind_of_model == "retrieval" else None
     program = aot.export(module, batches[0], shapes)
     imports: List[str] = []
     if args.format == "aoti":
@@ -352,7 +361,11 @@ def _export(args: argparse.Namespace) -> int:
         "expected": expected,
         "served": served,
     }
-    torch.save(sample, _sample_path(args.output))
+    torch.save(sample, sample_path(args.output))
+    written = [sample_path(args.output)]
+    if items is not None:
+        torch.save(items.detach().cpu(), items_path(args.output))
+        written.append(items_path(args.output))
     got = aot.run_in_fresh_process(args.output, batches, kind, imports)
     ok = True
     eager = f"the eager {lossy} model" if lossy else "the eager float32 model"
@@ -373,7 +386,7 @@ def _export(args: argparse.Namespace) -> int:
         )
         for line in _against_float(reference, expected, kind_of_model == "ranking"):
             print("  " + line)
-    print(f"wrote {args.output} ({args.format}) and {_sample_path(args.output)}")
+    print(f"wrote {args.output} ({args.format}) and {' and '.join(written)}")
     return 0 if ok else 1
 
 
@@ -480,7 +493,10 @@ def _served(model: torch.nn.Module, kind: str, args: argparse.Namespace) -> Dict
         "num_items": int(model.num_items),
     }
     if kind == "retrieval":
+        from tzrec_acc.serving import items_path
+
         served["max_events"] = int(model.max_seq_len)
+        served["items"] = pathlib.Path(items_path(args.output)).name  # beside the package
         return served
     pre = model.transducer.input_preprocessor
     width = pre.contextual_seq_len() * pre.contextual_feature_dim if model.contextual_seq_len else 0
@@ -514,23 +530,30 @@ def _describe(args: Tuple[Any, ...]) -> str:
     return f"{len(leaves)} input tensors, {sum(t.numel() for t in leaves)} elements"
 
 
-def _sample_path(package: str) -> str:
-    return str(package) + ".sample.pt"
+def _retrieval_model(module: torch.nn.Module) -> torch.nn.Module:
+    """The retrieval model inside what ``export`` exports (the model, its serving step, or
+    either in half precision), in the dtype and with the tables of the package."""
+    from tzrec_acc import gr
+    from tzrec_acc.precision import HalfPrecision
+
+    inner = module.model if isinstance(module, HalfPrecision) else module
+    return inner.model if isinstance(inner, gr.RetrievalServingStep) else inner
 
 
 def _run(args: argparse.Namespace) -> int:
     from tzrec_acc import aot
+    from tzrec_acc.serving import sample_path
 
     if args.input is not None:
         return _run_file(args)
     if args.output is not None or args.batch_size is not None or args.on_error is not None:
         raise UsageError("--output, --batch-size and --on-error apply with --input FILE")
     package = pathlib.Path(args.package)
-    sample_path = pathlib.Path(_sample_path(args.package))
-    for path in (package, sample_path):
+    sample_file = pathlib.Path(sample_path(args.package))
+    for path in (package, sample_file):
         if not path.is_file():
             raise UsageError(f"no file at {path} (write both with python -m tzrec_acc export)")
-    sample: Dict[str, Any] = torch.load(sample_path, weights_only=False)
+    sample: Dict[str, Any] = torch.load(sample_file, weights_only=False)
     batch = sample["batches"][0]
     (out,) = aot.run_in_fresh_process(str(package), [batch], sample["kind"], sample["imports"])
     for i, tensor in enumerate(out):
@@ -564,91 +587,16 @@ def _run_file(args: argparse.Namespace) -> int:
     return code
 
 
-class _PackageRanker:
-    """A ``--form full`` ranking package as a predictor: ``score(histories, candidates)``
-    builds the batch the package was exported for (the sample's keys, dtypes and device;
-    candidates shown at each user's newest event, as :class:`ServingSession` does) and
-    returns ``sigmoid`` of its logits."""
-
-    def __init__(self, run: Any, example: Dict[str, torch.Tensor]) -> None:
-        self.run = run
-        self.example = example
-
-    @torch.no_grad()
-    def score(self, histories: Any, candidates: Sequence[Sequence[int]]) -> torch.Tensor:
-        from tzrec_gr import features as keys
-
-        lengths = torch.tensor([len(c) for c in candidates], dtype=torch.int64)
-        ids = torch.tensor([i for c in candidates for i in c], dtype=torch.int64)
-        query_time = histories.newest_timestamps()
-        batch = {
-            keys.UIH_ITEM_ID: histories.item_ids,
-            keys.UIH_LENGTHS: histories.lengths,
-            keys.UIH_ACTIONS: histories.actions,
-            keys.UIH_TIMESTAMPS: histories.timestamps,
-            keys.CANDIDATE_ITEM_ID: ids,
-            keys.CANDIDATE_LENGTHS: lengths,
-            keys.CANDIDATE_TIMESTAMPS: query_time.repeat_interleave(lengths),
-            keys.CONTEXTUAL: histories.contextual,
-        }
-        if set(self.example) - set(batch) or (keys.CONTEXTUAL in self.example) != (
-            histories.contextual is not None
-        ):
-            raise UsageError(
-                f"the package takes {sorted(self.example)}, which predict cannot build"
-            )
-        args = {k: batch[k].to(device=v.device, dtype=v.dtype) for k, v in self.example.items()}
-        out = self.run(args)
-        logits = out[0] if isinstance(out, (list, tuple)) else out
-        return torch.sigmoid(logits.float()).cpu()
-
-
 def _package_predictor(path: pathlib.Path, batch_size: int) -> Tuple[Any, Any, int]:
-    """(predictor, limits, batch size) of a ranking package written by export."""
-    files = _files()
-    sample_path = pathlib.Path(_sample_path(str(path)))
-    if not sample_path.is_file():
-        raise UsageError(f"no file at {sample_path} (write both with python -m tzrec_acc export)")
-    sample: Dict[str, Any] = torch.load(sample_path, weights_only=False)
-    served = sample.get("served")
-    if served is None:
-        raise UsageError(
-            f"{path} was exported by an older tzrec-acc (its sample file does not describe "
-            "the model); export it again, or predict from the checkpoint"
-        )
-    if served["model"] == "retrieval":
-        raise UsageError(
-            f"{path} is a retrieval package: it holds the user tower (event embeddings) "
-            "but not the item table that top-K needs; predict from the checkpoint instead "
-            "(python -m tzrec_acc predict best.pt ...)"
-        )
-    if served["form"] != "full":
-        raise UsageError(
-            f"{path} is a --form {served['form']} package: it scores against a cache that "
-            "only the model's prefill makes; export --form full for predict, or predict "
-            "from the checkpoint"
-        )
-    if set(served["dynamic"]) != set(DYNAMIC):
-        raise UsageError(
-            f"{path} was exported with --dynamic {','.join(served['dynamic']) or 'none'}: it "
-            "takes the sample batch's shapes only; export it with --dynamic users,tokens"
-        )
-    for module in sample["imports"]:
-        __import__(module)
-    if sample["kind"] == "aoti":
-        run = torch._inductor.aoti_load_package(str(path))
-    else:
-        run = torch.export.load(str(path)).module()
-    (example,) = sample["batches"][0]
-    limits = files.Limits(
-        "ranking",
-        served["num_items"],
-        served["max_events"],
-        served["max_candidates"],
-        served["contextual_width"],
-        tuple(f"task_{i}" for i in range(served["num_tasks"])),
-    )
-    return _PackageRanker(run, example), limits, min(batch_size, served["max_batch"])
+    """(session, limits, batch size) of a ``--form full`` package written by export
+    (:class:`tzrec_acc.serving.PackageSession`), in batches of at most its ``--max-batch``."""
+    from tzrec_acc import serving
+
+    try:
+        session = serving.PackageSession(path)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+    return session, session.limits, min(batch_size, session.max_batch)
 
 
 def _predict(args: argparse.Namespace, destination: Optional[str] = None) -> int:

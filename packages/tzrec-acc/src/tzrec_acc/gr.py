@@ -6,6 +6,8 @@ Legend: B = users, T = cached tokens, L_u / L_t = history / candidate tokens.
 * :func:`sample_inputs` makes a synthetic batch a model takes (for parity checks, the CLI's
   ``run`` and the benchmarks);
 * :func:`dynamic_shapes` gives ``torch.export`` a dynamic users dim and dynamic token dims;
+* :func:`item_table` is a retrieval model's catalogue as its top-K scores it (the
+  L2-normalized item embeddings), which ``export`` writes beside a retrieval package;
 * :class:`RankingServingStep` / :class:`RetrievalServingStep` are the cached serving forms
   (``HSTURanking.score`` / ``HSTURetrieval.extend(update_cache=False)``) as modules, so
   that they export: their ``forward`` puts the cache back together from its tensors and
@@ -34,6 +36,7 @@ __all__ = [
     "RankingServingStep",
     "RetrievalServingStep",
     "dynamic_shapes",
+    "item_table",
     "model_kind",
     "sample_inputs",
     "serving_step",
@@ -154,6 +157,39 @@ def sample_inputs(
     if width:
         features[keys.CONTEXTUAL] = torch.randn(batch, width, generator=gen)
     return ({k: v.to(device) for k, v in features.items()},)
+
+
+def item_table(model: nn.Module, chunk_size: int = 65536) -> torch.Tensor:
+    """[I, E] a retrieval model's catalogue as its retrieval scores it: each item's
+    ``model.item_embedding`` (the L2-normalized row of its table, in the model's dtype and
+    with its quantized table when quantized), on the model's device, without gradients.
+
+    ``tzrec_gr.serving.ServingSession.recommend`` ranks a user's embedding against these
+    rows; a retrieval package holds only the user tower, so ``export`` writes this table
+    beside it for :class:`tzrec_acc.serving.PackageSession`.
+
+    Args:
+        model: an ``HSTURetrieval``.
+        chunk_size: items embedded at a time. Default: 65536.
+
+    Raises:
+        TypeError: ``model`` is not a retrieval model.
+    """
+    if model_kind(model) != "retrieval":
+        raise TypeError(
+            f"item_table needs an HSTURetrieval, got {type(model).__name__} (a ranking "
+            "model scores candidates, it has no catalogue top-K)"
+        )
+    _check_positive("chunk_size", chunk_size)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        rows = [
+            model.item_embedding(
+                torch.arange(start, min(start + chunk_size, model.num_items), device=device)
+            )
+            for start in range(0, model.num_items, chunk_size)
+        ]
+    return torch.cat(rows)
 
 
 def _dims(model: nn.Module, max_batch: int) -> Tuple[Dim, Dim, Dim]:
