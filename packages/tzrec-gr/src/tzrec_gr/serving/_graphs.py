@@ -1,40 +1,43 @@
-"""CUDA graphs of a ranking model's ``score_step``, one per padded bucket of request shapes.
+"""CUDA graphs of a serving session's hot steps, one per padded bucket of request shapes.
 
-Legend: B = users, n_b = cached tokens of user b, T = candidates per user, K = tasks; a bucket
-(Bb, Lb, Tb) holds up to Bb users of at most Lb cached tokens and Tb candidates each.
+Two kinds share this machinery: the ranking ``score`` (:mod:`._score_graphs`, buckets of
+users, cached tokens and candidates) and the retrieval ``recommend`` of opened users
+(:mod:`._recommend_graphs`, buckets of users, k and seen items).
 
-A graph replays fixed kernels on fixed buffers, so each bucket owns static inputs:
+A graph replays fixed kernels on fixed buffers, so each bucket owns static inputs, sized
+for the bucket's largest request; a request that fits is copied into them (padded), the
+graph replayed and the real rows read back. Every buffer and the graphs' scratch memory
+are built from the model's own sizes, so a graph can be captured before any request
+(``ServingSession.warm_up``, from synthetic inputs) or on the first request of its bucket.
+All graphs of a session capture into one memory pool (:class:`GraphPool`): they replay
+one at a time on one stream, so they can share their scratch memory.
 
-* the cache in a padded layout: user b's keys and values in rows ``[b * Lb, b * Lb + n_b)``
-  and zeros after them, with offsets ``b * Lb`` (constant) and the real ``lengths``. The
-  zero rows change no output: HSTU attention weighs each value row by ``silu(q . k)``
-  (no softmax), and a zero value row adds exactly 0, at any key; the positions of the
-  candidates come from ``lengths``, and the attention divisor is the model's constant;
-* the candidates, Tb per user (the real ones first, then item 0): candidates attend to
-  the history and to themselves only, so the filler changes no real candidate's output;
-* padding users (b >= B) copy user 0's lengths and features and are dropped after.
-
-A call copies the request into the buffers (the cache only when it is not the one already
-there: scoring new candidates for the same users copies only the candidates), replays the
-graph and gathers the real candidates' logits. Graphs are captured lazily, on the first
-request in their bucket, into one memory pool shared by every bucket (graphs replay one at
-a time on one stream, so they can share their scratch memory).
+Capturing needs CUDA; everything else here (bucket choice, buffers, padding, the step run
+eagerly on the buffers) runs on any device, which is how the CPU tests check it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
-import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
-from tzrec_gr.serving.cache import ServingCache
-from tzrec_ops.jagged import host_copy, offsets_from_lengths, remember_host_copy
+__all__ = [
+    "Bucket",
+    "Entry",
+    "GraphPool",
+    "GraphSet",
+    "check_buckets",
+    "fit",
+    "fit_sizes",
+    "powers_of_two_up_to",
+    "product",
+]
 
-Bucket = Tuple[int, int, int]
+Bucket = Tuple[int, ...]
 
 
 def powers_of_two_up_to(bound: int, start: int = 1) -> Tuple[int, ...]:
@@ -48,174 +51,134 @@ def powers_of_two_up_to(bound: int, start: int = 1) -> Tuple[int, ...]:
     return tuple(out)
 
 
-def _fit(value: int, buckets: Sequence[int]) -> Optional[int]:
+def fit(value: int, buckets: Sequence[int]) -> Optional[int]:
+    """The smallest of the (sorted) ``buckets`` that holds ``value``, or None."""
     for b in buckets:
         if value <= b:
             return b
     return None
 
 
+def fit_sizes(
+    name: str, values: Optional[Sequence[int]], buckets: Sequence[int]
+) -> Tuple[int, ...]:
+    """The buckets the request sizes ``values`` fall in (None: every bucket).
+
+    Raises:
+        ValueError: a size fits no bucket (named).
+    """
+    if values is None:
+        return tuple(buckets)
+    fitted = []
+    for i, v in enumerate(values):
+        b = fit(v, buckets)
+        if b is None:
+            raise ValueError(
+                f"{name}[{i}] = {v} fits no bucket (the largest is {max(buckets)}); give "
+                "the session larger buckets"
+            )
+        fitted.append(b)
+    return tuple(fitted)
+
+
+def check_buckets(name: str, values: Optional[Sequence[int]]) -> None:
+    """Raise ValueError unless ``values`` is None or a non-empty sequence of ints >= 1."""
+    if values is None:
+        return
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+        raise ValueError(f"{name} must be a non-empty sequence of ints >= 1, got {values!r}")
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+        raise ValueError(f"{name} must be ints >= 1, got {values!r}")
+
+
+class GraphPool:
+    """One CUDA graph memory pool, created on first use and shared by a session's graphs."""
+
+    def __init__(self) -> None:
+        self._handle: Optional[Any] = None
+
+    def handle(self) -> Any:
+        if self._handle is None:
+            self._handle = torch.cuda.graph_pool_handle()
+        return self._handle
+
+
 @dataclasses.dataclass
-class _Entry:
+class Entry:
+    """One bucket's graph; subclasses add the static buffers."""
+
     bucket: Bucket
-    cache: ServingCache  # the static cache (padded layout)
-    lengths_host: torch.Tensor
-    cand_ids: torch.Tensor
-    cand_ts: torch.Tensor
-    cand_lengths: torch.Tensor
     graph: Optional[Any] = None
-    out: Optional[torch.Tensor] = None
-    resident: Optional[weakref.ref] = None
-    slots: Optional[Tuple[Tuple[int, ...], torch.Tensor]] = None  # the last candidates' slots
+    out: Any = None
     capture_ms: float = 0.0
     memory_bytes: int = 0
     replays: int = 0
+    warm_up: bool = False  # captured by warm_up, before any request
 
 
-class ScoreGraphs:
-    """The captured graphs of one model's ``score_step`` (see the module docstring)."""
+class GraphSet:
+    """The captured graphs of one step, per bucket (see the module docstring).
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        batch_buckets: Sequence[int],
-        length_buckets: Sequence[int],
-        candidate_buckets: Sequence[int],
-        max_graphs: int,
-    ) -> None:
-        self.model = model
-        self.batch_buckets = tuple(sorted(batch_buckets))
-        self.length_buckets = tuple(sorted(length_buckets))
-        self.candidate_buckets = tuple(sorted(candidate_buckets))
+    Subclasses set :attr:`kind` and :attr:`fields` (the bucket's named dimensions) and
+    define :meth:`new_entry` (zeroed static buffers), :meth:`fill_synthetic` (inputs valid
+    for a capture) and :meth:`step` (the step on the buffers, what is captured).
+
+    Args:
+        pool (GraphPool): the memory pool, shared with the session's other graphs.
+        max_graphs (int): the most graphs captured; later buckets run eager.
+    """
+
+    kind = ""
+    fields: Tuple[str, ...] = ()
+
+    def __init__(self, pool: GraphPool, max_graphs: int) -> None:
+        self.pool = pool
         self.max_graphs = max_graphs
-        self.entries: Dict[Bucket, _Entry] = {}
+        self.entries: Dict[Bucket, Entry] = {}
         self.failed: Dict[Bucket, str] = {}
-        self.pool: Optional[Any] = None
         self.captures = 0
         self.replays = 0
         self.eager_calls = 0
 
-    def bucket(self, batch: int, max_cached: int, max_candidates: int) -> Optional[Bucket]:
-        """The smallest bucket that holds the request, or None (then the call runs eager)."""
-        fits = (
-            _fit(batch, self.batch_buckets),
-            _fit(max_cached, self.length_buckets),
-            _fit(max(max_candidates, 1), self.candidate_buckets),
-        )
-        if any(f is None for f in fits):
-            return None
-        bucket = (fits[0], fits[1], fits[2])
+    # -- subclass hooks -------------------------------------------------------------------
+
+    def new_entry(self, bucket: Bucket) -> Entry:
+        raise NotImplementedError
+
+    def fill_synthetic(self, entry: Entry) -> None:
+        raise NotImplementedError
+
+    def step(self, entry: Entry) -> Any:
+        raise NotImplementedError
+
+    def warm_up_buckets(self, sizes: Dict[str, Any], exclude_seen: bool) -> List[Bucket]:
+        """The buckets of ``ServingSession.warm_up``'s sizes (``batch_sizes``, ``lengths``,
+        ``candidates``, ``k``; None: every configured value)."""
+        raise NotImplementedError
+
+    def before_capture(self, entry: Entry) -> None:
+        """Called right before the capture's eager warm-up runs."""
+
+    # -- buckets --------------------------------------------------------------------------
+
+    def available(self, bucket: Bucket) -> bool:
+        """Whether ``bucket`` has a graph or room for one (and its capture never failed)."""
         if bucket in self.failed:
-            return None
-        if bucket not in self.entries and len(self.entries) >= self.max_graphs:
-            return None
-        return bucket  # type: ignore[return-value]
+            return False
+        return bucket in self.entries or len(self.entries) < self.max_graphs
 
-    # -- buffers --------------------------------------------------------------------------
+    def entry(self, bucket: Bucket) -> Entry:
+        """The bucket's entry: the captured one, else new zeroed buffers (not kept yet)."""
+        found = self.entries.get(bucket)
+        return found if found is not None else self.new_entry(bucket)
 
-    def _new_entry(self, bucket: Bucket, like: ServingCache) -> _Entry:
-        bb, lb, tb = bucket
-        device = like.offsets.device
-        rows = bb * lb
-        keys = tuple(k.new_zeros(rows, k.shape[1]) for k in like.keys)
-        values = tuple(v.new_zeros(rows, v.shape[1]) for v in like.values)
-        offsets_host = torch.arange(bb + 1, dtype=torch.int64) * lb
-        offsets = remember_host_copy(offsets_host.to(device), offsets_host)
-        lengths = torch.zeros(bb, dtype=torch.int64, device=device)
-        query_time = None
-        if like.query_time is not None:
-            query_time = like.query_time.new_zeros(bb)
-        contextual = None
-        if like.contextual is not None:
-            contextual = like.contextual.new_zeros(bb, like.contextual.shape[1])
-        cache = ServingCache(
-            keys=keys,
-            values=values,
-            offsets=offsets,
-            lengths=lengths,
-            query_time=query_time,
-            contextual=contextual,
-            max_len=lb,
-            owner=like.owner,
-        )
-        cand_lengths_host = torch.full((bb,), tb, dtype=torch.int64)
-        cand_lengths = remember_host_copy(cand_lengths_host.to(device), cand_lengths_host)
-        ids = torch.zeros(bb * tb, dtype=torch.int64, device=device)
-        return _Entry(
-            bucket=bucket,
-            cache=cache,
-            lengths_host=torch.zeros(bb, dtype=torch.int64),
-            cand_ids=ids,
-            cand_ts=torch.zeros_like(ids),
-            cand_lengths=cand_lengths,
-            memory_bytes=sum(t.numel() * t.element_size() for t in keys + values),
-        )
-
-    def _load_cache(self, entry: _Entry, cache: ServingCache) -> None:
-        """Copy ``cache`` into the entry's padded layout (unless it is there already)."""
-        if entry.resident is not None and entry.resident() is cache:
-            return
-        bb, lb, _ = entry.bucket
-        batch = cache.batch_size
-        device = cache.offsets.device
-        lengths = host_copy(cache.lengths).values
-        offsets = offsets_from_lengths(lengths)
-        user = torch.repeat_interleave(torch.arange(batch), lengths)
-        dest = (user * lb + torch.arange(int(offsets[-1])) - offsets[user]).to(device)
-        static = entry.cache
-        for src, dst in zip(cache.keys + cache.values, static.keys + static.values):
-            dst.zero_()
-            dst.index_copy_(0, dest, src.to(dst.dtype))
-        pad = bb - batch
-        padded = torch.cat([lengths, lengths[:1].expand(pad)])
-        static.lengths.copy_(padded.to(device))
-        entry.lengths_host = padded
-        pairs = ((cache.query_time, static.query_time), (cache.contextual, static.contextual))
-        for src, dst in pairs:
-            if src is not None and dst is not None:
-                dst[:batch].copy_(src)
-                dst[batch:].copy_(src[:1].expand(pad, *src.shape[1:]))
-        entry.resident = weakref.ref(cache)
-
-    def _load_candidates(
-        self, entry: _Entry, ids: torch.Tensor, lengths: torch.Tensor, timestamps: torch.Tensor
-    ) -> torch.Tensor:
-        """Copy the candidates into the entry's slots; returns their slots [L_t] (device)."""
-        _, _, tb = entry.bucket
-        key = tuple(lengths.tolist())
-        if entry.slots is not None and entry.slots[0] == key:
-            slots = entry.slots[1]
-        else:
-            offsets = offsets_from_lengths(lengths)
-            user = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)
-            slots = (user * tb + torch.arange(int(offsets[-1])) - offsets[user]).to(ids.device)
-            entry.slots = (key, slots)
-        entry.cand_ids.zero_()
-        entry.cand_ids.index_copy_(0, slots, ids)
-        # the filler is shown at its user's query time (or 0 without time encoding)
-        qt = entry.cache.query_time
-        if qt is not None:
-            entry.cand_ts.copy_(qt.to(entry.cand_ts.dtype).repeat_interleave(tb))
-        else:
-            entry.cand_ts.zero_()
-        entry.cand_ts.index_copy_(0, slots, timestamps.to(entry.cand_ts.dtype))
-        return slots
+    def describe(self, bucket: Bucket) -> Dict[str, int]:
+        return dict(zip(self.fields, bucket))
 
     # -- capture and replay ---------------------------------------------------------------
 
-    def _step(self, entry: _Entry) -> torch.Tensor:
-        from tzrec_gr.serving.ranking import score_step
-
-        candidates = {
-            CANDIDATE_ITEM_ID: entry.cand_ids,
-            CANDIDATE_LENGTHS: entry.cand_lengths,
-            CANDIDATE_TIMESTAMPS: entry.cand_ts,
-        }
-        return score_step(self.model, entry.cache, candidates, entry.bucket[2])
-
-    def _capture(self, entry: _Entry) -> None:
-        # the index tensors' host copies, for the ops' value checks during the capture
-        remember_host_copy(entry.cache.lengths, entry.lengths_host)
+    def _capture(self, entry: Entry) -> None:
+        self.before_capture(entry)
         torch.cuda.synchronize()
         reserved = torch.cuda.memory_reserved()
         started = time.perf_counter()
@@ -223,69 +186,126 @@ class ScoreGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # autotuning and lazy allocations, outside the capture
-                self._step(entry)
+                self.step(entry)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = self._step(entry)
+        with torch.cuda.graph(graph, pool=self.pool.handle()):
+            out = self.step(entry)
         torch.cuda.synchronize()
         entry.graph, entry.out = graph, out
         entry.capture_ms = (time.perf_counter() - started) * 1e3
         entry.memory_bytes += max(torch.cuda.memory_reserved() - reserved, 0)
         self.captures += 1
 
-    @torch.no_grad()
-    def score(
-        self,
-        bucket: Bucket,
-        cache: ServingCache,
-        ids: torch.Tensor,
-        lengths: torch.Tensor,
-        timestamps: torch.Tensor,
-        strict: bool,
-    ) -> Optional[torch.Tensor]:
-        """[L_t, K] logits of the candidates (``lengths`` [B] on the CPU), replayed in
-        ``bucket``'s graph; None when the capture failed (``strict``: raise instead)."""
-        entry = self.entries.get(bucket)
-        if entry is None:
-            entry = self._new_entry(bucket, cache)
-        self._load_cache(entry, cache)
-        slots = self._load_candidates(entry, ids, lengths, timestamps)
-        if entry.graph is None:
-            try:
-                self._capture(entry)
-            except Exception as exc:  # an op that cannot be captured: run eager from now on
-                if strict:
-                    raise
-                self.failed[bucket] = f"{type(exc).__name__}: {exc}"
-                return None
-            self.entries[bucket] = entry
+    def captured(self, entry: Entry, strict: bool) -> bool:
+        """Capture ``entry``'s graph unless it has one, and keep the entry; False when the
+        capture failed (recorded; ``strict``: raise instead)."""
+        if entry.graph is not None:
+            return True
+        try:
+            self._capture(entry)
+        except Exception as exc:  # an op that cannot be captured: run eager from now on
+            if strict:
+                raise
+            self.failed[entry.bucket] = f"{type(exc).__name__}: {exc}"
+            return False
+        self.entries[entry.bucket] = entry
+        return True
+
+    def replay(self, entry: Entry) -> Any:
+        """Replay the entry's graph on its buffers; returns its static output."""
         entry.graph.replay()
         entry.replays += 1
         self.replays += 1
-        assert entry.out is not None
-        return entry.out.index_select(0, slots)
+        return entry.out
+
+    @torch.no_grad()
+    def warm_up(self, buckets: Sequence[Bucket], strict: bool) -> Dict[str, Any]:
+        """Capture ``buckets``' graphs from synthetic inputs, in order, while there is room.
+
+        Returns:
+            Dict[str, Any]: ``captured`` (buckets captured now), ``present`` (captured
+            before), ``skipped`` (no room left under ``max_graphs``), ``failed`` (bucket ->
+            error), ``capture_ms`` and ``memory_bytes`` (of the captures made now).
+        """
+        report = self.no_report()
+        for bucket in dict.fromkeys(buckets):  # once each, in order
+            name = self.describe(bucket)
+            if bucket in self.entries:
+                report["present"].append(name)
+                continue
+            if not self.available(bucket):
+                key = "failed" if bucket in self.failed else "skipped"
+                if key == "failed":
+                    report["failed"][_label(name)] = self.failed[bucket]
+                else:
+                    report["skipped"].append(name)
+                continue
+            entry = self.new_entry(bucket)
+            self.fill_synthetic(entry)
+            entry.warm_up = True
+            if self.captured(entry, strict):
+                report["captured"].append(name)
+                report["capture_ms"] += entry.capture_ms
+                report["memory_bytes"] += entry.memory_bytes
+            else:
+                report["failed"][_label(name)] = self.failed[bucket]
+        return report
+
+    @staticmethod
+    def no_report() -> Dict[str, Any]:
+        """A :meth:`warm_up` report of nothing captured."""
+        return {
+            "captured": [],
+            "present": [],
+            "skipped": [],
+            "failed": {},
+            "capture_ms": 0.0,
+            "memory_bytes": 0,
+        }
+
+    @staticmethod
+    def no_stats() -> Dict[str, Any]:
+        """:meth:`stats` of a session without graphs."""
+        return {
+            "step": None,
+            "captures": 0,
+            "replays": 0,
+            "eager_calls": 0,
+            "capture_ms": 0.0,
+            "memory_bytes": 0,
+            "graphs": [],
+            "failed": {},
+        }
 
     def stats(self) -> Dict[str, Any]:
+        graphs = [
+            {
+                "bucket": self.describe(e.bucket),
+                "capture_ms": e.capture_ms,
+                "memory_bytes": e.memory_bytes,
+                "replays": e.replays,
+                "warm_up": e.warm_up,
+            }
+            for e in self.entries.values()
+        ]
         return {
+            "step": self.kind,
             "captures": self.captures,
             "replays": self.replays,
             "eager_calls": self.eager_calls,
-            "graphs": [
-                {
-                    "bucket": {
-                        "batch": e.bucket[0],
-                        "cached_len": e.bucket[1],
-                        "candidates": e.bucket[2],
-                    },
-                    "capture_ms": e.capture_ms,
-                    "memory_bytes": e.memory_bytes,
-                    "replays": e.replays,
-                }
-                for e in self.entries.values()
-            ],
+            "capture_ms": sum(g["capture_ms"] for g in graphs),
+            "memory_bytes": sum(g["memory_bytes"] for g in graphs),
+            "graphs": graphs,
             "failed": dict(self.failed),
         }
+
+
+def _label(name: Dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in name.items())
+
+
+def product(*dims: Sequence[int]) -> List[Bucket]:
+    """Every bucket of the given dimensions, the first dimension slowest, smallest first."""
+    return [tuple(b) for b in itertools.product(*(sorted(set(d)) for d in dims))]

@@ -137,9 +137,7 @@ def catalogue(
             reads that tensor); None: a new one.
     """
     rows = [
-        model.item_embedding(
-            torch.arange(s, min(s + chunk_size, model.num_items), device=device)
-        )
+        model.item_embedding(torch.arange(s, min(s + chunk_size, model.num_items), device=device))
         for s in range(0, model.num_items, chunk_size)
     ]
     table = torch.cat(rows)

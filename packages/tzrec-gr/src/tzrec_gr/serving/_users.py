@@ -24,7 +24,7 @@ from tzrec_gr.serving.cache import ServingCache
 from tzrec_gr.serving.inputs import Histories
 from tzrec_ops.jagged import host_copy, mirror, offsets_from_lengths, to_device
 
-__all__ = ["UserIds", "UserState", "UserStore", "joined", "user_list"]
+__all__ = ["UserIds", "UserState", "UserStore", "joined", "longer_histories", "user_list"]
 
 UserIds = Union[Sequence[Hashable], torch.Tensor]
 _versions = itertools.count()
@@ -75,6 +75,54 @@ def joined(
     if old is None or new is None:
         return None
     return torch.cat([old, new[start:stop].detach().cpu()])[-keep:]
+
+
+def longer_histories(
+    states: List[UserState], events: Histories, bound: int, *, ranking: bool
+) -> Histories:
+    """The users' kept events followed by their new ``events`` (row b for ``states[b]``),
+    each cut to its newest ``bound``, as one CPU :class:`Histories`.
+
+    The query time (ranking) is the events' own, else each user's newest event's time (or
+    the kept request time of a user without new events).
+    """
+    offsets = events.offsets
+    longer = [
+        tuple(
+            joined(old, new, int(offsets[b]), int(offsets[b + 1]), bound)
+            for old, new in (
+                (s.item_ids, events.item_ids),
+                (s.timestamps, events.timestamps),
+                (s.actions, events.actions),
+            )
+        )
+        for b, s in enumerate(states)
+    ]
+    if events.query_time is not None:
+        query_time = events.query_time.detach().cpu()
+    else:
+        query_time = torch.tensor(
+            [
+                int(ts[-1])
+                if ts.numel()  # type: ignore[union-attr]
+                else s.request_time
+                if s.request_time is not None
+                else 0
+                for (_, ts, _), s in zip(longer, states)
+            ]
+        )
+    return Histories(
+        item_ids=torch.cat([h[0] for h in longer]),  # type: ignore[misc]
+        lengths=torch.tensor([h[0].numel() for h in longer], dtype=torch.int64),  # type: ignore[union-attr]
+        timestamps=torch.cat([h[1] for h in longer]),  # type: ignore[misc]
+        actions=torch.cat([h[2] for h in longer]) if ranking else None,  # type: ignore[misc]
+        contextual=(
+            None
+            if states[0].contextual is None
+            else torch.stack([s.contextual for s in states]).cpu()  # type: ignore[misc]
+        ),
+        query_time=query_time if ranking else None,
+    )
 
 
 class UserStore:

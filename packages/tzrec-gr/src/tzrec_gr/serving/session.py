@@ -17,15 +17,24 @@ encoded histories (:class:`~tzrec_gr.serving.ServingCache` rows) the session kee
 ``extend(user_ids, events)`` appends to. Every input is checked on the host (naming the
 argument and the user's row) before a kernel runs.
 
-On a CUDA device the ranking ``score`` replays CUDA graphs of the model's ``score_step``,
-one per padded bucket of (users, cached tokens, candidates), captured on the first request
-in the bucket (:mod:`tzrec_gr.serving._graphs`); requests outside every bucket run eager.
-``graph_stats()`` reports the captures, their time and memory, and the replays.
+On a CUDA device two calls replay CUDA graphs, one per padded bucket of request shapes:
+the ranking ``score`` (the model's ``score_step``; buckets of users, cached tokens and
+candidates, :mod:`~tzrec_gr.serving._score_graphs`) and the retrieval ``recommend`` of
+opened users (the top-K scan of their stored embeddings; buckets of users, k and seen
+items, :mod:`~tzrec_gr.serving._recommend_graphs`). A bucket's graph is captured by
+:meth:`ServingSession.warm_up` before any request, or else by the first request in it;
+requests outside every bucket run eager. ``graph_stats()`` reports the captures, their
+time and memory, and the replays.
+
+The session's parts live beside it: the opened users' state (:mod:`._users`), a request's
+checks and encoding (:mod:`._requests`), the graphs (:mod:`._graphs` and the two above)
+and the checkpoint reader (:mod:`._checkpoint`).
 """
 
 from __future__ import annotations
 
 import pathlib
+import time
 from typing import Any, Dict, Hashable, List, Optional, Sequence, Union
 
 import torch
@@ -40,8 +49,16 @@ from tzrec_gr.features import (
     UIH_TIMESTAMPS,
 )
 from tzrec_gr.serving import _requests as req
-from tzrec_gr.serving._graphs import ScoreGraphs, powers_of_two_up_to
-from tzrec_gr.serving._users import UserIds, UserStore, joined, user_list
+from tzrec_gr.serving._checkpoint import load_model
+from tzrec_gr.serving._graphs import (
+    GraphPool,
+    GraphSet,
+    check_buckets,
+    powers_of_two_up_to,
+)
+from tzrec_gr.serving._recommend_graphs import RecommendGraphs
+from tzrec_gr.serving._score_graphs import ScoreGraphs
+from tzrec_gr.serving._users import UserIds, UserStore, longer_histories, user_list
 from tzrec_gr.serving.cache import ServingCache
 from tzrec_gr.serving.inputs import Candidates, Histories
 from tzrec_gr.serving.topk import TopK, catalogue_topk
@@ -72,12 +89,14 @@ class ServingSession:
         device (torch.device | str | None): where to serve. Default: the model's.
         cuda_graphs (str): ``"auto"`` (graphs on a CUDA device, eager elsewhere), ``"on"``
             (a CUDA device required; a step that cannot be captured raises) or ``"off"``.
-            Only the ranking ``score`` is captured. Default: ``"auto"``.
+            The ranking ``score`` and the retrieval ``recommend`` of opened users are
+            captured. Default: ``"auto"``.
         batch_buckets (Sequence[int]): the users per graph bucket. Default: 1, 2, 4, ..., 64.
-        length_buckets (Sequence[int] | None): cached tokens per user per bucket. Default:
-            powers of two from 64 up to the model's ``max_cached_len``.
-        candidate_buckets (Sequence[int] | None): candidates per user per bucket. Default:
-            powers of two up to the model's ``max_targets``.
+        length_buckets (Sequence[int] | None): per user per bucket, ranking: cached tokens
+            (default: powers of two from 64 up to the model's ``max_cached_len``);
+            retrieval: seen items (default: powers of two from 64 up to ``max_seq_len``).
+        candidate_buckets (Sequence[int] | None): candidates per user per bucket (ranking).
+            Default: powers of two up to the model's ``max_targets``.
         max_graphs (int): the most graphs captured; later buckets run eager. Default: 32.
         chunk_size (int): catalogue items scored at a time by ``recommend``. Default: 65536.
 
@@ -93,6 +112,7 @@ class ServingSession:
         session.open(["ann", "bob"], histories)              # keep their encoded histories
         session.extend(["ann"], Histories.from_lists([[9]], [[12]]))
         session.recommend(["ann", "bob"], k=10)
+        session.warm_up(batch_sizes=[16], k=[10])            # CUDA graphs before requests
     """
 
     def __init__(
@@ -123,43 +143,70 @@ class ServingSession:
         self.chunk_size = chunk_size
         self._users = UserStore(self.device)
         self._catalogue: Optional[torch.Tensor] = None
-        self._graphs: Optional[ScoreGraphs] = None
+        self._graphs: Optional[GraphSet] = None
+        self._pool = GraphPool()
         self._strict_graphs = cuda_graphs == "on"
+        self._warm_up: Optional[Dict[str, Any]] = None
+        for name, values in (
+            ("batch_buckets", batch_buckets),
+            ("length_buckets", length_buckets),
+            ("candidate_buckets", candidate_buckets),
+        ):
+            check_buckets(name, values)
+        if isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 0:
+            raise ValueError(f"max_graphs must be an int >= 0, got {max_graphs!r}")
         cuda = self.device.type == "cuda"
         if cuda_graphs == "on" and not cuda:
             raise ValueError(f"cuda_graphs='on' needs a CUDA device, got {self.device}")
-        if cuda and cuda_graphs != "off" and self.kind == "ranking":
-            windowed = [
-                i
-                for i, layer in enumerate(model.transducer.stu.stu_layers)
-                if getattr(layer, "max_attn_len", 0)
-            ]
-            if windowed:  # the padded cache would move the window
-                if cuda_graphs == "on":
-                    raise ValueError(
-                        f"cuda_graphs='on' needs STU layers without max_attn_len; layer "
-                        f"{windowed[0]} has one"
-                    )
-            else:
-                for name, values in (
-                    ("batch_buckets", batch_buckets),
-                    ("length_buckets", length_buckets),
-                    ("candidate_buckets", candidate_buckets),
-                ):
-                    if values is not None and (
-                        not values
-                        or any(
-                            isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values
-                        )
-                    ):
-                        raise ValueError(f"{name} must be ints >= 1, got {values!r}")
-                self._graphs = ScoreGraphs(
-                    model,
-                    batch_buckets,
-                    length_buckets or powers_of_two_up_to(model.max_cached_len, 64),
-                    candidate_buckets or powers_of_two_up_to(model.max_targets),
-                    max_graphs,
+        self._no_graphs = f"cuda_graphs={cuda_graphs!r} on device {self.device}"
+        if cuda and cuda_graphs != "off":
+            self._graphs = self._graph_set(
+                batch_buckets, length_buckets, candidate_buckets, max_graphs
+            )
+
+    def _graph_set(
+        self,
+        batch_buckets: Sequence[int],
+        length_buckets: Optional[Sequence[int]],
+        candidate_buckets: Optional[Sequence[int]],
+        max_graphs: int,
+    ) -> Optional[GraphSet]:
+        model = self.model
+        if self.kind == "retrieval":
+            return RecommendGraphs(
+                self._items,
+                model.num_items,
+                model.embedding_dim,
+                next(model.parameters()).dtype,
+                self.device,
+                self._pool,
+                batch_buckets,
+                length_buckets or powers_of_two_up_to(model.max_seq_len, 64),
+                self.chunk_size,
+                max_graphs,
+            )
+        windowed = [
+            i
+            for i, layer in enumerate(model.transducer.stu.stu_layers)
+            if getattr(layer, "max_attn_len", 0)
+        ]
+        if windowed:  # the padded cache would move the window
+            if self._strict_graphs:
+                raise ValueError(
+                    f"cuda_graphs='on' needs STU layers without max_attn_len; layer "
+                    f"{windowed[0]} has one"
                 )
+            self._no_graphs = f"STU layer {windowed[0]} has max_attn_len (a sliding window)"
+            return None
+        return ScoreGraphs(
+            model,
+            self.device,
+            self._pool,
+            batch_buckets,
+            length_buckets or powers_of_two_up_to(model.max_cached_len, 64),
+            candidate_buckets or powers_of_two_up_to(model.max_targets),
+            max_graphs,
+        )
 
     @classmethod
     def from_checkpoint(
@@ -184,27 +231,7 @@ class ServingSession:
             FileNotFoundError: no file at ``path``.
             ValueError: the file is not such a checkpoint, or its state dict does not fit.
         """
-        path = pathlib.Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"no checkpoint at {path}")
-        try:
-            payload = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError...
-            raise ValueError(f"{path}: cannot be loaded as a checkpoint ({exc})") from exc
-        if not isinstance(payload, dict) or not {"format", "model_config", "model"} <= set(payload):
-            raise ValueError(
-                f"{path} is not a tzrec-bench checkpoint (a dict with 'format', "
-                "'model_config' and 'model')"
-            )
-        if payload["format"] != CHECKPOINT_FORMAT:
-            raise ValueError(
-                f"{path}: checkpoint format {payload['format']!r}, expected {CHECKPOINT_FORMAT}"
-            )
-        model = _models().build_from_config(payload["model_config"], backend)
-        try:
-            model.load_state_dict(payload["model"])
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"the state dict in {path} does not fit the model: {exc}") from exc
+        model = load_model(path, backend, CHECKPOINT_FORMAT)
         return cls(model, device=device or "cpu", **kwargs)
 
     # -- public API -----------------------------------------------------------------------
@@ -225,6 +252,10 @@ class ServingSession:
             smaller id; ``-1`` / ``-inf`` fill the slots of a user with fewer than ``k``
             unseen items.
 
+        On CUDA, opened users' calls replay a CUDA graph of the scan when the request fits
+        a bucket (same ids and scores as eager); :class:`Histories` (encoded now) run
+        eager.
+
         Raises:
             TypeError: the model is a ranking model.
             ValueError: a bad history (named, with the user's row) or an unknown user id.
@@ -239,6 +270,9 @@ class ServingSession:
             states = self._users.states("users", users)
             embeddings = torch.stack([s.user_embedding for s in states])  # type: ignore[misc]
             seen_ids = [s.item_ids for s in states]
+            top = self._recommend_graph(embeddings, seen_ids if exclude_seen else None, k)
+            if top is not None:
+                return top
             lengths = torch.tensor([t.numel() for t in seen_ids], dtype=torch.int64)
             seen = (torch.cat(seen_ids), offsets_from_lengths(lengths))
         assert embeddings is not None
@@ -351,48 +385,12 @@ class ServingSession:
             after=[int(s.timestamps[-1]) if s.timestamps.numel() else None for s in states],
         )
         bound = req.max_events(self.model, self.kind)
-        offsets = events.offsets
-        longer = [
-            tuple(
-                joined(old, new, int(offsets[b]), int(offsets[b + 1]), bound)
-                for old, new in (
-                    (s.item_ids, events.item_ids),
-                    (s.timestamps, events.timestamps),
-                    (s.actions, events.actions),
-                )
-            )
-            for b, s in enumerate(states)
-        ]
+        history = longer_histories(states, events, bound, ranking=self.kind == "ranking")
         lengths = events.offsets[1:] - events.offsets[:-1]
         fits = all(s.item_ids.numel() + int(n) <= bound for s, n in zip(states, lengths))
         incremental = fits and (
             self.kind == "retrieval"
             or (not self.model.use_time_encoding and self.model.contextual_seq_len == 0)
-        )
-        if events.query_time is not None:
-            query_time = events.query_time.detach().cpu()
-        else:
-            query_time = torch.tensor(
-                [
-                    int(ts[-1])
-                    if ts.numel()
-                    else s.request_time
-                    if s.request_time is not None
-                    else 0
-                    for (_, ts, _), s in zip(longer, states)
-                ]
-            )
-        history = Histories(
-            item_ids=torch.cat([h[0] for h in longer]),
-            lengths=torch.tensor([h[0].numel() for h in longer], dtype=torch.int64),
-            timestamps=torch.cat([h[1] for h in longer]),
-            actions=None if self.kind == "retrieval" else torch.cat([h[2] for h in longer]),
-            contextual=(
-                None
-                if states[0].contextual is None
-                else torch.stack([s.contextual for s in states]).cpu()
-            ),
-            query_time=query_time if self.kind == "ranking" else None,
         )
         with torch.no_grad():
             if not incremental:
@@ -424,26 +422,84 @@ class ServingSession:
         return list(self._users.users)
 
     def refresh(self) -> None:
-        """Forget what the session derived from the weights (the normalized catalogue);
-        call it after changing the model's weights, and ``open`` the users again."""
-        self._catalogue = None
+        """Recompute what the session derived from the weights (the normalized catalogue,
+        in place: captured graphs read it); call it after changing the model's weights,
+        and ``open`` the users again."""
+        if self._catalogue is not None:
+            req.catalogue(self.model, self.device, self.chunk_size, out=self._catalogue)
         self._users.forget_batch()
 
+    def warm_up(
+        self,
+        *,
+        batch_sizes: Optional[Sequence[int]] = None,
+        lengths: Optional[Sequence[int]] = None,
+        candidates: Optional[Sequence[int]] = None,
+        k: Optional[Sequence[int]] = None,
+        exclude_seen: bool = True,
+    ) -> Dict[str, Any]:
+        """Capture the CUDA graphs of the buckets these request sizes fall in, before any
+        request, from synthetic inputs (built from the model's sizes; no user needed).
+
+        Without it a bucket's graph is captured inside the first request that needs it
+        (seconds with Triton autotuning). Buckets are captured in order (batch slowest,
+        smallest first) while ``max_graphs`` leaves room; the rest are reported as
+        ``skipped``. Without CUDA graphs (a CPU device, ``cuda_graphs="off"``, a ranking
+        model with a sliding attention window) nothing is captured: the report says why.
+
+        Args:
+            batch_sizes (Sequence[int] | None): users per request. Default: every
+                ``batch_buckets`` value.
+            lengths (Sequence[int] | None): ranking: cached tokens per user (as
+                ``length_buckets``); retrieval: seen items per user. Default: every
+                ``length_buckets`` value.
+            candidates (Sequence[int] | None): candidates per user (ranking only). Default:
+                every ``candidate_buckets`` value.
+            k (Sequence[int] | None): items per user of ``recommend`` (retrieval only).
+                Default: (10,), ``recommend``'s default.
+            exclude_seen (bool): the ``recommend`` calls exclude seen items (retrieval
+                only). Default: True.
+
+        Returns:
+            Dict[str, Any]: ``captured``, ``present`` (captured before), ``skipped`` (no
+            room), ``failed`` (bucket -> error), ``capture_ms``, ``memory_bytes`` (static
+            inputs and pool memory of the captures made now), ``seconds`` (wall time) and
+            ``reason`` (why nothing could be captured, else None). ``graph_stats()`` keeps
+            it as ``warm_up``.
+
+        Raises:
+            ValueError: a size is not an int >= 1 or falls in no bucket (named), or an
+                option of the other model kind is given.
+        """
+        started = time.perf_counter()
+        sizes = {"batch_sizes": batch_sizes, "lengths": lengths, "candidates": candidates, "k": k}
+        for name, values in sizes.items():
+            check_buckets(name, values)
+        other = "k" if self.kind == "ranking" else "candidates"
+        if sizes[other] is not None:
+            call = "recommend (retrieval)" if other == "k" else "score (ranking)"
+            raise ValueError(f"{other} is for {call}; this session serves {self.kind}")
+        graphs = self._graphs
+        if graphs is None:
+            report = {**GraphSet.no_report(), "reason": f"no CUDA graphs here ({self._no_graphs})"}
+        else:
+            report = graphs.warm_up(graphs.warm_up_buckets(sizes, exclude_seen), False)
+            report["reason"] = None
+        report["seconds"] = time.perf_counter() - started
+        self._warm_up = report
+        return report
+
     def graph_stats(self) -> Dict[str, Any]:
-        """The CUDA graphs so far: ``enabled``, ``captures``, ``replays``, ``eager_calls``
-        (calls outside every bucket), ``graphs`` (per bucket: ``bucket``, ``capture_ms``,
-        ``memory_bytes`` = static inputs plus the pool memory the capture reserved,
-        ``replays``) and ``failed`` (buckets whose capture failed, with the error)."""
-        if self._graphs is None:
-            return {
-                "enabled": False,
-                "captures": 0,
-                "replays": 0,
-                "eager_calls": 0,
-                "graphs": [],
-                "failed": {},
-            }
-        return {"enabled": True, **self._graphs.stats()}
+        """The CUDA graphs so far: ``enabled``, ``step`` (``"score"``, ``"recommend"`` or
+        None), ``captures``, ``replays``, ``eager_calls`` (calls outside every bucket),
+        ``capture_ms`` and ``memory_bytes`` (totals over the graphs), ``graphs`` (per
+        bucket: ``bucket``, ``capture_ms``, ``memory_bytes`` = static inputs plus the pool
+        memory the capture reserved, ``replays``, ``warm_up`` = captured by
+        :meth:`warm_up`), ``failed`` (buckets whose capture failed, with the error) and
+        ``warm_up`` (the last :meth:`warm_up`'s report, or None)."""
+        graphs = self._graphs
+        stats = GraphSet.no_stats() if graphs is None else graphs.stats()
+        return {"enabled": graphs is not None, **stats, "warm_up": self._warm_up}
 
     # -- internals ------------------------------------------------------------------------
 
@@ -479,6 +535,22 @@ class ServingSession:
         """Whether the model encodes time (the cache then holds each user's query time)."""
         return req.timed(self.model)
 
+    def _recommend_graph(
+        self, embeddings: torch.Tensor, seen: Optional[List[torch.Tensor]], k: int
+    ) -> Optional[TopK]:
+        """The opened users' top-k replayed in a CUDA graph, or None (then run eager)."""
+        graphs = self._graphs
+        if not isinstance(graphs, RecommendGraphs) or not graphs.valid_k(k):
+            return None  # (a bad k raises in the eager call)
+        max_seen = None if seen is None else max(t.numel() for t in seen)
+        bucket = graphs.bucket(embeddings.shape[0], k, max_seen)
+        if bucket is not None:
+            top = graphs.recommend(bucket, embeddings, seen, self._strict_graphs)
+            if top is not None:
+                return top
+        graphs.eager_calls += 1
+        return None
+
     def _score_cache(
         self,
         cache: ServingCache,
@@ -493,7 +565,7 @@ class ServingSession:
         else:
             ids, timestamps = ids.to(self.device), timestamps.to(self.device)
         graphs = self._graphs
-        if graphs is not None:
+        if isinstance(graphs, ScoreGraphs):
             bucket = graphs.bucket(
                 cache.batch_size,
                 int(host_copy(cache.lengths).values.max()),

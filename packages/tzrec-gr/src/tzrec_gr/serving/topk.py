@@ -189,9 +189,35 @@ def catalogue_topk(
         raise ValueError(f"k must be an int in [1, num_items={num_items}], got {k!r}")
     if num_items >= _LOW32:
         raise ValueError(f"num_items must be below 2**32 - 1, got {num_items}")
-    users = user_embeddings
+    excluded = _exclusions(exclude, user_embeddings.shape[0], num_items, user_embeddings.device)
+    return scan_topk(user_embeddings, rows, num_items, k, excluded, chunk_size)
+
+
+def scan_topk(
+    users: torch.Tensor,
+    rows: ItemRows,
+    num_items: int,
+    k: int,
+    excluded: Optional[Tuple[torch.Tensor, torch.Tensor]],
+    chunk_size: int,
+) -> TopK:
+    """:func:`catalogue_topk`'s scan, on checked arguments: nothing is read on the host, so
+    a CUDA graph can capture it (the chunk loop is fixed by ``num_items`` and
+    ``chunk_size``).
+
+    Args:
+        users (torch.Tensor): [B, E] float.
+        rows (Callable[[int, int], torch.Tensor]): the catalogue rows of an id range.
+        num_items (int): I.
+        k (int): items per user, in ``[1, I]``.
+        excluded: (user [X], item [X]) int64 on ``users``' device, or None; an item outside
+            ``[0, I)`` excludes nothing (padding).
+        chunk_size (int): items scored at a time.
+
+    Returns:
+        TopK: as :func:`catalogue_topk`.
+    """
     batch, device = users.shape[0], users.device
-    excluded = _exclusions(exclude, batch, num_items, device)
     best_keys = torch.full((batch, k), _ABSENT, dtype=torch.int64, device=device)
     best_scores: Optional[torch.Tensor] = None
     for start in range(0, num_items, chunk_size):

@@ -1,0 +1,266 @@
+"""CUDA graphs of a ranking model's ``score_step``, one per padded bucket of request shapes.
+
+Legend: B = users, n_b = cached tokens of user b, T = candidates per user, K = tasks; a bucket
+(Bb, Lb, Tb) holds up to Bb users of at most Lb cached tokens and Tb candidates each.
+
+Each bucket owns static inputs (:func:`static_cache`, built from the model's own sizes):
+
+* the cache in a padded layout: user b's keys and values in rows ``[b * Lb, b * Lb + n_b)``
+  and zeros after them, with offsets ``b * Lb`` (constant) and the real ``lengths``. The
+  zero rows change no output: HSTU attention weighs each value row by ``silu(q . k)``
+  (no softmax), and a zero value row adds exactly 0, at any key; the positions of the
+  candidates come from ``lengths``, and the attention divisor is the model's constant;
+* the candidates, Tb per user (the real ones first, then item 0): candidates attend to
+  the history and to themselves only, so the filler changes no real candidate's output;
+* padding users (b >= B) copy user 0's lengths and features and are dropped after.
+
+A call copies the request into the buffers (the cache only when it is not the one already
+there: scoring new candidates for the same users copies only the candidates), replays the
+graph and gathers the real candidates' logits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
+from tzrec_gr.serving._graphs import Bucket, Entry, GraphPool, GraphSet, fit, fit_sizes, product
+from tzrec_gr.serving._requests import contextual_width, timed
+from tzrec_gr.serving.cache import ServingCache
+from tzrec_ops.jagged import host_copy, offsets_from_lengths, remember_host_copy
+
+__all__ = ["ScoreGraphs", "static_cache"]
+
+
+def static_cache(
+    model: nn.Module, batch: int, length: int, device: torch.device
+) -> Tuple[ServingCache, torch.Tensor]:
+    """A zeroed cache of ``batch`` users in the padded layout of ``length`` rows each, with
+    the dtypes and widths of what the model's ``prefill`` builds (no request needed).
+
+    Args:
+        model (HSTURanking): the model.
+        batch (int): Bb, users.
+        length (int): Lb, rows per user.
+        device (torch.device): where the buffers live.
+
+    Returns:
+        (ServingCache, torch.Tensor): the cache (offsets ``b * Lb``, lengths 0, ``max_len``
+        Lb) and its lengths' host copy [Bb] (CPU, zeros).
+    """
+    rows = batch * length
+    keys, values = [], []
+    for layer in model.transducer.stu.stu_layers:
+        dtype = next(layer.parameters()).dtype
+        heads = layer.num_heads
+        keys.append(torch.zeros(rows, heads * layer.attention_dim, dtype=dtype, device=device))
+        values.append(torch.zeros(rows, heads * layer.hidden_dim, dtype=dtype, device=device))
+    offsets_host = torch.arange(batch + 1, dtype=torch.int64) * length
+    offsets = remember_host_copy(offsets_host.to(device), offsets_host)
+    lengths = torch.zeros(batch, dtype=torch.int64, device=device)
+    width = contextual_width(model, "ranking")
+    dtype = next(model.parameters()).dtype
+    cache = ServingCache(
+        keys=tuple(keys),
+        values=tuple(values),
+        offsets=offsets,
+        lengths=lengths,
+        query_time=(torch.zeros(batch, dtype=torch.int64, device=device) if timed(model) else None),
+        contextual=(torch.zeros(batch, width, dtype=dtype, device=device) if width > 0 else None),
+        max_len=length,
+        owner=model.transducer.owner_id,
+    )
+    return cache, torch.zeros(batch, dtype=torch.int64)
+
+
+@dataclasses.dataclass
+class _ScoreEntry(Entry):
+    cache: Optional[ServingCache] = None  # the static cache (padded layout)
+    lengths_host: Optional[torch.Tensor] = None
+    cand_ids: Optional[torch.Tensor] = None
+    cand_ts: Optional[torch.Tensor] = None
+    cand_lengths: Optional[torch.Tensor] = None
+    resident: Optional[weakref.ref] = None
+    slots: Optional[Tuple[Tuple[int, ...], torch.Tensor]] = None  # the last candidates' slots
+
+
+class ScoreGraphs(GraphSet):
+    """The captured graphs of one ranking model's ``score_step`` (see the module docstring).
+
+    Args:
+        model (HSTURanking): the model, on ``device``.
+        device (torch.device): where the buffers live.
+        pool (GraphPool): the session's graph memory pool.
+        batch_buckets, length_buckets, candidate_buckets: Bb, Lb and Tb values.
+        max_graphs (int): the most graphs captured.
+    """
+
+    kind = "score"
+    fields = ("batch", "cached_len", "candidates")
+
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        pool: GraphPool,
+        batch_buckets: Sequence[int],
+        length_buckets: Sequence[int],
+        candidate_buckets: Sequence[int],
+        max_graphs: int,
+    ) -> None:
+        super().__init__(pool, max_graphs)
+        self.model = model
+        self.device = device
+        self.batch_buckets = tuple(sorted(batch_buckets))
+        self.length_buckets = tuple(sorted(length_buckets))
+        self.candidate_buckets = tuple(sorted(candidate_buckets))
+
+    def bucket(self, batch: int, max_cached: int, max_candidates: int) -> Optional[Bucket]:
+        """The smallest bucket that holds the request, or None (then the call runs eager)."""
+        fits = (
+            fit(batch, self.batch_buckets),
+            fit(max_cached, self.length_buckets),
+            fit(max(max_candidates, 1), self.candidate_buckets),
+        )
+        if any(f is None for f in fits):
+            return None
+        bucket = (fits[0], fits[1], fits[2])
+        return bucket if self.available(bucket) else None  # type: ignore[return-value]
+
+    def warm_up_buckets(self, sizes: Dict[str, Any], exclude_seen: bool) -> List[Bucket]:
+        return product(
+            fit_sizes("batch_sizes", sizes["batch_sizes"], self.batch_buckets),
+            fit_sizes("lengths", sizes["lengths"], self.length_buckets),
+            fit_sizes("candidates", sizes["candidates"], self.candidate_buckets),
+        )
+
+    # -- buffers --------------------------------------------------------------------------
+
+    def new_entry(self, bucket: Bucket) -> _ScoreEntry:
+        bb, lb, tb = bucket
+        device = self.device
+        cache, lengths_host = static_cache(self.model, bb, lb, device)
+        cand_lengths_host = torch.full((bb,), tb, dtype=torch.int64)
+        cand_lengths = remember_host_copy(cand_lengths_host.to(device), cand_lengths_host)
+        ids = torch.zeros(bb * tb, dtype=torch.int64, device=device)
+        return _ScoreEntry(
+            bucket=bucket,
+            cache=cache,
+            lengths_host=lengths_host,
+            cand_ids=ids,
+            cand_ts=torch.zeros_like(ids),
+            cand_lengths=cand_lengths,
+            memory_bytes=sum(t.numel() * t.element_size() for t in cache.keys + cache.values),
+        )
+
+    def fill_synthetic(self, entry: Entry) -> None:
+        """Every user with a full bucket of cached tokens (within the model's bound), zero
+        keys, values and times, item 0 as every candidate: valid inputs to capture on."""
+        assert isinstance(entry, _ScoreEntry) and entry.cache is not None
+        bb, lb, _ = entry.bucket
+        full = torch.full((bb,), min(lb, self.model.max_cached_len), dtype=torch.int64)
+        entry.cache.lengths.copy_(full.to(self.device))
+        entry.lengths_host = full
+        entry.resident = None
+        entry.slots = None
+
+    def load_cache(self, entry: _ScoreEntry, cache: ServingCache) -> None:
+        """Copy ``cache`` into the entry's padded layout (unless it is there already)."""
+        if entry.resident is not None and entry.resident() is cache:
+            return
+        bb, lb, _ = entry.bucket
+        batch = cache.batch_size
+        device = cache.offsets.device
+        lengths = host_copy(cache.lengths).values
+        offsets = offsets_from_lengths(lengths)
+        user = torch.repeat_interleave(torch.arange(batch), lengths)
+        dest = (user * lb + torch.arange(int(offsets[-1])) - offsets[user]).to(device)
+        static = entry.cache
+        assert static is not None
+        for src, dst in zip(cache.keys + cache.values, static.keys + static.values):
+            dst.zero_()
+            dst.index_copy_(0, dest, src.to(dst.dtype))
+        pad = bb - batch
+        padded = torch.cat([lengths, lengths[:1].expand(pad)])
+        static.lengths.copy_(padded.to(device))
+        entry.lengths_host = padded
+        pairs = ((cache.query_time, static.query_time), (cache.contextual, static.contextual))
+        for src, dst in pairs:
+            if src is not None and dst is not None:
+                dst[:batch].copy_(src)
+                dst[batch:].copy_(src[:1].expand(pad, *src.shape[1:]))
+        entry.resident = weakref.ref(cache)
+
+    def load_candidates(
+        self,
+        entry: _ScoreEntry,
+        ids: torch.Tensor,
+        lengths: torch.Tensor,
+        timestamps: torch.Tensor,
+    ) -> torch.Tensor:
+        """Copy the candidates into the entry's slots; returns their slots [L_t] (device)."""
+        assert entry.cand_ids is not None and entry.cand_ts is not None
+        assert entry.cache is not None
+        _, _, tb = entry.bucket
+        key = tuple(lengths.tolist())
+        if entry.slots is not None and entry.slots[0] == key:
+            slots = entry.slots[1]
+        else:
+            offsets = offsets_from_lengths(lengths)
+            user = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)
+            slots = (user * tb + torch.arange(int(offsets[-1])) - offsets[user]).to(ids.device)
+            entry.slots = (key, slots)
+        entry.cand_ids.zero_()
+        entry.cand_ids.index_copy_(0, slots, ids)
+        # the filler is shown at its user's query time (or 0 without time encoding)
+        qt = entry.cache.query_time
+        if qt is not None:
+            entry.cand_ts.copy_(qt.to(entry.cand_ts.dtype).repeat_interleave(tb))
+        else:
+            entry.cand_ts.zero_()
+        entry.cand_ts.index_copy_(0, slots, timestamps.to(entry.cand_ts.dtype))
+        return slots
+
+    # -- the step -------------------------------------------------------------------------
+
+    def step(self, entry: Entry) -> torch.Tensor:
+        """[Bb * Tb, K] logits of every slot, from the buffers (what is captured)."""
+        from tzrec_gr.serving.ranking import score_step
+
+        assert isinstance(entry, _ScoreEntry) and entry.cache is not None
+        candidates = {
+            CANDIDATE_ITEM_ID: entry.cand_ids,
+            CANDIDATE_LENGTHS: entry.cand_lengths,
+            CANDIDATE_TIMESTAMPS: entry.cand_ts,
+        }
+        return score_step(self.model, entry.cache, candidates, entry.bucket[2])
+
+    def before_capture(self, entry: Entry) -> None:
+        # the index tensors' host copies, for the ops' value checks during the capture
+        assert isinstance(entry, _ScoreEntry) and entry.cache is not None
+        remember_host_copy(entry.cache.lengths, entry.lengths_host)
+
+    @torch.no_grad()
+    def score(
+        self,
+        bucket: Bucket,
+        cache: ServingCache,
+        ids: torch.Tensor,
+        lengths: torch.Tensor,
+        timestamps: torch.Tensor,
+        strict: bool,
+    ) -> Optional[torch.Tensor]:
+        """[L_t, K] logits of the candidates (``lengths`` [B] on the CPU), replayed in
+        ``bucket``'s graph; None when the capture failed (``strict``: raise instead)."""
+        entry = self.entry(bucket)
+        assert isinstance(entry, _ScoreEntry)
+        self.load_cache(entry, cache)
+        slots = self.load_candidates(entry, ids, lengths, timestamps)
+        if not self.captured(entry, strict):
+            return None
+        return self.replay(entry).index_select(0, slots)
