@@ -261,6 +261,8 @@ class HSTUTransducer(nn.Module):
             pre.num_targets,
             total_uih,
             pre.total_targets,
+            target_offsets=pre.target_offsets,
+            target_timestamps=pre.target_timestamps,
         )
 
     # -- serving (tzrec_gr.serving.transducer) ---------------------------------------------
@@ -330,24 +332,40 @@ class HSTUTransducer(nn.Module):
         num_targets: torch.Tensor,
         total_uih: int,
         total_targets: int,
+        target_offsets: Optional[torch.Tensor] = None,
+        target_timestamps: Optional[torch.Tensor] = None,
     ) -> TransducerOutput:
+        """The candidates' rows of the encoded tokens, postprocessed (every row with full
+        embeddings). ``target_offsets`` (the offsets of ``num_targets``) and
+        ``target_timestamps`` (the candidate rows' timestamps): the preprocessor's when it
+        gives them, else derived here."""
         full = None
         if self.return_full_embeddings:
             encoded = self._postprocess(encoded, timestamps)
             full = encoded
-        uih_lengths = mirror(torch.sub, lengths, num_targets)
-        uih_offsets = mirror(offsets_from_lengths, uih_lengths)
-        cand_offsets = mirror(offsets_from_lengths, num_targets)
-        _, cand = split_2D_jagged(
-            max_seq_len=max_seq_len,
-            values=encoded,
-            total_len_left=total_uih,
-            total_len_right=total_targets,
-            offsets_left=uih_offsets,
-            offsets_right=cand_offsets,
-            backend=self._split_backend,
-        )
-        cand_ts = select_jagged_rows(timestamps, offsets, cand_offsets, uih_lengths, total_targets)
+        if total_targets == 0:
+            # no candidate rows (history only): empty slices, no split
+            cand, cand_ts = encoded[encoded.shape[0] :], timestamps[timestamps.shape[0] :]
+        else:
+            if target_offsets is None:
+                target_offsets = mirror(offsets_from_lengths, num_targets)
+            # offsets of the non-candidate rows: the running sums subtract (int64, exact)
+            uih_offsets = mirror(torch.sub, offsets, target_offsets)
+            _, cand = split_2D_jagged(
+                max_seq_len=max_seq_len,
+                values=encoded,
+                total_len_left=total_uih,
+                total_len_right=total_targets,
+                offsets_left=uih_offsets,
+                offsets_right=target_offsets,
+                backend=self._split_backend,
+            )
+            cand_ts = target_timestamps
+            if cand_ts is None:
+                uih_lengths = mirror(torch.sub, lengths, num_targets)
+                cand_ts = select_jagged_rows(
+                    timestamps, offsets, target_offsets, uih_lengths, total_targets
+                )
         if self.input_preprocessor.interleave_targets():
             cand = cand.view(-1, 2, cand.shape[-1])[:, 0]
             cand_ts = cand_ts.view(-1, 2)[:, 0]

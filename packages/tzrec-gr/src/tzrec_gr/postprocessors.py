@@ -142,7 +142,8 @@ class TimestampLayerNormPostprocessor(OutputPostprocessor):
         """[...] timestamps -> [..., 2F] float32 ``[cos phi_1, sin phi_1, ...]``."""
         ts = seq_timestamps.to(torch.int64).unsqueeze(-1)
         steps = torch.remainder(torch.div(ts, self._periods, rounding_mode="floor"), self._units)
-        phase = steps.to(torch.float32) / self._units.to(torch.float32) * (2.0 * math.pi)
+        # the int64 units are promoted to float32 inside the division (no cast of their own)
+        phase = steps.to(torch.float32) / self._units * (2.0 * math.pi)
         return torch.stack([torch.cos(phase), torch.sin(phase)], dim=-1).flatten(-2)
 
     def forward(self, seq_embeddings, seq_timestamps):

@@ -92,6 +92,10 @@ class PreprocessorOutput(NamedTuple):
         seq_timestamps: [L] int64 (contextual tokens carry 0).
         seq_embeddings: [L, E].
         num_targets: [B] int64, candidate rows at the end of each sample.
+        target_offsets: [B + 1] int64 offsets of ``num_targets`` (the candidate rows), or
+            None (then whoever needs them derives them from ``num_targets``).
+        target_timestamps: [total_targets] int64 timestamps of the candidate rows (those of
+            ``seq_timestamps``), or None (then they are gathered from ``seq_timestamps``).
     """
 
     max_seq_len: int
@@ -102,6 +106,8 @@ class PreprocessorOutput(NamedTuple):
     seq_timestamps: torch.Tensor
     seq_embeddings: torch.Tensor
     num_targets: torch.Tensor
+    target_offsets: Optional[torch.Tensor] = None
+    target_timestamps: Optional[torch.Tensor] = None
 
 
 def _get(features: Features, key: str) -> torch.Tensor:
@@ -308,6 +314,8 @@ class _ContextualBase(InputPreprocessor):
             seq_timestamps=ts,
             seq_embeddings=emb,
             num_targets=out.num_targets,
+            target_offsets=out.target_offsets,
+            target_timestamps=out.target_timestamps,
         )
 
 
@@ -428,19 +436,28 @@ class ContextualInterleavePreprocessor(_ContextualBase):
         cand_offsets = mirror(offsets_from_lengths, cand_lengths)
         num_targets = as_int64(cand_lengths)
         lengths = mirror(torch.add, as_int64(uih_lengths), num_targets)
-        offsets = mirror(offsets_from_lengths, lengths)
+        # the running sums of history and candidate lengths add up (int64, exact)
+        offsets = mirror(torch.add, uih_offsets, cand_offsets)
         max_len = max_uih_len + max_targets
         content = self.content_encoder(
             uih, cand, max_uih_len, max_targets, uih_offsets, cand_offsets
         )
         content = self.content_mlp(content, offsets, max_len, raw_ctx)
-        timestamps = concat_jagged_rows(
-            uih_ts.to(torch.int64), cand_ts.to(torch.int64), uih_offsets, cand_offsets
-        )
+        cand_ts = cand_ts.to(torch.int64)
+        timestamps = concat_jagged_rows(uih_ts.to(torch.int64), cand_ts, uih_offsets, cand_offsets)
 
         if self.action_encoder is None or self.action_mlp is None:
             out = PreprocessorOutput(
-                max_len, total_uih, total_t, lengths, offsets, timestamps, content, num_targets
+                max_len,
+                total_uih,
+                total_t,
+                lengths,
+                offsets,
+                timestamps,
+                content,
+                num_targets,
+                cand_offsets,
+                cand_ts,
             )
             return self._add_prefix(out, raw_ctx)
 
@@ -468,6 +485,8 @@ class ContextualInterleavePreprocessor(_ContextualBase):
                 timestamps,
                 content + action,
                 num_targets,
+                cand_offsets,
+                cand_ts,
             )
         elif self.training:
             pairs = torch.stack([content, action], dim=1).reshape(-1, content.shape[1])
@@ -480,6 +499,7 @@ class ContextualInterleavePreprocessor(_ContextualBase):
                 timestamps.unsqueeze(1).expand(-1, 2).reshape(-1),
                 pairs,
                 mirror(torch.mul, num_targets, 2),
+                mirror(torch.mul, cand_offsets, 2),
             )
         else:
             out = self._interleave_history_only(
@@ -492,7 +512,7 @@ class ContextualInterleavePreprocessor(_ContextualBase):
                 2 * max_uih_len + max_targets,
                 total_uih,
                 total_t,
-            )
+            )._replace(target_offsets=cand_offsets, target_timestamps=cand_ts)
         return self._add_prefix(out, raw_ctx)
 
     @staticmethod

@@ -18,7 +18,9 @@ Measures, with E=512, H=4, d=128, 3 layers, 64 users of ~2000-event histories:
 ``--profile`` also profiles the training step (``torch.profiler``): per part of the model
 (forward ranges: embeddings, preprocessing, each STU layer, postprocessing, towers; then loss,
 backward and optimizer) the device time of the kernels it launched, its span on the GPU
-timeline and its host time, and the kernels with the most device time.
+timeline and its host time, and the kernels with the most device time. ``--count-ops`` counts
+the aten ops of one training step per part (on any device: the CPU shows the op overhead
+around the STU layers as well as a GPU does).
 
 Each figure is a median in ms (:func:`tzrec_ops.measure.median_ms`: on a GPU
 ``triton.testing.do_bench``, warm-up 25 ms, rep 200 ms; on the CPU, calls timed one by one
@@ -29,10 +31,13 @@ for 200 ms). Inputs come as a server gets them: index tensors built on the CPU a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from typing import Callable, Dict, List, Optional
+from collections import Counter
+from typing import Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tzrec_gr.features import (
     CANDIDATE_ITEM_ID,
@@ -94,19 +99,27 @@ def candidates(lengths: torch.Tensor, num_items: int, now: int, device) -> Batch
     }
 
 
-def bench_train(provider: str, args, device) -> Dict[str, float]:
+def _train_setup(provider: str, args, device, autocast_on_cpu: bool = False):
+    """The training step's model (train mode), AdamW, batch, labels and autocast context
+    (bf16 on a GPU, and on the CPU with ``autocast_on_cpu``): histories U[0.9 N, N) and
+    U[1, max_targets] candidates per user."""
     model = build_model(provider, args, device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     n = args.max_uih_len
     uih = torch.randint(int(0.9 * n), n, (args.train_batch,))
     cand = torch.randint(1, args.max_targets + 1, (args.train_batch,))
-    now = int(uih.sum()) * 60
     batch = {
         **history(uih, args.num_items, device),
-        **candidates(cand, args.num_items, now, device),
+        **candidates(cand, args.num_items, int(uih.sum()) * 60, device),
     }
     labels = torch.randint(0, 4, (int(cand.sum()),), device=device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    on = device.type == "cuda" or autocast_on_cpu
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=on)
+    return model, optimizer, batch, labels, autocast
+
+
+def bench_train(provider: str, args, device) -> Dict[str, float]:
+    model, optimizer, batch, labels, autocast = _train_setup(provider, args, device)
 
     def step() -> None:
         with autocast:
@@ -116,35 +129,84 @@ def bench_train(provider: str, args, device) -> Dict[str, float]:
         optimizer.step()
 
     ms = median_ms(step, device)
-    tokens = int(uih.sum() + cand.sum())
+    tokens = batch[UIH_ITEM_ID].shape[0] + batch[CANDIDATE_ITEM_ID].shape[0]
     return {"ms": ms, "tokens_per_s": tokens / ms * 1e3}
 
 
-def _annotate(model: HSTURanking) -> List[torch.utils.hooks.RemovableHandle]:
-    """Puts each forward of the model's parts in a profiler range named after it (the
-    embeddings, the transducer's preprocessing, each STU layer, postprocessing, the towers)."""
+def _parts(model: HSTURanking) -> Dict[str, torch.nn.Module]:
+    """The model's parts, by name: the embeddings, the transducer (its own code: splitting
+    off the candidates), each child of the transducer (each STU layer on its own), the
+    towers."""
     transducer = model.transducer
-    parts = {"item_embeddings": model.item_embeddings, "item_tower": model.item_tower,
-             "task_head": model.task_head}
+    parts = {"item_embeddings": model.item_embeddings, "transducer": transducer,
+             "item_tower": model.item_tower, "task_head": model.task_head}
     for name, child in transducer.named_children():
         if name == "stu":
             for i, layer in enumerate(child.stu_layers):
                 parts[f"stu.layer{i}"] = layer
         else:
             parts[f"transducer.{name}"] = child
+    return parts
+
+
+def _hook_parts(
+    model: HSTURanking, enter: Callable[[str], None], leave: Callable[[str], None]
+) -> List[torch.utils.hooks.RemovableHandle]:
+    """Calls ``enter(name)`` / ``leave(name)`` around each forward of the model's parts."""
     handles = []
-    for name, module in parts.items():
-        ranges: List[torch.profiler.record_function] = []
+    for name, module in _parts(model).items():
 
-        def enter(module, inputs, ranges=ranges, name=name):
-            ranges.append(torch.profiler.record_function(f"fwd:{name}"))
-            ranges[-1].__enter__()
+        def pre_hook(module, inputs, name=name) -> None:
+            enter(name)
 
-        def leave(module, inputs, output, ranges=ranges):
-            ranges.pop().__exit__(None, None, None)
+        def hook(module, inputs, output, name=name) -> None:
+            leave(name)
 
-        handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+        handles += [module.register_forward_pre_hook(pre_hook), module.register_forward_hook(hook)]
     return handles
+
+
+def _annotate(model: HSTURanking) -> List[torch.utils.hooks.RemovableHandle]:
+    """Puts each forward of the model's parts in a profiler range named after it (the
+    embeddings, the transducer's preprocessing, each STU layer, postprocessing, the towers)."""
+    ranges: List[torch.profiler.record_function] = []
+
+    def enter(name: str) -> None:
+        ranges.append(torch.profiler.record_function(f"fwd:{name}"))
+        ranges[-1].__enter__()
+
+    def leave(name: str) -> None:
+        ranges.pop().__exit__(None, None, None)
+
+    return _hook_parts(model, enter, leave)
+
+
+def _phased_step(
+    provider: str,
+    args,
+    device,
+    phase: Callable[[str], ContextManager[object]],
+    autocast_on_cpu: bool = False,
+) -> Tuple[HSTURanking, Callable[[], None]]:
+    """The model and the training step of :func:`bench_train`, each phase (``forward``,
+    ``loss``, ``backward``, ``optimizer``) inside ``phase(name)``."""
+    model, optimizer, batch, labels, autocast = _train_setup(
+        provider, args, device, autocast_on_cpu
+    )
+
+    def step() -> None:
+        with autocast:
+            with phase("forward"):
+                logits = model(batch)
+            with phase("loss"):
+                loss = model.loss(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        with phase("backward"):
+            loss.backward()
+        with phase("optimizer"):
+            optimizer.step()
+
+    return model, step
 
 
 def profile_train(provider: str, args, device, steps: int = 5) -> str:
@@ -153,28 +215,9 @@ def profile_train(provider: str, args, device, steps: int = 5) -> str:
     the kernels that take the most device time."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    model = build_model(provider, args, device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    n = args.max_uih_len
-    uih = torch.randint(int(0.9 * n), n, (args.train_batch,))
-    cand = torch.randint(1, args.max_targets + 1, (args.train_batch,))
-    batch = {**history(uih, args.num_items, device),
-             **candidates(cand, args.num_items, int(uih.sum()) * 60, device)}
-    labels = torch.randint(0, 4, (int(cand.sum()),), device=device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-
-    def step() -> None:
-        with autocast:
-            with record_function("step:forward"):
-                logits = model(batch)
-            with record_function("step:loss"):
-                loss = model.loss(logits, labels)
-        optimizer.zero_grad(set_to_none=True)
-        with record_function("step:backward"):
-            loss.backward()
-        with record_function("step:optimizer"):
-            optimizer.step()
-
+    model, step = _phased_step(
+        provider, args, device, lambda name: record_function(f"step:{name}")
+    )
     for _ in range(3):  # compiles and autotuning stay out of the profile
         step()
     handles = _annotate(model)
@@ -206,7 +249,8 @@ def profile_train(provider: str, args, device, steps: int = 5) -> str:
     kernels = [e for e in events if on_device(e) and e.key not in ranges
                and not e.key.startswith("Optimizer.")]
     total_kernel = sum(device_ms(e) for e in kernels) / steps
-    lines = [f"profile {provider} (B {args.train_batch}, history < {n}, {steps} steps): per "
+    lines = [f"profile {provider} (B {args.train_batch}, history < {args.max_uih_len}, "
+             f"{steps} steps): per "
              f"step {host['step'].cpu_time_total / 1e3 / steps:.2f} ms on the host, "
              f"{span.get('step', float('nan')):.2f} ms on the GPU timeline, "
              f"{total_kernel:.2f} ms of kernels"]
@@ -218,6 +262,86 @@ def profile_train(provider: str, args, device, steps: int = 5) -> str:
     lines.append("  kernels with the most device time (ms per step, calls per step):")
     for evt in sorted(kernels, key=device_ms, reverse=True)[:15]:
         lines.append(f"    {device_ms(evt) / steps:8.3f} {evt.count // steps:5d}  {evt.key[:90]}")
+    return "\n".join(lines)
+
+
+# tzrec_ops.jagged functions whose ops work on host copies of index tensors (on the CPU
+# whatever the model's device): value checks and the host side of ``mirror``
+_HOST_SIDE = {"check_once", "host_copy", "host_copies", "remember_host_copy"}
+
+
+def _on_host_copies() -> bool:
+    """Whether the calling op works on host copies (see ``_HOST_SIDE``)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if "tzrec_ops" in code.co_filename and (
+            code.co_name in _HOST_SIDE
+            # mirror's second run, on the host copies, comes after its device run (``out``)
+            or (code.co_name == "mirror" and "out" in frame.f_locals)
+        ):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched (after autograd and the composite decompositions, so
+    about one per kernel launch on a GPU), per label (the innermost entered name), apart
+    from the ops on host copies of index tensors (label ``host``; see ``_HOST_SIDE``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.labels: List[str] = []
+        self.counts: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        label = self.labels[-1] if self.labels else "other"
+        if _on_host_copies():
+            label = f"{label} (host copies)"
+        self.counts[(label, func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_train_ops(provider: str, args, device, top: int = 6) -> str:
+    """The aten ops of one training step of :func:`bench_train` (after a warm-up step), per
+    forward part (see :func:`_parts`; ``forward`` is the model's own code around them, its
+    input checks included), loss, backward and optimizer, with each part's commonest ops.
+    Runs on any device, the CPU included, under bf16 autocast as the GPU step runs (so the
+    casts it makes are counted too)."""
+    counter = _OpCounter()
+
+    @contextlib.contextmanager
+    def phase(name: str) -> Iterator[None]:
+        counter.labels.append(name)
+        try:
+            yield
+        finally:
+            counter.labels.pop()
+
+    model, step = _phased_step(provider, args, device, phase, autocast_on_cpu=True)
+    step()
+    handles = _hook_parts(model, counter.labels.append, lambda name: counter.labels.pop() and None)
+    try:
+        with counter:
+            step()
+    finally:
+        for handle in handles:
+            handle.remove()
+    per_label: Counter = Counter()
+    for (label, _), n in counter.counts.items():
+        per_label[label] += n
+    order = ["forward", *_parts(model), "loss", "backward", "optimizer", "other"]
+    order = [label for name in order for label in (name, f"{name} (host copies)")]
+    host = sum(n for label, n in per_label.items() if label.endswith("(host copies)"))
+    lines = [f"aten ops of one training step, {provider} (B {args.train_batch}, history < "
+             f"{args.max_uih_len}): {sum(per_label.values())}, {host} of them on host copies "
+             "of index tensors (the CPU, whatever the model's device)"]
+    for label in [name for name in order if per_label[name]]:
+        ops = sorted(((n, op) for (lab, op), n in counter.counts.items() if lab == label),
+                     reverse=True)[:top]
+        common = ", ".join(f"{op} {n}" for n, op in ops)
+        lines.append(f"  {label:<36} {per_label[label]:6d}  {common}")
     return "\n".join(lines)
 
 
@@ -272,6 +396,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--profile", action="store_true",
                    help="also profile the training step (torch.profiler): kernel and host "
                    "time per part of the model, and the heaviest kernels")
+    p.add_argument("--count-ops", action="store_true",
+                   help="also count the aten ops of one training step per part of the model "
+                   "(works on the CPU)")
     args = p.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -292,6 +419,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
         if "train" in modes and args.profile:
             print(profile_train(provider, args, device))
+        if "train" in modes and args.count_ops:
+            print(count_train_ops(provider, args, device))
         if "serve" in modes:
             r = bench_serve(provider, args, device, dtype)
             runs = [("eager", "")] + ([("cuda graph", "graph_")] if "graph_full_ms" in r else [])
