@@ -90,8 +90,14 @@ def _here() -> Tuple[str, ...]:
     )
 
 
+# Tensor methods that read a GPU tensor's values but dispatch no op on a CPU one (there
+# ``.cpu()`` returns the tensor itself and ``.tolist()`` reads it directly)
+_HOST_METHODS = ("cpu", "tolist", "numpy")
+
+
 class SyncRecorder(TorchDispatchMode):
-    """Records the ops that would sync on a GPU, applied to "device" tensors.
+    """Records the ops that would sync on a GPU, applied to "device" tensors, and the calls
+    of ``Tensor.cpu`` / ``tolist`` / ``numpy`` on them.
 
     Args:
         device_tensors: the tensors that live on the device (a step's inputs, the model's
@@ -106,6 +112,26 @@ class SyncRecorder(TorchDispatchMode):
         for t in device_tensors:
             self._device[t] = True
         self.syncs: List[Sync] = []
+        self._methods: Dict[str, Any] = {}
+
+    def __enter__(self):
+        for name in _HOST_METHODS:
+            method = self._methods[name] = getattr(torch.Tensor, name)
+            setattr(torch.Tensor, name, self._watch(name, method))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, method in self._methods.items():
+            setattr(torch.Tensor, name, method)
+        return super().__exit__(*exc)
+
+    def _watch(self, name: str, method: Any) -> Any:
+        def watched(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if t in self._device:
+                self.syncs.append(Sync(f"Tensor.{name}", "copy to the host", _here()))
+            return method(t, *args, **kwargs)
+
+        return watched
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -205,6 +231,7 @@ def test_the_recorder_sees_syncs_on_device_tensors_only():
         torch.repeat_interleave(y[:3], y[:3])
         torch.repeat_interleave(y[:3], y[:3], output_size=6)  # no sync: size given
         y.to("cpu", copy=True)
+        y.tolist()
         int(host.sum()) + int((torch.arange(3) * 2).max())  # host tensors: no sync
         host[host > 3]
 
@@ -215,4 +242,5 @@ def test_the_recorder_sees_syncs_on_device_tensors_only():
         ("nonzero", "reads values"),
         ("repeat_interleave", "repeat_interleave without output_size"),
         ("_to_copy", "copy to the host"),
+        ("Tensor.tolist", "copy to the host"),
     ]
