@@ -191,6 +191,18 @@ def test_recommend_buffers_have_the_layout_of_real_embeddings():
     assert graphs.new_entry((4, 5, 0)).seen is None
 
 
+def test_scan_pads_users_to_a_power_of_two_so_padding_changes_no_bit():
+    gen = torch.Generator().manual_seed(3)
+    users = torch.nn.functional.normalize(torch.randn(5, 16, generator=gen), dim=1)
+    items = torch.nn.functional.normalize(torch.randn(300, 16, generator=gen), dim=1)
+    for batch, padded in ((3, 4), (5, 8), (1, 1)):
+        want = catalogue_topk(users[:batch], items, 7, chunk_size=64)
+        rows = torch.cat([users[:batch], users.new_zeros(padded - batch, 16)])
+        got = catalogue_topk(rows, items, 7, chunk_size=64)
+        assert torch.equal(got.ids[:batch], want.ids)
+        assert torch.equal(got.scores[:batch], want.scores)
+
+
 def test_recommend_buckets():
     model, session, _ = _opened_retrieval([2])
     graphs = RecommendGraphs(
@@ -206,6 +218,19 @@ def test_recommend_buckets():
         8,
     )
     assert graphs.bucket(3, 5, 7) == (4, 5, 8)
+    odd = RecommendGraphs(
+        session._items,
+        NUM_ITEMS,
+        16,
+        torch.float32,
+        torch.device("cpu"),
+        GraphPool(),
+        (3, 48),
+        (8,),
+        7,
+        8,
+    )
+    assert odd.batch_buckets == (1, 2, 4, 8, 16, 32, 48)
     assert graphs.bucket(3, 5, 9) == (4, 5, 16)
     assert graphs.bucket(1, 5, None) == (1, 5, 0)  # nothing excluded
     assert graphs.bucket(5, 5, 1) is None and graphs.bucket(1, 5, 17) is None
@@ -263,7 +288,7 @@ def test_session_recommend_through_the_graph_path(monkeypatch):
         torch.float32,
         torch.device("cpu"),
         session._pool,
-        (1, 4),  # (one user: a matrix-vector product, which rounds unlike a padded one)
+        (2, 4),  # (used as 1, 2, 4: a request and its bucket pad to the same power of two)
         (4, 16),
         7,
         2,
@@ -385,11 +410,47 @@ def test_gpu_warm_up_captures_before_the_first_request():
     # retrieval: warm-up for k=5, then recommend only replays
     retrieval = retrieval_model(device="cuda")
     session = ServingSession(retrieval, batch_buckets=(4,), length_buckets=(16,))
-    assert len(session.warm_up(k=[5])["captured"]) == 1
+    # (recommend's user buckets are the powers of two up to the largest: 1, 2, 4)
+    assert len(session.warm_up(k=[5])["captured"]) == 3
     rh = _retrieval_histories([3, 12])
     session.open([1, 2], rh)
     want = ServingSession(retrieval, cuda_graphs="off")
     want.open([1, 2], rh)
     got, ref = session.recommend([1, 2], 5), want.recommend([1, 2], 5)
     assert torch.equal(got.ids, ref.ids) and torch.equal(got.scores, ref.scores)
-    assert session.graph_stats()["captures"] == 1 and session.graph_stats()["replays"] == 1
+    assert session.graph_stats()["captures"] == 3 and session.graph_stats()["replays"] == 1
+
+
+@_mark
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpu_recommend_graph_of_a_large_catalogue_equals_catalogue_topk(dtype):
+    """A catalogue large enough for the matrix library to pick shape-dependent kernels:
+    every batch size padded to its bucket gives catalogue_topk's bits."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    items = torch.nn.functional.normalize(
+        torch.randn(200_000, 64, device="cuda", generator=gen), dim=1
+    ).to(dtype)
+    graphs = RecommendGraphs(
+        lambda: items,
+        200_000,
+        64,
+        dtype,
+        torch.device("cuda"),
+        GraphPool(),
+        (64,),
+        (8,),
+        65536,
+        32,
+    )
+    for batch in (1, 2, 3, 5, 7, 12, 33, 64):
+        users = torch.nn.functional.normalize(
+            torch.randn(batch, 64, device="cuda", generator=gen), dim=1
+        ).to(dtype)
+        seen = [torch.randint(0, 200_000, (int(n),)) for n in torch.randint(1, 9, (batch,))]
+        for exclude in (seen, None):
+            bucket = graphs.bucket(batch, 10, 8 if exclude is not None else None)
+            got = graphs.recommend(bucket, users, exclude, strict=True)
+            want = catalogue_topk(users, items, 10, exclude=exclude)
+            assert torch.equal(got.ids, want.ids), (batch, exclude is None)
+            assert torch.equal(got.scores, want.scores), (batch, exclude is None)
+    assert graphs.captures == 12 and graphs.replays == 16  # 6 user buckets x 2

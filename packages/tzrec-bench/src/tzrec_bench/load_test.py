@@ -467,6 +467,13 @@ def run_load_test(
                           f"{[r.index for r in group]}): {type(exc).__name__}: {exc}")
             return []
 
+    # the CUDA graphs of every batch size up to --max-batch (the session's largest bucket:
+    # 64), captured before the clock
+    sizes = {"k": [args.k]} if session.kind == "retrieval" else {"candidates": [args.candidates]}
+    report = session.warm_up(batch_sizes=range(1, min(args.max_batch, 64) + 1), **sizes)
+    if log:
+        log(f"  graph warm-up: {len(report['captured'])} captured in {report['seconds']:.1f} s"
+            + (f" ({report['reason']})" if report["reason"] else ""))
     for kind, group in _calls(warm, args.max_batch):
         for req, answer in zip(group, serve(kind, group)):
             if req.index in by_index:

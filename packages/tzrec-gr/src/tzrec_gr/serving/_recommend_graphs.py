@@ -14,9 +14,12 @@ Each bucket owns static inputs, built from the model's own sizes:
   ``[b * Sb, (b + 1) * Sb)``): user b's s_b items first, then the id I, which lies outside
   every chunk of the catalogue and so excludes nothing.
 
-Every user's row of the scan depends on that user's embedding and exclusions only, so the
-padded scan gives the real users the top-K of the unpadded one; a call copies the request
-into the buffers, replays the graph and returns copies of the first B rows.
+Every user's row of the scan depends on that user's embedding and exclusions only, and the
+scan computes its scores for the users padded to a power of two (eager too), so the padded
+scan gives the real users the same ids and scores as the eager call: the user buckets are
+the powers of two up to the largest of ``batch_buckets`` (then that largest), where a
+request and its bucket round up to the same power. A call copies the request into the
+buffers, replays the graph and returns copies of the first B rows.
 """
 
 from __future__ import annotations
@@ -26,7 +29,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from tzrec_gr.serving._graphs import Bucket, Entry, GraphPool, GraphSet, fit, fit_sizes, product
+from tzrec_gr.serving._graphs import (
+    Bucket,
+    Entry,
+    GraphPool,
+    GraphSet,
+    fit,
+    fit_sizes,
+    powers_of_two_up_to,
+    product,
+)
 from tzrec_gr.serving.topk import TopK, scan_topk
 from tzrec_ops.jagged import offsets_from_lengths
 
@@ -51,7 +63,9 @@ class RecommendGraphs(GraphSet):
         dtype (torch.dtype): the user embeddings' dtype.
         device (torch.device): where the buffers live.
         pool (GraphPool): the session's graph memory pool.
-        batch_buckets, seen_buckets: Bb and Sb values.
+        batch_buckets: the session's user buckets; this set uses the powers of two up to
+            the largest (then the largest).
+        seen_buckets: Sb values.
         chunk_size (int): items scored at a time.
         max_graphs (int): the most graphs captured.
     """
@@ -78,7 +92,9 @@ class RecommendGraphs(GraphSet):
         self.dim = dim
         self.dtype = dtype
         self.device = device
-        self.batch_buckets = tuple(sorted(batch_buckets))
+        # powers of two (then the largest): the scan pads its product to a power of two of
+        # users, so a request and its bucket then run the same product (same bits)
+        self.batch_buckets = powers_of_two_up_to(max(batch_buckets))
         self.seen_buckets = tuple(sorted(seen_buckets))
         self.chunk_size = chunk_size
 

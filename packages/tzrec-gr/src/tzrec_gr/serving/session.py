@@ -91,7 +91,8 @@ class ServingSession:
             (a CUDA device required; a step that cannot be captured raises) or ``"off"``.
             The ranking ``score`` and the retrieval ``recommend`` of opened users are
             captured. Default: ``"auto"``.
-        batch_buckets (Sequence[int]): the users per graph bucket. Default: 1, 2, 4, ..., 64.
+        batch_buckets (Sequence[int]): the users per graph bucket (``recommend`` uses the
+            powers of two up to the largest). Default: 1, 2, 4, ..., 64.
         length_buckets (Sequence[int] | None): per user per bucket, ranking: cached tokens
             (default: powers of two from 64 up to the model's ``max_cached_len``);
             retrieval: seen items (default: powers of two from 64 up to ``max_seq_len``).

@@ -203,7 +203,9 @@ def scan_topk(
 ) -> TopK:
     """:func:`catalogue_topk`'s scan, on checked arguments: nothing is read on the host, so
     a CUDA graph can capture it (the chunk loop is fixed by ``num_items`` and
-    ``chunk_size``).
+    ``chunk_size``). The scores are computed for the users padded with zero rows to a power
+    of two, so B users and the same users padded to any count up to that power get the
+    same bits.
 
     Args:
         users (torch.Tensor): [B, E] float.
@@ -218,6 +220,13 @@ def scan_topk(
         TopK: as :func:`catalogue_topk`.
     """
     batch, device = users.shape[0], users.device
+    # the product runs on the users padded with zero rows to a power of two: a matrix
+    # library may round a row differently for another number of rows, and this way a CUDA
+    # graph of a padded batch (2^n users, or fewer padded to them) gives the same bits
+    rows_padded = 1 << (batch - 1).bit_length()
+    lhs = users
+    if rows_padded != batch:
+        lhs = torch.cat([users, users.new_zeros(rows_padded - batch, users.shape[1])])
     best_keys = torch.full((batch, k), _ABSENT, dtype=torch.int64, device=device)
     best_scores: Optional[torch.Tensor] = None
     for start in range(0, num_items, chunk_size):
@@ -228,7 +237,7 @@ def scan_topk(
                 f"item_embeddings({start}, {stop}) must return [{stop - start}, "
                 f"{users.shape[1]}] rows, got {tuple(chunk.shape)}"
             )
-        scores = users @ chunk.to(device=device, dtype=users.dtype).t()
+        scores = (lhs @ chunk.to(device=device, dtype=users.dtype).t())[:batch]
         keys = _keys(scores, start)
         if excluded is not None:
             user, item = excluded
