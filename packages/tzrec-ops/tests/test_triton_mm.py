@@ -115,12 +115,53 @@ def test_addmm_rejects_bad_shapes_before_launch():
         addmm(torch.zeros(3, device=DEVICE), x, torch.randn(3, 2, device=DEVICE), backend="triton")
 
 
+@pytest.fixture(params=[False, True], ids=["default", "deterministic"])
+def deterministic(request):
+    """Both GEMM routes on a GPU: half precision goes to cuBLAS unless deterministic
+    algorithms are on, which keeps the Triton kernel."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(request.param)
+    yield request.param
+    torch.use_deterministic_algorithms(before)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias_2d", [False, True])
-def test_addmm_gpu_real_sizes(bias_2d, dtype):
+def test_addmm_gpu_real_sizes(bias_2d, dtype, deterministic):
+    from tzrec_ops.backends.triton.mm import uses_cublas
+
+    half = dtype != torch.float32
+    assert uses_cublas(torch.empty(1, dtype=dtype, device="cuda")) == (half and not deterministic)
     _check(3001, 512, 1536, bias_2d, dtype)
     _check(257, 300, 129, bias_2d, dtype, seed=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_gpu_silu_and_colsum_match_oracle(dtype, deterministic):
+    """The fused outputs on both routes: silu of the first columns and the fp32 column sum
+    of ``b`` (the bias gradient), at a size that splits the Triton product along K."""
+    from tzrec_ops.backends.triton.mm import matmul
+
+    g = torch.Generator().manual_seed(5)
+    a, b, bias = (torch.randn(*s, generator=g, dtype=torch.float64)
+                  for s in ((2000, 256), (256, 384), (384,)))
+    want = bias + a.to(dtype).double() @ b.to(dtype).double()
+    out = torch.empty(2000, 384, dtype=dtype, device="cuda")
+    act = torch.empty(2000, 200, dtype=dtype, device="cuda")[:, :128]
+    matmul(a.to("cuda", dtype), b.to("cuda", dtype), out, bias=bias.to("cuda", dtype),
+           silu_out=act)
+    assert_close(out.cpu(), want, dtype, name="z")
+    assert_close(act.cpu(), torch.nn.functional.silu(want[:, :128]), dtype, name="silu(z)")
+    dz = torch.randn(20000, 96, generator=g, dtype=torch.float64)
+    x = torch.randn(20000, 64, generator=g, dtype=torch.float64)
+    dw = torch.empty(64, 96, dtype=dtype, device="cuda")
+    colsum = torch.empty(96, dtype=torch.float32, device="cuda")
+    matmul(x.to("cuda", dtype).t(), dz.to("cuda", dtype), dw, colsum=colsum)
+    x16, dz16 = x.to(dtype).double(), dz.to(dtype).double()
+    assert_close(dw.cpu(), x16.t() @ dz16, dtype, grad=True, name="dw")
+    assert_close(colsum.cpu(), dz16.sum(0), torch.float32, grad=True, name="db")
 
 
 @pytest.mark.gpu
