@@ -53,8 +53,6 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import json
-import math
 import os
 import pathlib
 import sys
@@ -63,7 +61,6 @@ from typing import (
     Any,
     Callable,
     Dict,
-    Iterator,
     List,
     Optional,
     Protocol,
@@ -75,6 +72,17 @@ from typing import (
 
 import torch
 
+from tzrec_gr.serving._rows import (
+    INPUT_FORMATS,
+    BadRowError,
+    Limits,
+    PredictError,
+    Row,
+    check_row,
+    input_format,
+    read_records,
+    suffix_format,
+)
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.serving.topk import TopK
 from tzrec_ops.extras import require
@@ -98,32 +106,10 @@ __all__ = [
     "session_limits",
 ]
 
-#: input file suffix -> format
-INPUT_FORMATS = {
-    ".parquet": "parquet",
-    ".pq": "parquet",
-    ".csv": "csv",
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-}
 #: output file suffix -> format
 OUTPUT_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 ON_ERROR = ("skip", "fail")
-REQUIRED = ("user_id", "item_ids", "timestamps")
 _SHOWN = 20  # skipped rows printed one by one; the rest are counted
-
-
-class PredictError(Exception):
-    """A bad input or output file or option (the message names it)."""
-
-
-class BadRowError(PredictError):
-    """A bad row under ``on_error="fail"``; the message names the row and the problem."""
-
-    def __init__(self, row: int, problem: str) -> None:
-        super().__init__(f"row {row}: {problem}")
-        self.row = row
-        self.problem = problem
 
 
 class Predictor(Protocol):
@@ -134,31 +120,6 @@ class Predictor(Protocol):
 
     def score(self, users: Histories, candidates: Sequence[Sequence[int]]) -> torch.Tensor:
         """[L_t, K] per-task probabilities of the candidates, in input order (ranking)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    """What a row must fit.
-
-    Attributes:
-        kind (str): ``"retrieval"`` or ``"ranking"``.
-        num_items (int): item ids are in ``[0, num_items)``.
-        max_events (int): events the model takes per user (older ones are dropped).
-        max_candidates (int): ranking: candidates per user, at most.
-        contextual_width (int): ranking: ``C * Fc`` contextual floats per user (0: none).
-        tasks (tuple[str, ...]): ranking: the output column of each task.
-    """
-
-    kind: str
-    num_items: int
-    max_events: int
-    max_candidates: int = 0
-    contextual_width: int = 0
-    tasks: Tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("retrieval", "ranking"):
-            raise ValueError(f"kind must be 'retrieval' or 'ranking', got {self.kind!r}")
 
 
 def session_limits(session: Any, tasks: Optional[Sequence[str]] = None) -> Limits:
@@ -187,23 +148,10 @@ def session_limits(session: Any, tasks: Optional[Sequence[str]] = None) -> Limit
 # -- files ----------------------------------------------------------------------------------
 
 
-def _format(path: Union[str, pathlib.Path], formats: Dict[str, str], option: str) -> str:
-    suffix = pathlib.Path(path).suffix.lower()
-    if suffix not in formats:
-        raise PredictError(f"{option} must end with one of {', '.join(formats)}, got {str(path)!r}")
-    return formats[suffix]
-
-
-def input_format(path: Union[str, pathlib.Path]) -> str:
-    """``"parquet"``, ``"csv"`` or ``"jsonl"`` from the suffix; PredictError naming
-    ``--input`` otherwise."""
-    return _format(path, INPUT_FORMATS, "--input")
-
-
 def output_format(path: Union[str, pathlib.Path]) -> str:
     """``"parquet"`` or ``"csv"`` from the suffix; PredictError naming ``--output``
     otherwise."""
-    return _format(path, OUTPUT_FORMATS, "--output")
+    return suffix_format(path, OUTPUT_FORMATS, "--output")
 
 
 def check_output_path(path: Union[str, pathlib.Path]) -> str:
@@ -227,226 +175,11 @@ def check_output_path(path: Union[str, pathlib.Path]) -> str:
     return fmt
 
 
-def _count_lines(path: pathlib.Path) -> int:
-    with open(path, "rb") as f:
-        return sum(1 for line in f if line.strip())
-
-
-def read_records(
-    path: Union[str, pathlib.Path],
-) -> Tuple[Optional[int], Iterator[Tuple[int, Union[Dict[str, Any], str]]]]:
-    """The rows of an input file, read as they are needed.
-
-    Returns:
-        (rows, records): the number of rows when known cheaply (None otherwise), and
-        ``(row number, record)`` pairs, row numbers from 1; a record is a dict of the
-        row's columns (lists still as read: lists, or strings in CSV), or a string
-        saying why the row could not be read (a line that is not JSON).
-
-    Raises:
-        PredictError: a missing file, an unknown suffix or a file without the required
-            columns (named).
-    """
-    fmt = input_format(path)
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise PredictError(f"--input: no file at {path}")
-    if fmt == "parquet":
-        pq = require("pyarrow.parquet", "pyarrow", "reading Parquet (--input *.parquet)")
-        try:
-            reader = pq.ParquetFile(path)
-        except Exception as exc:  # pyarrow raises ArrowInvalid, OSError...
-            raise PredictError(f"--input {path}: not a readable Parquet file ({exc})") from exc
-        _check_columns(path, reader.schema_arrow.names)
-        return reader.metadata.num_rows, _parquet_records(reader)
-    with open(path, newline="" if fmt == "csv" else None) as f:
-        header = f.readline()
-    if fmt == "csv":
-        _check_columns(path, next(csv.reader([header]), []))
-        return max(_count_lines(path) - 1, 0), _csv_records(path)
-    return _count_lines(path), _jsonl_records(path)
-
-
-def _check_columns(path: pathlib.Path, names: Sequence[str]) -> None:
-    missing = [c for c in REQUIRED if c not in names]
-    if missing:
-        raise PredictError(
-            f"--input {path} has no column {', '.join(missing)} (columns: "
-            f"{', '.join(names) or 'none'}); it needs {', '.join(REQUIRED)}, and actions and "
-            "candidates for a ranking model"
-        )
-
-
-def _parquet_records(reader: Any) -> Iterator[Tuple[int, Union[Dict[str, Any], str]]]:
-    row = 0
-    for batch in reader.iter_batches(batch_size=4096):
-        for record in batch.to_pylist():
-            row += 1
-            yield row, record
-
-
-def _csv_records(path: pathlib.Path) -> Iterator[Tuple[int, Union[Dict[str, Any], str]]]:
-    with open(path, newline="") as f:
-        for row, record in enumerate(csv.DictReader(f), start=1):
-            yield row, {k: v for k, v in record.items() if k is not None}
-
-
-def _jsonl_records(path: pathlib.Path) -> Iterator[Tuple[int, Union[Dict[str, Any], str]]]:
-    row = 0
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            row += 1
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield row, f"not a JSON object ({exc.msg} at column {exc.colno})"
-                continue
-            if not isinstance(record, dict):
-                yield row, f"not a JSON object (a {type(record).__name__})"
-            else:
-                yield row, record
-
-
-# -- rows -----------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _Row:
-    number: int
-    user_id: Any
-    item_ids: List[int]
-    timestamps: List[int]
-    actions: Optional[List[int]]
-    candidates: Optional[List[int]]
-    contextual: Optional[List[float]]
-    older: List[int]  # item ids of the events dropped for the model's bound
-
-
-def _ints(name: str, value: Any) -> List[int]:
-    """A list of ints from a list, or from a string of space-separated ints (CSV)."""
-    if isinstance(value, str):
-        parts = value.strip().strip("[]").replace(",", " ").split()
-        try:
-            return [int(p) for p in parts]
-        except ValueError:
-            raise ValueError(
-                f"{name} must be integers separated by spaces, got {value!r}"
-            ) from None
-    if not isinstance(value, (list, tuple)):
-        raise ValueError(f"{name} must be a list of integers, got {type(value).__name__}")
-    for i, v in enumerate(value):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{name}[{i}] must be an integer, got {v!r}")
-    return list(value)
-
-
-def _floats(name: str, value: Any) -> List[float]:
-    if isinstance(value, str):
-        parts = value.strip().strip("[]").replace(",", " ").split()
-    elif isinstance(value, (list, tuple)):
-        parts = list(value)
-    else:
-        raise ValueError(f"{name} must be a list of numbers, got {type(value).__name__}")
-    try:
-        out = [float(p) for p in parts]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be numbers, got {value!r}") from None
-    if not all(math.isfinite(v) for v in out):
-        raise ValueError(f"{name} holds a NaN or inf")
-    return out
-
-
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and not value.strip())
-
-
-def _unknown(name: str, ids: List[int], num_items: int) -> Optional[str]:
-    for i, v in enumerate(ids):
-        if not 0 <= v < num_items:
-            return (
-                f"unknown item id {v} in {name} (position {i}); the model's items are "
-                f"0..{num_items - 1}"
-            )
-    return None
-
-
-def _check_row(number: int, record: Dict[str, Any], limits: Limits) -> Union[_Row, str]:
-    """The row, checked against ``limits``, or the problem with it."""
-    ranking = limits.kind == "ranking"
-    required = [*REQUIRED, *(("actions", "candidates") if ranking else ())]
-    if ranking and limits.contextual_width:
-        required.append("contextual")
-    for name in required:
-        if name not in record or (name != "user_id" and _missing(record[name])):
-            return f"{name} is missing"
-    if _missing(record["user_id"]):
-        return "user_id is missing"
-    try:
-        items = _ints("item_ids", record["item_ids"])
-        times = _ints("timestamps", record["timestamps"])
-        actions = _ints("actions", record["actions"]) if ranking else None
-        candidates = _ints("candidates", record["candidates"]) if ranking else None
-        contextual = (
-            _floats("contextual", record["contextual"])
-            if ranking and limits.contextual_width
-            else None
-        )
-    except ValueError as exc:
-        return str(exc)
-    if not items:
-        return "empty history: item_ids has no events"
-    if len(times) != len(items):
-        return f"item_ids has {len(items)} events but timestamps has {len(times)}"
-    if actions is not None and len(actions) != len(items):
-        return f"item_ids has {len(items)} events but actions has {len(actions)}"
-    for p in range(1, len(times)):
-        if times[p] < times[p - 1]:
-            return (
-                f"timestamps are not sorted: position {p} ({times[p]}) is older than "
-                f"position {p - 1} ({times[p - 1]})"
-            )
-    problem = _unknown("item_ids", items, limits.num_items)
-    if problem:
-        return problem
-    if candidates is not None:
-        if not candidates:
-            return "candidates is empty: a ranking model scores at least one"
-        if len(candidates) > limits.max_candidates:
-            return (
-                f"{len(candidates)} candidates, more than the model's max_targets "
-                f"({limits.max_candidates}); split them over several rows"
-            )
-        problem = _unknown("candidates", candidates, limits.num_items)
-        if problem:
-            return problem
-    if contextual is not None and len(contextual) != limits.contextual_width:
-        return (
-            f"contextual has {len(contextual)} values; the model takes "
-            f"{limits.contextual_width} (C * Fc)"
-        )
-    if actions is not None and any(a < 0 for a in actions):
-        return "actions must be >= 0 (bitmasks)"
-    keep = limits.max_events
-    older = items[:-keep] if len(items) > keep else []
-    return _Row(
-        number=number,
-        user_id=record["user_id"],
-        item_ids=items[-keep:],
-        timestamps=times[-keep:],
-        actions=None if actions is None else actions[-keep:],
-        candidates=candidates,
-        contextual=contextual,
-        older=older,
-    )
-
-
 # -- predictions ----------------------------------------------------------------------------
 
 
 def _recommend(
-    predictor: Predictor, rows: List[_Row], limits: Limits, k: int, exclude_seen: bool
+    predictor: Predictor, rows: List[Row], limits: Limits, k: int, exclude_seen: bool
 ) -> List[Dict[str, Any]]:
     histories = Histories.from_lists([r.item_ids for r in rows], [r.timestamps for r in rows])
     # the items of events dropped for the bound are seen too: ask for enough more to
@@ -468,7 +201,7 @@ def _recommend(
     return out
 
 
-def _score(predictor: Predictor, rows: List[_Row], limits: Limits) -> List[Dict[str, Any]]:
+def _score(predictor: Predictor, rows: List[Row], limits: Limits) -> List[Dict[str, Any]]:
     histories = Histories.from_lists(
         [r.item_ids for r in rows],
         [r.timestamps for r in rows],
@@ -692,7 +425,7 @@ def predict_file(
     start = time.perf_counter()
     writer = _Writer(output, fmt, columns)
     bar = _progress(total, progress)
-    batch: List[_Row] = []
+    batch: List[Row] = []
 
     def flush() -> None:
         if not batch:
@@ -708,7 +441,7 @@ def predict_file(
     try:
         for number, record in records:
             summary.rows += 1
-            row = record if isinstance(record, str) else _check_row(number, record, limits)
+            row = record if isinstance(record, str) else check_row(number, record, limits)
             if isinstance(row, str):
                 if on_error == "fail":
                     raise BadRowError(number, row)
