@@ -11,7 +11,9 @@ Legend: L = tokens, E = embedding dim, H = heads, A = q/k dim per head, V = valu
   allocates one ``duvqk`` buffer and writes du (SiLU's backward), dv, dq, dk into its column
   views, so the GEMM backward reads a single matrix without a concatenation. ``normed_x``
   and/or ``uvqk`` are recomputed in the backward instead of saved when the recompute flags ask
-  for it.
+  for it. Traced (``torch.compile``, export) the four gradients get buffers of their own and
+  one concatenation: Inductor cannot take kernels writing column views of a buffer that an
+  earlier launch wrote (see :func:`preprocess_and_attention_bwd_op`).
 * :func:`hstu_compute_output` (one op with one backward):
   ``y = dropout([u | attn | u * Norm(attn)])``
   from the fused norm-mul-dropout kernel, then ``out = x + y @ W`` as one GEMM whose epilogue
@@ -22,8 +24,8 @@ Legend: L = tokens, E = embedding dim, H = heads, A = q/k dim per head, V = valu
 Why over 600 lines: the built-in backends mirror :mod:`tzrec_ops.ops` (an op lives in
 ``backends/triton/<its OpSpec.module>.py``, :func:`tzrec_ops.contract.mirrored_op_table`), so
 this module holds every op of ``tzrec_ops.ops.hstu_compute``: the three STU blocks, each a
-``torch.library`` op with its autograd over the norm, GEMM and attention kernels. It is only a
-few lines over, so nothing is moved out as the norms' kernels were (``_norm_kernels``).
+``torch.library`` op with its autograd over the norm, GEMM and attention kernels. It is some
+30 lines over, so nothing is moved out as the norms' kernels were (``_norm_kernels``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from tzrec_ops.backends.triton import hstu_attention as attention
-from tzrec_ops.backends.triton._eager import triton_library_op
+from tzrec_ops.backends.triton._eager import tracing, triton_library_op
 from tzrec_ops.backends.triton._kernel_utils import draw_seed
 from tzrec_ops.backends.triton._norm_kernels import MUL, PLAIN, norm_backward, norm_forward
 from tzrec_ops.backends.triton.layer_norm import layer_norm_op
@@ -271,8 +273,20 @@ def preprocess_and_attention_bwd_op(
     else:
         uvqk = saved_uvqk.view(L, uvqk_weight.shape[1])
     u, v, q, k = _split_uvqk(uvqk, num_heads, attn_dim, hidden_dim)
-    duvqk = torch.empty_like(uvqk)
-    du_view, dv_view, dq_view, dk_view = _split_uvqk(duvqk, num_heads, attn_dim, hidden_dim)
+    if tracing():
+        # Compiled (see the module docstring): each gradient gets a buffer of its own, joined
+        # by one concatenation. Written column views of one buffer crash Inductor's
+        # backward: it clones a kernel's written arguments over their storage span
+        # (clone_preserve_strides), but a view of a buffer that an earlier launch wrote is a
+        # compact temporary to Inductor, so the clone of dq (or du) read ~4x its size past
+        # the end (illegal memory access, pytorch/pytorch#161115).
+        du_view = torch.empty(u.shape, dtype=uvqk.dtype, device=uvqk.device)
+        dv_view, dq_view, dk_view = (
+            torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (v, q, k)
+        )
+    else:
+        duvqk = torch.empty_like(uvqk)
+        du_view, dv_view, dq_view, dk_view = _split_uvqk(duvqk, num_heads, attn_dim, hidden_dim)
     attention.hstu_attention_bwd(
         max_seq_len,
         attn_alpha,
@@ -291,6 +305,8 @@ def preprocess_and_attention_bwd_op(
         grads=(dq_view, dk_view, dv_view),
     )
     silu_backward(du, u, du_view)
+    if tracing():
+        duvqk = torch.cat([du_view, *(t.view(L, -1) for t in (dv_view, dq_view, dk_view))], 1)
     d_normed = torch.empty_like(normed)
     d_uvqk_weight = torch.empty_like(uvqk_weight)
     d_uvqk_bias = torch.empty(uvqk_weight.shape[1], dtype=torch.float32, device=x.device)
