@@ -116,13 +116,30 @@ def test_addmm_rejects_bad_shapes_before_launch():
 
 
 @pytest.fixture(params=[False, True], ids=["default", "deterministic"])
-def deterministic(request):
-    """Both GEMM routes on a GPU: half precision goes to cuBLAS unless deterministic
-    algorithms are on, which keeps the Triton kernel."""
+def deterministic(request, monkeypatch):
+    """Both GEMM routes on a GPU at test sizes: half precision goes to cuBLAS (its size
+    threshold lowered to 0 here) unless deterministic algorithms are on, which keeps the
+    Triton kernel."""
+    from tzrec_ops.backends.triton import mm
+
+    monkeypatch.setattr(mm, "CUBLAS_MIN_WORK", 0)
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(request.param)
     yield request.param
     torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.gpu
+def test_cublas_takes_large_half_precision_products_only():
+    from tzrec_ops.backends.triton.mm import uses_cublas
+
+    def route(m, k, n, dtype=torch.bfloat16):
+        return uses_cublas(torch.empty(m, k, dtype=dtype, device="cuda"),
+                           torch.empty(k, n, dtype=dtype, device="cuda"))
+
+    assert route(62000, 512, 2048) and route(62000, 512, 512, torch.float16)  # an STU layer's
+    assert not route(7000, 64, 256)  # a small model's: host-bound, the fused kernel
+    assert not route(62000, 512, 2048, torch.float32)
 
 
 @pytest.mark.gpu
@@ -132,7 +149,8 @@ def test_addmm_gpu_real_sizes(bias_2d, dtype, deterministic):
     from tzrec_ops.backends.triton.mm import uses_cublas
 
     half = dtype != torch.float32
-    assert uses_cublas(torch.empty(1, dtype=dtype, device="cuda")) == (half and not deterministic)
+    one = torch.empty(1, 1, dtype=dtype, device="cuda")
+    assert uses_cublas(one, one) == (half and not deterministic)
     _check(3001, 512, 1536, bias_2d, dtype)
     _check(257, 300, 129, bias_2d, dtype, seed=1)
 

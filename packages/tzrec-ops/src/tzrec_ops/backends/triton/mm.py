@@ -17,14 +17,16 @@ K (:func:`split_k`): each split writes fp32 partial sums, then one ``sum`` adds 
 order, so the result stays deterministic. The autotune key quantizes M and K, so a new token
 count does not trigger a new tuning run.
 
-On an NVIDIA GPU, bfloat16 and float16 products go to cuBLAS instead (``torch.addmm``, with
-``db`` and the SiLU as separate passes), because it is faster at every STU-layer shape
-measured: H200, torch 2.11, triton 3.6, M = 62,000 tokens, the Triton kernel autotuned, one
-run; cuBLAS time / Triton time: 0.65 (forward), 0.79 (``dx``), 0.54 (``dw`` + ``db``) for the
-512 -> 2048 input projection, 0.67 / 0.76 / 0.67 for 512 -> 512 and 0.78 / 0.73 / 0.50 for
-1536 -> 512. The Triton kernel keeps float32, AMD GPUs, the interpreter and runs under
-``torch.use_deterministic_algorithms(True)`` (its split along K adds in a fixed order; torch
-refuses cuBLAS there without a ``CUBLAS_WORKSPACE_CONFIG``).
+On an NVIDIA GPU, bfloat16 and float16 products of at least :data:`CUBLAS_MIN_WORK`
+multiply-adds go to cuBLAS instead (``torch.addmm``, with ``db`` and the SiLU as separate
+passes), because it is faster at every STU-layer shape measured (H200, torch 2.11, triton
+3.6, M = 62,000 tokens, the Triton kernel autotuned, one run; cuBLAS time / Triton time:
+0.65 forward, 0.79 ``dx``, 0.54 ``dw`` + ``db`` for the 512 -> 2048 input projection,
+0.67 / 0.76 / 0.67 for 512 -> 512, 0.78 / 0.73 / 0.50 for 1536 -> 512). The Triton kernel
+keeps float32, AMD GPUs, the interpreter, runs under ``torch.use_deterministic_algorithms``
+(its split along K adds in a fixed order; torch refuses cuBLAS there without a
+``CUBLAS_WORKSPACE_CONFIG``) and smaller products: their time is the host's, and the fused
+kernel launches once where cuBLAS needs up to three launches.
 
 Shapes: x ``[M, K]``, w ``[K, N]``, bias ``[N]`` or ``[M, N]``, z ``[M, N]``.
 """
@@ -205,11 +207,18 @@ def split_k(m: int, n: int, k: int, device: torch.device) -> int:
     return max(1, min(wanted, k // _MIN_SPLIT_DEPTH))
 
 
-def uses_cublas(a: torch.Tensor) -> bool:
-    """Whether :func:`matmul` hands a product of ``a`` to cuBLAS (see the module docstring):
-    a bfloat16 or float16 tensor on an NVIDIA GPU, deterministic algorithms off."""
+#: the fewest multiply-adds (M * K * N) of a product handed to cuBLAS: ~35 us of bf16 work
+#: on an H100, above the host time of a launch and its extra passes
+CUBLAS_MIN_WORK = 1 << 33
+
+
+def uses_cublas(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether :func:`matmul` hands ``a @ b`` to cuBLAS (see the module docstring): bfloat16
+    or float16 on an NVIDIA GPU, at least :data:`CUBLAS_MIN_WORK` multiply-adds, deterministic
+    algorithms off."""
     return (
-        a.dtype in (torch.bfloat16, torch.float16)
+        a.shape[0] * a.shape[1] * b.shape[1] >= CUBLAS_MIN_WORK
+        and a.dtype in (torch.bfloat16, torch.float16)
         and a.is_cuda
         and torch.version.hip is None
         and not interpreting()
@@ -268,7 +277,7 @@ def matmul(
         if silu_out is not None:
             silu_out.copy_(torch.nn.functional.silu(out[:, : silu_out.shape[1]].float()))
         return
-    if uses_cublas(a):
+    if uses_cublas(a, b):
         _cublas_matmul(a, b, out, bias, colsum, silu_out)
         return
     if bias is None:
