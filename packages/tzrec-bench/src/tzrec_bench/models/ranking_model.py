@@ -21,8 +21,9 @@ backward and optimizer) the device time of the kernels it launched, its span on 
 timeline and its host time, and the kernels with the most device time. ``--count-ops`` counts
 the aten ops of one training step per part (on any device: the CPU shows the op overhead
 around the STU layers as well as a GPU does). ``--compile`` also times the training step with
-the model under ``torch.compile`` (H200, torch 2.11, triton backend, same run: 16.8 ms
-against 23.7-32.9 ms eager).
+the model under ``torch.compile`` (the same step timed by a wall-clock script before this
+option existed, H200, torch 2.11, triton backend, one run: 16.8 ms against 23.7 and 32.9 ms
+for eager before and after it).
 
 Each figure is a median in ms (:func:`tzrec_ops.measure.median_ms`: on a GPU
 ``triton.testing.do_bench``, warm-up 25 ms, rep 200 ms; on the CPU, calls timed one by one
