@@ -446,20 +446,22 @@ class ContextualInterleavePreprocessor(_ContextualBase):
         cand_ts = cand_ts.to(torch.int64)
         timestamps = concat_jagged_rows(uih_ts.to(torch.int64), cand_ts, uih_offsets, cand_offsets)
 
-        if self.action_encoder is None or self.action_mlp is None:
-            out = PreprocessorOutput(
+        def one_token_per_event(embeddings: torch.Tensor) -> PreprocessorOutput:
+            return PreprocessorOutput(
                 max_len,
                 total_uih,
                 total_t,
                 lengths,
                 offsets,
                 timestamps,
-                content,
+                embeddings,
                 num_targets,
                 cand_offsets,
                 cand_ts,
             )
-            return self._add_prefix(out, raw_ctx)
+
+        if self.action_encoder is None or self.action_mlp is None:
+            return self._add_prefix(one_token_per_event(content), raw_ctx)
 
         actions = _flat1(actions_key(k), _get(features, actions_key(k)), total_uih, "history")
         watch = None
@@ -476,18 +478,7 @@ class ContextualInterleavePreprocessor(_ContextualBase):
         action = self.action_mlp(action, offsets, max_len, raw_ctx)
 
         if not self.enable_interleaving:
-            out = PreprocessorOutput(
-                max_len,
-                total_uih,
-                total_t,
-                lengths,
-                offsets,
-                timestamps,
-                content + action,
-                num_targets,
-                cand_offsets,
-                cand_ts,
-            )
+            out = one_token_per_event(content + action)
         elif self.training:
             pairs = torch.stack([content, action], dim=1).reshape(-1, content.shape[1])
             out = PreprocessorOutput(
