@@ -203,33 +203,28 @@ def test_scan_pads_users_to_a_power_of_two_so_padding_changes_no_bit():
         assert torch.equal(got.scores[:batch], want.scores)
 
 
+def _cpu_recommend_graphs(session, batch_buckets, seen_buckets):
+    """Recommend graphs of the test retrieval model on the CPU (buffers and buckets only:
+    nothing is captured): 7 catalogue items per chunk, at most 8 graphs."""
+    return RecommendGraphs(
+        session._items,
+        NUM_ITEMS,
+        16,
+        torch.float32,
+        torch.device("cpu"),
+        GraphPool(),
+        batch_buckets,
+        seen_buckets,
+        7,
+        8,
+    )
+
+
 def test_recommend_buckets():
     model, session, _ = _opened_retrieval([2])
-    graphs = RecommendGraphs(
-        session._items,
-        NUM_ITEMS,
-        16,
-        torch.float32,
-        torch.device("cpu"),
-        GraphPool(),
-        (1, 2, 4),
-        (8, 16),
-        7,
-        8,
-    )
+    graphs = _cpu_recommend_graphs(session, (1, 2, 4), (8, 16))
     assert graphs.bucket(3, 5, 7) == (4, 5, 8)
-    odd = RecommendGraphs(
-        session._items,
-        NUM_ITEMS,
-        16,
-        torch.float32,
-        torch.device("cpu"),
-        GraphPool(),
-        (3, 48),
-        (8,),
-        7,
-        8,
-    )
+    odd = _cpu_recommend_graphs(session, (3, 48), (8,))
     assert odd.batch_buckets == (1, 2, 4, 8, 16, 32, 48)
     assert graphs.bucket(3, 5, 9) == (4, 5, 16)
     assert graphs.bucket(1, 5, None) == (1, 5, 0)  # nothing excluded
@@ -249,18 +244,7 @@ def test_padded_recommend_run_eagerly_equals_catalogue_topk(lengths, k, exclude_
     states = session._users.states("users", ids)
     embeddings = torch.stack([s.user_embedding for s in states])
     seen = [s.item_ids for s in states]
-    graphs = RecommendGraphs(
-        session._items,
-        NUM_ITEMS,
-        16,
-        torch.float32,
-        torch.device("cpu"),
-        GraphPool(),
-        (1, 2, 8),
-        (4, 16),
-        7,
-        8,
-    )
+    graphs = _cpu_recommend_graphs(session, (1, 2, 8), (4, 16))
     bucket = graphs.bucket(len(ids), k, max(t.numel() for t in seen) if exclude_seen else None)
     entry = graphs.new_entry(bucket)
     graphs.fill_synthetic(entry)
