@@ -10,6 +10,7 @@ from _fake_plugins import FakePlugins, toy_backends
 
 from tzrec_ops.contract import ContractError
 from tzrec_ops.registry import (
+    AutomaticBackend,
     Backend,
     BackendError,
     PluginLoadError,
@@ -503,3 +504,27 @@ def test_unhashable_option_is_chosen_without_caching(toy, rejections):
     checked = list(rejections)
     assert _run(tiles=[64, 32]) == "mid"
     assert rejections == checked * 2  # chosen again: a list cannot be a cache key
+
+
+# -- AutomaticBackend records -----------------------------------------------------------------
+
+
+def test_automatic_backend_record_chooses_per_call_as_none_does(toy, monkeypatch):
+    # its own op table and checks are never used to choose: a module holds it when it was
+    # given no backend, and each call picks for its own device, dtype and options
+    auto = AutomaticBackend(
+        name="automatic", priority=10**6, ops={"toy_op": "builtins:len"},
+        supports=lambda op, call: "never asked",
+    )
+    assert _run(backend=auto) == "mid"
+    assert _run(backend=auto, dtype=torch.float64) == "slow"  # mid refuses float64
+    assert find_implementation("toy_op", auto, device=CPU, dtype=torch.float64)() == "slow"
+    assert find_implementation("missing_op", auto, device=CPU, dtype=torch.float32) is None
+    with pytest.raises(BackendError, match="no backend can run missing_op"):
+        _run("missing_op", backend=auto)
+    monkeypatch.setenv("TZREC_OPS_BACKEND", "toy_op=slow")  # per op: honoured, explicitly
+    assert _run(backend=auto) == "slow"
+    monkeypatch.setenv("TZREC_OPS_BACKEND", "toy_op=fast")
+    with pytest.raises(BackendError, match=r"'fast' \(requested by TZREC_OPS_BACKEND\)"):
+        _run(backend=auto)
+    assert resolve_backend(auto) is auto

@@ -8,7 +8,9 @@ Selection for one op call, in order:
 3. the available backend of highest priority that implements the op and accepts the call.
 
 An explicit request (1 or 2) that cannot run the call raises :class:`BackendError` listing
-every candidate and why it was rejected; it never falls back silently.
+every candidate and why it was rejected; it never falls back silently. An
+:class:`AutomaticBackend` record passed as ``backend=`` is no request: the call chooses as for
+``backend=None`` (a module that was given no backend holds one, see tzrec-gr).
 
 Plugins are discovered lazily, once, through the ``tzrec_ops`` entry-point group. A plugin
 that fails to import is skipped with a warning naming its distribution and version
@@ -66,6 +68,7 @@ from tzrec_ops.contract import (
 
 __all__ = [
     "BACKEND_ENV",
+    "AutomaticBackend",
     "Availability",
     "Backend",
     "BackendError",
@@ -87,6 +90,18 @@ STRICT_PLUGINS_ENV = "TZREC_OPS_STRICT_PLUGINS"
 class PluginLoadError(RuntimeError):
     """A plugin failed to load or breaks the op contract (raised only in strict mode or on
     a registry conflict)."""
+
+
+class AutomaticBackend(Backend):
+    """A :class:`Backend` record that stands for automatic selection.
+
+    Passed as ``backend=`` to an op, it is treated as ``backend=None``: the call consults
+    ``TZREC_OPS_BACKEND`` and then picks, per call, the available backend of highest priority
+    that accepts it (its device, dtype and options), eagerly cached and traceable like any
+    ``None`` request. Its own fields only describe it (for error messages, reports and
+    checks such as ``rejection``); they never pick the implementation. It is never
+    registered, so its name does not shadow a backend's.
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,8 +277,9 @@ def select_backend(
 
     Args:
         op: the public op name, e.g. ``"hstu_mha"``.
-        backend: an explicit request (name or record); ``None`` consults
-            ``TZREC_OPS_BACKEND`` and then priorities.
+        backend: an explicit request (name or record); ``None`` (or an
+            :class:`AutomaticBackend` record) consults ``TZREC_OPS_BACKEND`` and then
+            priorities.
         **call: what the backends' ``supports`` checks see: ``device``, ``dtype`` and the
             op's options (plain Python values).
 
@@ -274,6 +290,8 @@ def select_backend(
         BackendError: the requested backend is unknown or rejects the call, or no backend
             can run it. The message lists every candidate with its reason.
     """
+    if isinstance(backend, AutomaticBackend):
+        backend = None
     if torch.compiler.is_compiling():
         key = _selection_key(op, _request_name(backend), tuple(call.items()), False)
         return getattr(_Chosen, key)
@@ -287,6 +305,8 @@ def find_implementation(
 
     For optional fast paths (e.g. a fused op) whose absence leads to a general path.
     """
+    if isinstance(backend, AutomaticBackend):
+        backend = None
     if torch.compiler.is_compiling():
         key = _selection_key(op, _request_name(backend), tuple(call.items()), True)
         return getattr(_Chosen, key) if key else None
