@@ -165,6 +165,12 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    metavar="X", help="clip the gradient norm to X (0 disables)")
     g.add_argument("--amp", choices=AMP_MODES, default=d.amp,
                    help="mixed precision: auto is bf16 autocast on CUDA, off on CPU")
+    g.add_argument("--compile", action="store_true",
+                   help="run the training step's forward (the model and its loss, hence "
+                   "also the backward) through torch.compile; the first steps include the "
+                   "compile time (about two compiles: sizes that change between batches "
+                   "are made dynamic at the first recompile). Evaluation stays eager. Not "
+                   "with the fitted baselines or --sharding torchrec")
     g.add_argument("--epochs", type=POSITIVE, metavar="N",
                    help=f"passes over the training users (default: {DEFAULT_EPOCHS} when "
                    "--max-steps is not given)")

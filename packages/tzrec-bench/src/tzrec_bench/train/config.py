@@ -38,7 +38,7 @@ RESUMABLE_CHANGES = frozenset(
     {
         "data_dir", "cache_dir", "device", "backend", "out_dir", "resume", "max_steps",
         "epochs", "eval_batch_size", "exclude_seen", "patience", "min_delta", "checkpoint_every",
-        "log_every", "plot", "progress",
+        "log_every", "plot", "progress", "compile",
     }
 )
 
@@ -89,6 +89,7 @@ class TrainConfig:
     warmup_steps: int = 0
     clip_grad_norm: float = 1.0
     amp: str = "auto"
+    compile: bool = False
     epochs: Optional[int] = None
     max_steps: Optional[int] = None
     # the item table across processes (train/sharding.py)
@@ -173,6 +174,14 @@ class TrainConfig:
         if not 0.0 <= self.storage_reservation < 1.0:
             raise ConfigError("storage_reservation", f"must be in [0, 1); got "
                               f"{self.storage_reservation}")
+        if self.compile and self.model in FITTED_MODELS:
+            raise ConfigError("compile", f"{self.model} is fitted from counts and takes no "
+                              "gradient steps: there is no training step to compile; drop "
+                              "--compile or train hstu-retrieval, sasrec or hstu-ranking")
+        if self.compile and self.sharding == "torchrec":
+            raise ConfigError("compile", "not supported with --sharding torchrec (its sharded "
+                              "tables run outside torch.compile); expected --sharding "
+                              "replicate, or no --compile")
         if self.metric is not None and self.metric not in metric_names(self.task):
             raise ConfigError("metric", f"{self.metric!r} is not a metric of {self.model}; "
                               f"expected one of {', '.join(metric_names(self.task))}")

@@ -16,7 +16,11 @@ baselines of :mod:`tzrec_bench.baselines.simple`) are fitted once on the trainin
 instead of trained, then validated and tested the same way. On one process, Ctrl-C ends
 the run at the next step boundary with a checkpoint that ``--resume`` continues exactly.
 With ``--sharding torchrec`` the item table is split over the processes
-(:mod:`tzrec_bench.train.sharding` says what else changes).
+(:mod:`tzrec_bench.train.sharding` says what else changes). With ``--compile`` the
+training step's forward (model and loss, so also their backward) runs under
+``torch.compile``, compiled in place before DDP wraps it; evaluation stays eager, and
+checkpoints hold the same keys as an eager run's (they are read from the model itself).
+On CUDA, AdamW uses its fused kernel.
 """
 
 from __future__ import annotations
@@ -149,6 +153,32 @@ def backend_name(config: TrainConfig) -> str:
     return f"ops backend {resolve_backend(config.backend, op='hstu_mha').name}"
 
 
+def _adamw(params: List[torch.Tensor], config: TrainConfig) -> torch.optim.AdamW:
+    """The run's AdamW: the fused kernel when every parameter is on a CUDA device (one
+    launch per step instead of one per parameter group of tensors), else torch's default
+    (foreach on the CPU); the two agree within float rounding."""
+    fused = True if params and all(p.is_cuda for p in params) else None
+    return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
+                             fused=fused)
+
+
+def _load_optimizer_state(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> None:
+    """Loads ``state`` (an optimizer's ``state_dict``) into ``optimizer``, keeping the
+    implementation ``optimizer`` was built with (fused or not), which a checkpoint written on
+    another device may not share: ``load_state_dict`` alone takes the saved groups'."""
+    optimizer.load_state_dict(state)
+    fused = optimizer.defaults.get("fused")
+    for group in optimizer.param_groups:
+        for flag in ("fused", "foreach", "capturable"):
+            if flag in optimizer.defaults:
+                group[flag] = optimizer.defaults[flag]
+        if fused:  # the fused kernel reads each step count on the parameter's device
+            for param in group["params"]:
+                entry = optimizer.state.get(param, {})
+                if "step" in entry:
+                    entry["step"] = entry["step"].to(param.device, torch.float32)
+
+
 def _warmup(steps: int):
     return lambda step: min(1.0, (step + 1) / steps) if steps else 1.0
 
@@ -213,15 +243,18 @@ class Trainer:
             scheduled = self.tables.dense_optimizer  # the fused table optimizer has no warm-up
             self.clipped = self.tables.dense_parameters
         else:
+            if config.compile:
+                # in place (the module keeps its class and state_dict keys), and before DDP
+                # wraps it, as torch advises; dynamic=None: the sizes that differ between
+                # batches (tokens, candidates) become dynamic at the first recompile
+                step_module.compile(dynamic=None)
             if ctx.distributed and not self.fitted:
                 ids = [ctx.device.index] if ctx.device.type == "cuda" else None
                 step_module = DistributedDataParallel(step_module, device_ids=ids)
             self.step_module = step_module
             # a fitted baseline has no parameters; AdamW over none would refuse to start
             trained = list(self.model.parameters()) or [torch.zeros(1, requires_grad=True)]
-            self.optimizer = scheduled = torch.optim.AdamW(
-                trained, lr=config.lr, weight_decay=config.weight_decay
-            )
+            self.optimizer = scheduled = _adamw(trained, config)
             self.clipped = trained
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             scheduled, _warmup(config.warmup_steps)
@@ -268,7 +301,8 @@ class Trainer:
             )
         return (
             f"tzrec-bench train: {c.model} on {c.data} ({self.task.describe()})\n"
-            f"  {self.ctx.placement}, {backend_name(c)}, amp {amp}\n"
+            f"  {self.ctx.placement}, {backend_name(c)}, amp {amp}"
+            f"{', training step under torch.compile' if c.compile else ''}\n"
             f"  {self.total_steps} steps ({self.steps_per_epoch} per epoch of {c.batch_size} "
             f"users), validation every {self.eval_every}, early stopping on {c.key_metric}"
             + "".join("\n" + line for line in (plan_lines(self.tables) if self.tables else ()))
@@ -417,7 +451,7 @@ class Trainer:
             self.tables.load(self.out_dir / state[checkpoint.SHARDED]["folder"], True)
         else:
             self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            _load_optimizer_state(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         # the warm-up's current lr (a sharded run's optimizer states do not hold it)
         for group, lr in zip(self.scheduler.optimizer.param_groups, self.scheduler.get_last_lr()):
