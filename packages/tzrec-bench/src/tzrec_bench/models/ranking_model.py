@@ -103,11 +103,14 @@ def candidates(lengths: torch.Tensor, num_items: int, now: int, device) -> Batch
 
 
 def _train_setup(provider: str, args, device, autocast_on_cpu: bool = False):
-    """The training step's model (train mode), AdamW, batch, labels and autocast context
-    (bf16 on a GPU, and on the CPU with ``autocast_on_cpu``): histories U[0.9 N, N) and
-    U[1, max_targets] candidates per user."""
+    """The training step's model (train mode), AdamW (fused on a GPU), batch, labels and
+    autocast context (bf16 on a GPU, and on the CPU with ``autocast_on_cpu``): histories
+    U[0.9 N, N) and U[1, max_targets] candidates per user."""
     model = build_model(provider, args, device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # one fused kernel per parameter group on a GPU, as the trainer steps (train/loop.py)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=1e-4, fused=True if device.type == "cuda" else None
+    )
     n = args.max_uih_len
     uih = torch.randint(int(0.9 * n), n, (args.train_batch,))
     cand = torch.randint(1, args.max_targets + 1, (args.train_batch,))
@@ -196,17 +199,19 @@ def _phased_step(
     device,
     phase: Callable[[str], ContextManager[object]],
     autocast_on_cpu: bool = False,
+    compiled: bool = False,
 ) -> Tuple[HSTURanking, Callable[[], None]]:
     """The model and the training step of :func:`bench_train`, each phase (``forward``,
     ``loss``, ``backward``, ``optimizer``) inside ``phase(name)``."""
     model, optimizer, batch, labels, autocast = _train_setup(
         provider, args, device, autocast_on_cpu
     )
+    forward = torch.compile(model) if compiled else model
 
     def step() -> None:
         with autocast:
             with phase("forward"):
-                logits = model(batch)
+                logits = forward(batch)
             with phase("loss"):
                 loss = model.loss(logits, labels)
         optimizer.zero_grad(set_to_none=True)
@@ -218,18 +223,21 @@ def _phased_step(
     return model, step
 
 
-def profile_train(provider: str, args, device, steps: int = 5) -> str:
+def profile_train(
+    provider: str, args, device, steps: int = 5, compiled: bool = False
+) -> str:
     """The training step of :func:`bench_train` under ``torch.profiler``: device (kernel) time
     and host time per step, split into forward parts, loss, backward and the optimizer, and
-    the kernels that take the most device time."""
+    the kernels that take the most device time. ``compiled``: the model under
+    ``torch.compile``, whose forward is one range (its parts are fused across)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     model, step = _phased_step(
-        provider, args, device, lambda name: record_function(f"step:{name}")
+        provider, args, device, lambda name: record_function(f"step:{name}"), compiled=compiled
     )
     for _ in range(3):  # compiles and autotuning stay out of the profile
         step()
-    handles = _annotate(model)
+    handles = [] if compiled else _annotate(model)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
                                            else [])
     try:
@@ -258,7 +266,8 @@ def profile_train(provider: str, args, device, steps: int = 5) -> str:
     kernels = [e for e in events if on_device(e) and e.key not in ranges
                and not e.key.startswith("Optimizer.")]
     total_kernel = sum(device_ms(e) for e in kernels) / steps
-    lines = [f"profile {provider} (B {args.train_batch}, history < {args.max_uih_len}, "
+    lines = [f"profile {provider}{' compiled' if compiled else ''} (B {args.train_batch}, "
+             f"history < {args.max_uih_len}, "
              f"{steps} steps): per "
              f"step {host['step'].cpu_time_total / 1e3 / steps:.2f} ms on the host, "
              f"{span.get('step', float('nan')):.2f} ms on the GPU timeline, "
@@ -404,7 +413,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--profile", action="store_true",
                    help="also profile the training step (torch.profiler): kernel and host "
-                   "time per part of the model, and the heaviest kernels")
+                   "time per part of the model, and the heaviest kernels (with --compile, "
+                   "the compiled step too)")
     p.add_argument("--compile", action="store_true",
                    help="also time the training step with the model under torch.compile")
     p.add_argument("--count-ops", action="store_true",
@@ -436,6 +446,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
         if "train" in modes and args.profile:
             print(profile_train(provider, args, device))
+        if "train" in modes and args.profile and args.compile:
+            print(profile_train(provider, args, device, compiled=True))
         if "train" in modes and args.count_ops:
             print(count_train_ops(provider, args, device))
         if "serve" in modes:
