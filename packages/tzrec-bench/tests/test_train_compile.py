@@ -176,6 +176,5 @@ def test_on_cuda_a_compiled_run_trains_like_an_eager_one(tmp_path):
     eager = train(_config(tmp_path / "eager", max_steps=4, device="cuda"))
     compiled = train(_config(tmp_path / "compiled", max_steps=4, device="cuda", compile=True))
     assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
-    print("losses", _losses(eager).tolist(), _losses(compiled).tolist())
     torch.testing.assert_close(_losses(compiled), _losses(eager), rtol=2e-2, atol=1e-3)
     torch._dynamo.reset()
