@@ -243,9 +243,6 @@ def _query_block_key_ranges(
             full_end = (tl.minimum(full_end, main_end) // BLOCK_N) * BLOCK_N
     else:
         full_end = lo
-        if not HAS_CONTEXTUAL and not HAS_TARGETS and not HAS_MAX_ATTN_LEN:
-            # every pair of [0, n) is valid: only the block holding the end needs the mask
-            full_end = (n // BLOCK_N) * BLOCK_N
         main_end = n
         diag_start = n
         diag_end = n
@@ -937,9 +934,6 @@ def _hstu_attn_bwd_dkdv_kernel(
                 above = _count_below(id_last + 1, n, shift, hist, HAS_TARGETS)
                 full_start = tl.cdiv(above, BLOCK_M) * BLOCK_M
                 full_start = tl.where(key_targets, rows_end, full_start)
-        elif not HAS_CONTEXTUAL and not HAS_TARGETS and not HAS_MAX_ATTN_LEN:
-            # every pair is valid, and query rows past n load as zeros, adding nothing
-            full_start = rows_start
         rows_end = tl.maximum(rows_end, rows_start)
         full_start = tl.minimum(tl.maximum(full_start, rows_start), rows_end)
         dk = tl.zeros([BLOCK_N, BLOCK_D_Q], dtype=tl.float32)
