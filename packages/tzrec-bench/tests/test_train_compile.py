@@ -18,7 +18,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from tzrec_bench.cli import main
-from tzrec_bench.train import checkpoint
+from tzrec_bench.train import checkpoint, loop
 from tzrec_bench.train.config import ConfigError, TrainConfig
 from tzrec_bench.train.loop import _adamw, _load_optimizer_state, evaluate, train
 
@@ -105,6 +105,20 @@ def test_compile_refuses_runs_it_cannot_compile_before_training(tmp_path, overri
     with pytest.raises(ConfigError, match=message):
         train(_config(tmp_path / "run", max_steps=2, compile=True, **overrides))
     assert not (tmp_path / "run").exists()  # refused before any data, model or file
+
+
+@pytest.mark.parametrize("model", ["hstu-retrieval", "hstu-ranking"])
+def test_compile_refuses_dropout_in_the_gpu_kernels(tmp_path, monkeypatch, model):
+    monkeypatch.setattr(loop, "pick_device", lambda name: torch.device("cuda"))
+    with pytest.raises(ConfigError, match=r"--compile: not supported with dropout in the GPU "
+                                          r"kernels \(--dropout 0.2\).*expected --dropout 0"):
+        train(_config(tmp_path / "run", model=model, max_steps=2, compile=True, dropout=0.2))
+    assert not (tmp_path / "run").exists()
+    # on the CPU (the pytorch backend) and without dropout, nothing is refused
+    loop.check_compile(_config(tmp_path, model=model, compile=True, dropout=0.2),
+                       torch.device("cpu"))
+    loop.check_compile(_config(tmp_path, model=model, compile=True, dropout=0.0),
+                       torch.device("cuda"))
 
 
 def test_the_command_exits_2_naming_compile(tmp_path, capsys):

@@ -631,10 +631,28 @@ class Trainer:
         print(f"checkpoints and metrics: {self.out_dir}")
 
 
+def check_compile(config: TrainConfig, device: torch.device) -> None:
+    """Refuses ``--compile`` with dropout in the HSTU models' GPU kernels: they draw a fresh
+    dropout seed per call (a host value), dynamo breaks the graph there, and torch 2.11's
+    Inductor then fails to compile the kernels that take it (H200: an AttributeError in its
+    kernel-signature code)."""
+    if config.compile and config.dropout > 0 and config.model.startswith("hstu") and (
+        device.type == "cuda"
+    ):
+        raise ConfigError(
+            "compile",
+            f"not supported with dropout in the GPU kernels (--dropout {config.dropout}): "
+            "their per-call dropout seed breaks the compiled graph; expected --dropout 0 with "
+            "--compile, or no --compile",
+        )
+
+
 def train(config: TrainConfig) -> RunResult:
     """Trains ``config.model`` on ``config.data``; under torchrun, data-parallel."""
     config.check()
-    check_sharding(config, pick_device(config.device))
+    device = pick_device(config.device)
+    check_sharding(config, device)
+    check_compile(config, device)
     ctx = init_distributed(config.device, group=config.sharding == "torchrec")
     try:
         return Trainer(config, ctx).run()
