@@ -21,9 +21,10 @@ backward and optimizer) the device time of the kernels it launched, its span on 
 timeline and its host time, and the kernels with the most device time. ``--count-ops`` counts
 the aten ops of one training step per part (on any device: the CPU shows the op overhead
 around the STU layers as well as a GPU does). ``--compile`` also times the training step with
-the model under ``torch.compile`` (the same step timed by a wall-clock script before this
-option existed, H200, torch 2.11, triton backend, one run: 16.8 ms against 23.7 and 32.9 ms
-for eager before and after it).
+the model under ``torch.compile`` (H200, torch 2.11, triton 3.6, triton backend, defaults,
+one call: 13.1 and 13.3 ms compiled in two runs, against 10.2 ms for the three STU layers
+alone in ``stu_stack --batch 32``; eager steps of the same runs took 18 to 39 ms, the host
+being their limit).
 
 Each figure is a median in ms (:func:`tzrec_ops.measure.median_ms`: on a GPU
 ``triton.testing.do_bench``, warm-up 25 ms, rep 200 ms; on the CPU, calls timed one by one
@@ -127,21 +128,13 @@ def _train_setup(provider: str, args, device, autocast_on_cpu: bool = False):
 def bench_train(provider: str, args, device, compiled: bool = False) -> Dict[str, float]:
     """The training step's ms and tokens/s; ``compiled`` runs the model's forward (and so
     its backward) through ``torch.compile`` (the first, compiling, calls are not timed)."""
-    model, optimizer, batch, labels, autocast = _train_setup(provider, args, device)
-    forward = torch.compile(model) if compiled else model
-
-    def step() -> None:
-        with autocast:
-            loss = model.loss(forward(batch), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
+    _, step, tokens = _phased_step(
+        provider, args, device, lambda name: contextlib.nullcontext(), compiled=compiled
+    )
     if compiled:  # compile (forward and backward graphs) before the timer sizes its runs
         for _ in range(2):
             step()
     ms = median_ms(step, device)
-    tokens = batch[UIH_ITEM_ID].shape[0] + batch[CANDIDATE_ITEM_ID].shape[0]
     return {"ms": ms, "tokens_per_s": tokens / ms * 1e3}
 
 
@@ -200,9 +193,10 @@ def _phased_step(
     phase: Callable[[str], ContextManager[object]],
     autocast_on_cpu: bool = False,
     compiled: bool = False,
-) -> Tuple[HSTURanking, Callable[[], None]]:
-    """The model and the training step of :func:`bench_train`, each phase (``forward``,
-    ``loss``, ``backward``, ``optimizer``) inside ``phase(name)``."""
+) -> Tuple[HSTURanking, Callable[[], None], int]:
+    """The model, the training step (each phase, ``forward``, ``loss``, ``backward`` and
+    ``optimizer``, inside ``phase(name)``; ``compiled``: the model under ``torch.compile``)
+    and the tokens of its batch (history events and candidates)."""
     model, optimizer, batch, labels, autocast = _train_setup(
         provider, args, device, autocast_on_cpu
     )
@@ -220,7 +214,8 @@ def _phased_step(
         with phase("optimizer"):
             optimizer.step()
 
-    return model, step
+    tokens = batch[UIH_ITEM_ID].shape[0] + batch[CANDIDATE_ITEM_ID].shape[0]
+    return model, step, tokens
 
 
 def profile_train(
@@ -232,7 +227,7 @@ def profile_train(
     ``torch.compile``, whose forward is one range (its parts are fused across)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    model, step = _phased_step(
+    model, step, _ = _phased_step(
         provider, args, device, lambda name: record_function(f"step:{name}"), compiled=compiled
     )
     for _ in range(3):  # compiles and autotuning stay out of the profile
@@ -337,7 +332,7 @@ def count_train_ops(provider: str, args, device, top: int = 6) -> str:
         finally:
             counter.labels.pop()
 
-    model, step = _phased_step(provider, args, device, phase, autocast_on_cpu=True)
+    model, step, _ = _phased_step(provider, args, device, phase, autocast_on_cpu=True)
     step()
     handles = _hook_parts(model, counter.labels.append, lambda name: counter.labels.pop() and None)
     try:
