@@ -170,7 +170,8 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "also the backward) through torch.compile; the first steps include the "
                    "compile time (about two compiles: sizes that change between batches "
                    "are made dynamic at the first recompile). Evaluation stays eager. Not "
-                   "with the fitted baselines or --sharding torchrec")
+                   "with the fitted baselines, --sharding torchrec, or an HSTU model on a GPU "
+                   "with dropout on (use --dropout 0)")
     g.add_argument("--epochs", type=POSITIVE, metavar="N",
                    help=f"passes over the training users (default: {DEFAULT_EPOCHS} when "
                    "--max-steps is not given)")
