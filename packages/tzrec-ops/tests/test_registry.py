@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import warnings
 
 import pytest
@@ -14,6 +15,7 @@ from tzrec_ops.registry import (
     Backend,
     BackendError,
     PluginLoadError,
+    automatic_backend,
     autotune_configs,
     backends,
     find_implementation,
@@ -507,6 +509,28 @@ def test_unhashable_option_is_chosen_without_caching(toy, rejections):
 
 
 # -- AutomaticBackend records -----------------------------------------------------------------
+
+
+def test_automatic_backend_answers_as_automatic_selection_would(plugins):
+    plugins.add("toy-backends", "1.2.0", {"toy": toy_backends(
+        {"name": "fast", "priority": 100, "unavailable": "no gizmo on this machine"},
+        {"name": "mid", "priority": 50, "reject_dtype": "float64"},
+        {"name": "slow", "priority": 1, "ops": ["toy_op", "other_op"],
+         "reject_dtype": "float64"},
+    )})
+    auto = automatic_backend(["toy_op", "other_op"])
+    assert isinstance(auto, AutomaticBackend) and auto.name == "automatic"
+    assert {"toy_op", "other_op"} <= set(auto.ops)  # fast is unavailable: not counted
+    assert auto.rejection("toy_op", {"device": CPU, "dtype": torch.float32}) is None
+    reason = auto.rejection("toy_op", {"device": CPU, "dtype": torch.float64})
+    assert reason.startswith("no backend that is picked automatically accepts it:"), reason
+    assert "mid:" in reason and "slow:" in reason and "fast: unavailable" in reason, reason
+    assert _run(backend=auto) == "mid"
+    restored = pickle.loads(pickle.dumps(auto))  # modules holding it pickle
+    assert restored.rejection("toy_op", {"device": CPU, "dtype": torch.float32}) is None
+    with pytest.raises(BackendError, match="no available backend implements all of toy_op, "
+                                           "missing_op"):
+        automatic_backend(["toy_op", "missing_op"])
 
 
 def test_automatic_backend_record_chooses_per_call_as_none_does(toy, monkeypatch):

@@ -22,20 +22,11 @@ own and stays traceable.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from typing import Sequence, Union
 
-from tzrec_ops.registry import (
-    BACKEND_ENV,
-    AutomaticBackend,
-    Backend,
-    BackendError,
-    backends,
-    resolve_backend,
-)
+from tzrec_ops.registry import BACKEND_ENV, Backend, automatic_backend, resolve_backend
 
 BackendArg = Union[str, Backend, None]
-
-AUTOMATIC = "automatic"
 
 
 def resolve_module_backend(backend: BackendArg, ops: Sequence[str]) -> Backend:
@@ -60,7 +51,7 @@ def resolve_module_backend(backend: BackendArg, ops: Sequence[str]) -> Backend:
     """
     env = os.environ.get(BACKEND_ENV, "").strip()
     if backend is None and (not env or "=" in env):
-        return _automatic_backend(ops)
+        return automatic_backend(ops)
     record = resolve_backend(backend)
     missing = [op for op in ops if op not in record.ops]
     if missing:
@@ -69,39 +60,3 @@ def resolve_module_backend(backend: BackendArg, ops: Sequence[str]) -> Backend:
             "which this module needs; choose another backend or backend=None"
         )
     return record
-
-
-def _automatic_backend(ops: Sequence[str]) -> AutomaticBackend:
-    """The record of automatic selection, for a module that calls ``ops``."""
-    candidates = [
-        record
-        for record in backends()
-        if record.unavailable_reason() is None and record.automatic() is None
-    ]
-    if not any(all(op in record.ops for op in ops) for record in candidates):
-        raise BackendError(f"no available backend implements all of {', '.join(ops)}")
-    implemented: Dict[str, str] = {}
-    for record in reversed(candidates):  # the highest priority's entry last, so it stays
-        implemented.update(record.ops)
-    return AutomaticBackend(
-        name=AUTOMATIC,
-        priority=0,
-        ops=implemented,
-        supports=_automatic_rejection,
-        description="per call, the available backend of highest priority that accepts it",
-    )
-
-
-def _automatic_rejection(op: str, call: Mapping[str, Any]) -> Optional[str]:
-    """``None`` if some backend that automatic selection may pick accepts ``call``, else why
-    not (module level, so that a module holding the record pickles)."""
-    reasons = []
-    for record in backends():
-        reason = record.rejection(op, call)
-        if reason is None:
-            reason = record.automatic()
-            if reason is None:
-                return None
-            reason = f"not picked automatically: {reason}"
-        reasons.append(f"{record.name}: {reason}")
-    return f"no backend that is picked automatically accepts it ({'; '.join(reasons)})"

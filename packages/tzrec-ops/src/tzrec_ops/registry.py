@@ -48,6 +48,7 @@ from typing import (
     List,
     Mapping,
     Optional,
+    Sequence,
     Tuple,
     Union,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "BackendError",
     "PluginLoadError",
     "Supports",
+    "automatic_backend",
     "backends",
     "find_implementation",
     "get_backend",
@@ -417,6 +419,17 @@ def _choose(op: str, backend: Union[str, Backend, None], call: Mapping[str, Any]
             f"call: {_describe_call(call)}\n"
             f"candidates:{_candidate_report(op, call)}"
         )
+    record = _automatic_choice(op, call)
+    if record is not None:
+        return record
+    raise BackendError(
+        f"no backend can run {op}\ncall: {_describe_call(call)}\n"
+        f"candidates:{_candidate_report(op, call)}"
+    )
+
+
+def _automatic_choice(op: str, call: Mapping[str, Any]) -> Optional[Backend]:
+    """The backend of highest priority that automatic selection may pick for this call."""
     for record in backends():
         if (
             record.rejection(op, call) is None
@@ -424,9 +437,44 @@ def _choose(op: str, backend: Union[str, Backend, None], call: Mapping[str, Any]
             and _contract_rejection(record, op) is None
         ):
             return record
-    raise BackendError(
-        f"no backend can run {op}\ncall: {_describe_call(call)}\n"
-        f"candidates:{_candidate_report(op, call)}"
+    return None
+
+
+def _automatic_rejection(op: str, call: Mapping[str, Any]) -> Optional[str]:
+    """An :class:`AutomaticBackend`'s ``supports``: ``None`` if automatic selection can run
+    the call, else every candidate's reason (module level, so the record pickles)."""
+    if _automatic_choice(op, call) is not None:
+        return None
+    return f"no backend that is picked automatically accepts it:{_candidate_report(op, call)}"
+
+
+def automatic_backend(ops: Sequence[str]) -> AutomaticBackend:
+    """The record of automatic selection for a caller of ``ops`` (e.g. a module that was
+    given no backend): passed as ``backend=``, each call chooses as for ``backend=None``.
+
+    Its ``ops`` are those the automatically picked backends implement, and its
+    ``rejection`` says whether automatic selection can run a call.
+
+    Raises:
+        BackendError: no available backend that may be picked automatically (never the
+            Triton CPU interpreter) implements all of ``ops``.
+    """
+    candidates = [
+        record
+        for record in backends()
+        if record.unavailable_reason() is None and record.automatic() is None
+    ]
+    if not any(all(op in record.ops for op in ops) for record in candidates):
+        raise BackendError(f"no available backend implements all of {', '.join(ops)}")
+    implemented: Dict[str, str] = {}
+    for record in reversed(candidates):  # the highest priority's entry last, so it stays
+        implemented.update(record.ops)
+    return AutomaticBackend(
+        name="automatic",
+        priority=0,
+        ops=implemented,
+        supports=_automatic_rejection,
+        description="per call, the available backend of highest priority that accepts it",
     )
 
 
