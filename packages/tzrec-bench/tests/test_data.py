@@ -9,7 +9,6 @@ import re
 from typing import List, Tuple
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -279,15 +278,16 @@ def test_kuairand_missing_columns_are_named(tmp_path):
 
 
 def test_load_dataset_argument_errors(tmp_path, monkeypatch):
-    with pytest.raises(ValueError, match=r"^unknown data set 'ml-10m'; expected one of synthetic, "
-                                         r"ml-100k, ml-1m, ml-20m, kuairand$"):
+    with pytest.raises(ValueError, match=r"^unknown data set 'ml-10m': expected one of synthetic, "
+                                         r"ml-100k, ml-1m, ml-20m, kuairand, amazon-games, or "
+                                         "the path of an event log"):
         load_dataset("ml-10m")
     monkeypatch.delenv("TZREC_BENCH_DATA", raising=False)
     with pytest.raises(ValueError, match=r"^ml-1m needs data_dir, or TZREC_BENCH_DATA"):
         load_dataset("ml-1m")
     with pytest.raises(ValueError, match=r"^num_users: options of the synthetic data set"):
         load_dataset("ml-1m", tmp_path, num_users=3)
-    assert DATASETS == ("synthetic", "ml-100k", "ml-1m", "ml-20m", "kuairand")
+    assert DATASETS == ("synthetic", "ml-100k", "ml-1m", "ml-20m", "kuairand", "amazon-games")
 
 
 def test_data_dir_defaults_to_the_environment(tmp_path, monkeypatch):
@@ -319,11 +319,13 @@ def test_second_load_comes_from_the_cache(tmp_path, read_calls):
     first = load_dataset("ml-1m", tmp_path, cache_dir=tmp_path / "cache")
     second = load_dataset("ml-1m", tmp_path, cache_dir=tmp_path / "cache")
     assert len(read_calls) == 1
-    assert len(list((tmp_path / "cache").glob("ml-1m-*.parquet"))) == 1
+    assert len(_entries(tmp_path / "cache", "ml-1m-*")) == 1
     for field in ("offsets", "item_ids", "timestamps", "ratings", "item_raw_ids", "user_raw_ids"):
         a, b = getattr(first, field), getattr(second, field)
         assert np.array_equal(a, b) and a.dtype == b.dtype, field
+        assert isinstance(b, np.memmap), field  # mapped, not read into memory
     assert second.num_items == first.num_items and second.name == "ml-1m"
+    assert second.fingerprint == first.fingerprint != ""
 
 
 def test_changed_file_is_read_again(tmp_path, read_calls):
@@ -337,14 +339,18 @@ def test_changed_file_is_read_again(tmp_path, read_calls):
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     assert _rows(load_dataset("ml-100k", tmp_path, cache_dir=tmp_path / "cache")) == [[10, 12]]
     assert len(read_calls) == 3
-    assert len(list((tmp_path / "cache").glob("*.parquet"))) == 1  # stale entries removed
+    assert len(_entries(tmp_path / "cache", "*")) == 1  # stale entries removed
+
+
+def _entries(cache: pathlib.Path, pattern: str) -> List[pathlib.Path]:
+    return [p for p in cache.glob(pattern) if p.is_dir()]
 
 
 def test_unreadable_cache_is_rebuilt(tmp_path, read_calls):
     _write(tmp_path / "u.data", "1\t10\t5\t300\n", gz=False)
     load_dataset("ml-100k", tmp_path, cache_dir=tmp_path / "cache")
-    (cached,) = (tmp_path / "cache").glob("*.parquet")
-    cached.write_bytes(b"not parquet")
+    (entry,) = _entries(tmp_path / "cache", "*")
+    (entry / "meta.json").write_text("not json")
     assert _rows(load_dataset("ml-100k", tmp_path, cache_dir=tmp_path / "cache")) == [[10]]
     assert len(read_calls) == 2
 
@@ -353,19 +359,18 @@ def test_damaged_cache_is_rebuilt_not_read_as_other_numbers(tmp_path, read_calls
     file_name, text = _movielens_text("ml-100k", EVENTS)
     _write(tmp_path / file_name, text, gz=False)
     load_dataset("ml-100k", tmp_path, cache_dir=tmp_path / "cache")
-    (cached,) = (tmp_path / "cache").glob("*.parquet")
-    # one bit of the last timestamp in the column's dictionary page: the file stays readable
-    chunk = pq.ParquetFile(cached).metadata.row_group(0).column(3)
-    assert chunk.path_in_schema == "timestamp"
+    (entry,) = _entries(tmp_path / "cache", "*")
+    cached = entry / "timestamps.npy"
+    # one bit of the last timestamp: the file stays a readable .npy of other numbers
     data = bytearray(cached.read_bytes())
-    data[chunk.data_page_offset - 8] ^= 1
+    data[-8] ^= 1
     cached.write_bytes(bytes(data))
-    unchecked = pq.read_table(cached).column("timestamp").to_pylist()
+    unchecked = np.load(cached).tolist()
     assert sorted(unchecked) != sorted(EXPECTED_TIMES), "the flipped bit changed no number"
     ds = load_dataset("ml-100k", tmp_path, cache_dir=tmp_path / "cache")
     assert len(read_calls) == 2
     assert _rows(ds) == EXPECTED_ROWS and ds.timestamps.tolist() == EXPECTED_TIMES
-    assert pq.read_table(cached).column("timestamp").to_pylist() == EXPECTED_TIMES
+    assert np.load(cached).tolist() == EXPECTED_TIMES
 
 
 @pytest.mark.parametrize("keep", [0.0, 0.5, 0.99])
@@ -373,7 +378,8 @@ def test_truncated_cache_is_rebuilt(tmp_path, read_calls, keep):
     file_name, text = _movielens_text("ml-100k", EVENTS)
     _write(tmp_path / file_name, text, gz=False)
     load_dataset("ml-100k", tmp_path, cache_dir=tmp_path / "cache")
-    (cached,) = (tmp_path / "cache").glob("*.parquet")
+    (entry,) = _entries(tmp_path / "cache", "*")
+    cached = entry / "item_ids.npy"
     data = cached.read_bytes()
     cached.write_bytes(data[: int(len(data) * keep)])
     assert _rows(load_dataset("ml-100k", tmp_path, cache_dir=tmp_path / "cache")) == EXPECTED_ROWS
@@ -385,7 +391,7 @@ def test_cache_dir_defaults_to_the_environment(tmp_path, monkeypatch):
     assert default_cache_dir() == tmp_path / "env-cache"
     _write(tmp_path / "u.data", "1\t10\t5\t300\n", gz=False)
     load_dataset("ml-100k", tmp_path)
-    assert len(list((tmp_path / "env-cache").glob("ml-100k-*.parquet"))) == 1
+    assert len(_entries(tmp_path / "env-cache", "ml-100k-*")) == 1
     monkeypatch.delenv("TZREC_BENCH_CACHE")
     assert default_cache_dir() == pathlib.Path.home() / ".cache" / "tzrec-bench"
 

@@ -1,12 +1,22 @@
-"""Preprocessed datasets cached as parquet, so that a second load skips parsing and sorting.
+"""Preprocessed data sets cached as folders of ``.npy`` arrays, memory-mapped when loaded.
 
-A cache file is named ``<name>-<where>-<what>.parquet``: ``where`` hashes the source files'
-paths, ``what`` hashes their sizes and modification times, the loader's version and
-:data:`CACHE_FORMAT`. A changed file, or a new loader version, misses the cache; the stale file
-for the same paths is then replaced. Files are written to a temporary name and renamed, so a
-crash never leaves a half-written cache behind. Data pages carry CRC checksums, verified on
-reading: a cache file that is truncated or damaged later (a bit flipped on disk) is parsed
-again from the source files, never read as other numbers.
+An entry is a folder ``<name>-<where>-<what>/``: ``where`` hashes the source files' paths,
+``what`` hashes their sizes and modification times, the reading options (column mapping,
+``min_events``), the loader's version and :data:`CACHE_FORMAT`. A changed file, option or
+loader misses the cache; the stale entry for the same paths is then removed. It holds::
+
+    offsets.npy     [U + 1] int64     item_ids.npy    [N] int64     timestamps.npy [N] int64
+    ratings.npy     [N] float32       actions.npy     [N] int64     (when the data has them)
+    users.npy       [U] raw user ids  items.npy       [I] raw item ids (int64 or str)
+    meta.json       the name, counts, each file's BLAKE2 digest and the data's fingerprint
+
+Entries are written into a temporary folder and renamed, so a crash never leaves a
+half-written one behind; under torchrun rank 0 builds and the other ranks map the result. A
+later load maps the arrays (``numpy.load(mmap_mode="r")``: no copy, the pages are read when
+touched) after checking every file against its digest, read in blocks with no mapping, so an
+entry truncated or damaged later (a bit flipped on disk) is built again from the source files,
+never read as other numbers. The data's fingerprint is a digest of the digests: two logs with
+the same events, ids and order have the same one, whatever their file names.
 """
 
 from __future__ import annotations
@@ -14,21 +24,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tzrec_bench.data.dataset import SequenceDataset
 
 CACHE_ENV = "TZREC_BENCH_CACHE"
-# bumped when the table layout below changes (2: page checksums)
-CACHE_FORMAT = 2
-# what reading a damaged parquet file raises: bad metadata, failed checksums or
-# decompression, missing columns, columns of another type or length
-_READ_ERRORS = (pa.ArrowException, OSError, EOFError, KeyError, ValueError, IndexError, TypeError)
+# bumped when the entry layout changes (3: folders of memory-mapped .npy arrays)
+CACHE_FORMAT = 3
+META = "meta.json"
+#: per-event arrays, and whether each must be there
+EVENT_ARRAYS = {"item_ids": True, "timestamps": True, "ratings": False, "actions": False}
+_BLOCK = 1 << 24  # bytes hashed per read
 
 
 def default_cache_dir() -> Path:
@@ -40,83 +50,104 @@ def _digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:16]
 
 
-def cache_path(cache_dir: Path, name: str, version: int, files: Sequence[Path]) -> Path:
-    """Where the dataset read from ``files`` by loader ``name`` at ``version`` is cached."""
+def cache_path(
+    cache_dir: Path, name: str, version: int, files: Sequence[Path], options: object = None
+) -> Path:
+    """The entry for the data set read from ``files`` by loader ``name`` at ``version`` with
+    reading ``options`` (any JSON value)."""
     paths = [str(path.resolve()) for path in files]
     stats = [(os.stat(path).st_size, os.stat(path).st_mtime_ns) for path in paths]
-    return cache_dir / f"{name}-{_digest(paths)}-{_digest([CACHE_FORMAT, version, stats])}.parquet"
+    what = _digest([CACHE_FORMAT, version, stats, options])
+    return cache_dir / f"{name}-{_digest(paths)}-{what}"
 
 
-def to_table(ds: SequenceDataset) -> pa.Table:
-    """One row per event, in the dataset's order, with raw ids beside the dense item id."""
-    columns = {
-        "user_raw_id": np.repeat(ds.user_raw_ids, ds.lengths),
-        "item_raw_id": ds.item_raw_ids[ds.item_ids],
-        "item_id": ds.item_ids,
-        "timestamp": ds.timestamps,
-    }
-    if ds.ratings is not None:
-        columns["rating"] = ds.ratings
-    if ds.actions is not None:
-        columns["action"] = ds.actions
-    return pa.table(columns)
+def file_digest(path: Path) -> str:
+    """BLAKE2b of the file's bytes, read in blocks (nothing mapped into memory)."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_BLOCK), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
-def from_table(name: str, table: pa.Table) -> SequenceDataset:
-    """The inverse of :func:`to_table`: rows are already grouped and sorted."""
-    users = table.column("user_raw_id").to_numpy()
-    items = table.column("item_id").to_numpy()
-    starts = np.flatnonzero(np.diff(users)) + 1  # where the user changes
-    firsts = np.concatenate([[0], starts]).astype(np.int64) if len(users) else starts
-    num_items = int(items.max()) + 1 if len(items) else 0
-    item_raw_ids = np.zeros(num_items, dtype=np.int64)
-    item_raw_ids[items] = table.column("item_raw_id").to_numpy()
-    names = table.column_names
-    return SequenceDataset(
-        name=name,
-        offsets=np.append(firsts, len(users)).astype(np.int64),
-        item_ids=items,
-        timestamps=table.column("timestamp").to_numpy(),
-        num_items=num_items,
-        item_raw_ids=item_raw_ids,
-        user_raw_ids=users[firsts],
-        ratings=table.column("rating").to_numpy() if "rating" in names else None,
-        actions=table.column("action").to_numpy() if "action" in names else None,
+def seal(folder: Path, meta: Dict[str, object]) -> str:
+    """Writes ``meta.json`` with every ``.npy`` file's digest and the data's fingerprint;
+    returns the fingerprint."""
+    digests = {path.name: file_digest(path) for path in sorted(folder.glob("*.npy"))}
+    fingerprint = hashlib.blake2b(
+        json.dumps(sorted(digests.items())).encode(), digest_size=8
+    ).hexdigest()
+    (folder / META).write_text(
+        json.dumps({**meta, "format": CACHE_FORMAT, "digests": digests,
+                    "fingerprint": fingerprint}, indent=1)
     )
+    return fingerprint
+
+
+def _read(folder: Path, name: str) -> Optional[SequenceDataset]:
+    """The entry at ``folder``, mapped, or None when it is missing, incomplete or damaged."""
+    try:
+        meta = json.loads((folder / META).read_text())
+        digests = meta["digests"]
+        if meta.get("format") != CACHE_FORMAT or not isinstance(digests, dict):
+            return None
+        for file_name, digest in digests.items():
+            if file_digest(folder / file_name) != digest:
+                return None
+
+        def array(field: str) -> Optional[np.ndarray]:
+            if f"{field}.npy" not in digests:
+                return None
+            return np.load(folder / f"{field}.npy", mmap_mode="r", allow_pickle=False)
+
+        if any(array(f) is None for f in ("offsets", "users", "items", *(
+                f for f, required in EVENT_ARRAYS.items() if required))):
+            return None
+        return SequenceDataset(
+            name=name,
+            offsets=array("offsets"),
+            item_ids=array("item_ids"),
+            timestamps=array("timestamps"),
+            num_items=int(meta["num_items"]),
+            item_raw_ids=array("items"),
+            user_raw_ids=array("users"),
+            ratings=array("ratings"),
+            actions=array("actions"),
+            fingerprint=str(meta["fingerprint"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # truncated, damaged or from an incompatible writer: rebuild it
 
 
 def load_cached(
-    path: Path, name: str, build: Callable[[], SequenceDataset]
+    path: Path, name: str, build: Callable[[Path], None]
 ) -> SequenceDataset:
-    """The dataset cached at ``path``, else ``build()``'s, written there for next time.
+    """The entry at ``path``, else ``build(folder)``'s: ``build`` fills an empty folder with
+    the entry's arrays and ``meta.json`` (:func:`write_dataset`, or a streaming writer that
+    ends with :func:`seal`), which then becomes the entry.
 
-    An unreadable cache file is rebuilt; other cache files of the same source (same name and
-    ``where`` part) are removed once the new one is written.
+    Other entries of the same source (same name and ``where`` part) are removed once the new
+    one is in place.
     """
     cached = _read(path, name)
     if cached is not None:
         return cached
-    ds = build()
     path.parent.mkdir(parents=True, exist_ok=True)
-    # one temporary name per process: data-parallel ranks may build the same entry at once
+    # one temporary folder per process: data-parallel ranks may build the same entry at once
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
     try:
-        pq.write_table(to_table(ds), tmp, write_page_checksum=True)
+        build(tmp)
+        shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
     where = path.name.rsplit("-", 1)[0]
-    for stale in path.parent.glob(f"{where}-*.parquet"):
-        if stale != path:
-            stale.unlink(missing_ok=True)
+    for stale in path.parent.glob(f"{where}-*"):
+        if stale != path and stale.is_dir() and not stale.name.endswith(".tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
+    ds = _read(path, name)
+    if ds is None:  # pragma: no cover - a disk that loses what was just written
+        raise OSError(f"the cache entry {path} could not be read back after writing it")
     return ds
-
-
-def _read(path: Path, name: str) -> Optional[SequenceDataset]:
-    if not path.is_file():
-        return None
-    try:
-        return from_table(name, pq.read_table(path, page_checksum_verification=True))
-    except _READ_ERRORS:
-        return None  # truncated, damaged or from an incompatible writer: rebuild it

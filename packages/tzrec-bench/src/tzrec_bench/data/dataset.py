@@ -18,6 +18,8 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from tzrec_gr.vocabulary import IdVocabularies, Vocabulary
+
 Rows = Union[Sequence[int], np.ndarray]
 
 
@@ -40,6 +42,8 @@ class SequenceDataset:
     Item ids are dense: ``[0, num_items)``, in the order of the raw ids (``item_raw_ids[i]`` is
     the raw id of item ``i``). No id is reserved for padding, since the tzrec-gr models take
     jagged inputs; 0 is a real item. Users are rows ``[0, U)`` in the order of their raw ids.
+    Raw ids are int64 or strings (a numpy str array). Arrays may be memory-mapped (a cached
+    data set): read-only.
 
     Attributes:
         name (str): the data set's name, e.g. ``"ml-100k"``.
@@ -47,12 +51,14 @@ class SequenceDataset:
         item_ids (np.ndarray): [N] int64 dense item ids.
         timestamps (np.ndarray): [N] int64 Unix seconds, non-decreasing within each row.
         num_items (int): I, the number of distinct items.
-        item_raw_ids (np.ndarray): [I] int64, the raw (file) id of each dense item id.
-        user_raw_ids (np.ndarray): [U] int64, the raw (file) id of each row's user.
+        item_raw_ids (np.ndarray): [I] the raw (file) id of each dense item id, sorted.
+        user_raw_ids (np.ndarray): [U] the raw (file) id of each row's user.
         ratings (np.ndarray | None): [N] float32 explicit ratings (MovieLens: 0.5 to 5).
             Default: None.
         actions (np.ndarray | None): [N] int64 action bitmasks (:class:`Action` bits).
             Default: None.
+        fingerprint (str): a digest of the loaded data (the cache's), "" when not computed
+            (generated data, a split's parts). Default: "".
     """
 
     name: str
@@ -64,6 +70,7 @@ class SequenceDataset:
     user_raw_ids: np.ndarray
     ratings: Optional[np.ndarray] = None
     actions: Optional[np.ndarray] = None
+    fingerprint: str = ""
 
     def __post_init__(self) -> None:
         offsets, n = self.offsets, len(self.item_ids)
@@ -141,6 +148,16 @@ class SequenceDataset:
             ratings=None if ratings is None else np.asarray(ratings, np.float32)[order],
             actions=None if actions is None else np.asarray(actions, np.int64)[order],
         )
+
+    def id_vocabularies(self, source: str = "") -> IdVocabularies:
+        """The users' and items' raw ids with the data's fingerprint, as checkpoints save
+        them (``source`` says where the data came from)."""
+        users, items = Vocabulary(self.user_raw_ids), Vocabulary(self.item_raw_ids)
+        for name, vocabulary, raw in (("user", users, self.user_raw_ids),
+                                      ("item", items, self.item_raw_ids)):
+            if not np.array_equal(vocabulary.ids, raw):
+                raise ValueError(f"{name}_raw_ids must be sorted for rows to follow raw ids")
+        return IdVocabularies(users, items, self.fingerprint, source)
 
     @property
     def num_users(self) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 
 from tzrec_bench.data.actions import Action
 from tzrec_bench.data.dataset import SequenceDataset
-from tzrec_bench.data.source import Source
+from tzrec_bench.data.source import ParsedSource
 from tzrec_bench.data.text_format import TextFormat, read_columns
 
 # feedback column -> its bit in the action mask
@@ -54,7 +54,7 @@ LOG_FORMAT = TextFormat(
 LOG_PATTERNS = ("log_standard_*.csv", "log_standard_*.csv.gz")
 
 
-class KuaiRand(Source):
+class KuaiRand(ParsedSource):
     """Any KuaiRand release's standard logs."""
 
     name = "kuairand"

@@ -1,4 +1,4 @@
-"""``load_dataset``: any data set by name, from local files through the cache."""
+"""``load_dataset``: a named data set, or any event log by its path, through the cache."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import os
 from pathlib import Path
 from typing import Dict, Optional, Union
 
+from tzrec_bench.data.amazon import AMAZON_GAMES
 from tzrec_bench.data.cache import cache_path, default_cache_dir, load_cached
 from tzrec_bench.data.dataset import SequenceDataset
+from tzrec_bench.data.event_log import Columns, ReadOptions, find_files, write_event_log
 from tzrec_bench.data.kuairand import KUAIRAND
 from tzrec_bench.data.movielens import ML_1M, ML_20M, ML_100K
 from tzrec_bench.data.source import Source
@@ -15,8 +17,18 @@ from tzrec_bench.data.synthetic import synthetic
 
 PathLike = Union[str, "os.PathLike[str]"]
 DATA_ENV = "TZREC_BENCH_DATA"
-SOURCES: Dict[str, Source] = {source.name: source for source in (ML_100K, ML_1M, ML_20M, KUAIRAND)}
+SOURCES: Dict[str, Source] = {
+    source.name: source for source in (ML_100K, ML_1M, ML_20M, KUAIRAND, AMAZON_GAMES)
+}
 DATASETS = ("synthetic", *SOURCES)
+#: the cache entries of event logs read by path are named after this
+EVENT_LOG = "events"
+EVENT_LOG_VERSION = 1
+
+
+def is_named(data: str) -> bool:
+    """Whether ``data`` names a data set (else it is the path of an event log)."""
+    return data in DATASETS
 
 
 def load_dataset(
@@ -24,47 +36,81 @@ def load_dataset(
     data_dir: Optional[PathLike] = None,
     cache_dir: Optional[PathLike] = None,
     seed: int = 0,
+    columns: Optional[Union[str, Columns]] = None,
+    min_events: int = 0,
     **synthetic_options,
 ) -> SequenceDataset:
-    """The data set ``name``, one of :data:`DATASETS`.
+    """The data set ``name``: one of :data:`DATASETS`, or the path of an event log (a file
+    or a folder of files: :mod:`tzrec_bench.data.event_log`).
 
     ``"synthetic"`` is generated (not cached) by :func:`synthetic` with ``seed`` and
-    ``synthetic_options``. The others are read from ``data_dir`` the first time and from the
-    cache afterwards, until their files change; ``seed`` does not affect them.
+    ``synthetic_options``. The others are read the first time and mapped from the cache
+    afterwards, until their files or the reading options change.
 
     Args:
-        name (str): ``synthetic``, ``ml-100k``, ``ml-1m``, ``ml-20m`` or ``kuairand``.
-        data_dir (str | PathLike | None): the folder holding the data set's files. Default:
+        name (str): ``synthetic``, ``ml-100k``, ``ml-1m``, ``ml-20m``, ``kuairand``,
+            ``amazon-games``, or a path.
+        data_dir (str | PathLike | None): a named set's folder. Default:
             ``$TZREC_BENCH_DATA/<name>``.
-        cache_dir (str | PathLike | None): where preprocessed data sets are cached. Default:
+        cache_dir (str | PathLike | None): where read data sets are cached. Default:
             ``$TZREC_BENCH_CACHE``, else ``~/.cache/tzrec-bench``.
         seed (int): the synthetic data set's seed. Default: 0.
+        columns (str | Columns | None): an event log's column mapping
+            (``"user=uid,item=sku,time=ts"``). Default: :class:`Columns`' defaults.
+        min_events (int): the k-core filter: users and items with fewer events are dropped
+            until none is left (0 or 1: no filter). Default: 0.
         **synthetic_options: keyword arguments of :func:`synthetic` (``num_users``, ...).
 
     Raises:
-        ValueError: an unknown name, options given to a real data set, or no ``data_dir``.
+        ValueError: an unknown name that is no path either, options that do not apply, or
+            no ``data_dir``.
         FileNotFoundError: a missing file, naming the path and the file expected.
-        DataFormatError: a malformed file, naming the path, the line and the format expected.
+        DataFormatError: a malformed file, naming the path, the row and the column or format.
     """
     if name == "synthetic":
+        if columns is not None or min_events > 1:
+            raise ValueError("--columns and --min-events apply to data read from files, not "
+                             "to the synthetic data set")
         return synthetic(seed=seed, **synthetic_options)
-    source = SOURCES.get(name)
-    if source is None:
-        raise ValueError(f"unknown data set {name!r}; expected one of {', '.join(DATASETS)}")
     if synthetic_options:
         raise ValueError(
             f"{', '.join(synthetic_options)}: options of the synthetic data set, not {name}"
         )
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    source = SOURCES.get(name)
+    if source is None:
+        return _load_event_log(name, columns, min_events, cache, data_dir)
+    if columns is not None:
+        raise ValueError(f"--columns: {name} has its own format; column mappings are for "
+                         "event logs given by path")
     if data_dir is None:
         root = os.environ.get(DATA_ENV)
         if not root:
             raise ValueError(f"{name} needs data_dir, or {DATA_ENV} set to a folder with {name}/")
         data_dir = Path(root) / name
     files = source.files(Path(data_dir))
-    path = cache_path(
-        Path(cache_dir) if cache_dir is not None else default_cache_dir(),
-        source.name,
-        source.version,
-        files,
-    )
-    return load_cached(path, name, lambda: source.read(files))
+    options = ReadOptions(min_events=min_events)
+    path = cache_path(cache, source.name, source.version, files, options.min_events)
+    return load_cached(path, name, lambda folder: source.write(folder, files, options))
+
+
+def _load_event_log(
+    name: str, columns: Optional[Union[str, Columns]], min_events: int, cache: Path,
+    data_dir: Optional[PathLike],
+) -> SequenceDataset:
+    path = Path(name)
+    if not path.exists():
+        raise ValueError(
+            f"unknown data set {name!r}: expected one of {', '.join(DATASETS)}, or the path "
+            "of an event log (a file or a folder of Parquet, CSV, JSONL or text files)"
+        )
+    if data_dir is not None:
+        raise ValueError("--data-dir: an event log given by path reads no other folder")
+    parsed = columns if isinstance(columns, Columns) else Columns.parse(columns)
+    options = ReadOptions(parsed, min_events)
+    files = find_files(path)
+    entry = cache_path(cache, EVENT_LOG, EVENT_LOG_VERSION, files,
+                       [parsed.text(), options.min_events])
+    return load_cached(entry, name,
+                       lambda folder: write_event_log(folder, name, files, options, name))
+

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import List, Sequence
 
 from tzrec_bench.data.dataset import SequenceDataset
-from tzrec_bench.data.source import Source
+from tzrec_bench.data.source import ParsedSource
 from tzrec_bench.data.text_format import TextFormat, find_file, read_columns
 
 
-class MovieLens(Source):
+class MovieLens(ParsedSource):
     """One MovieLens release: one ratings file in ``data_dir``.
 
     Args:
