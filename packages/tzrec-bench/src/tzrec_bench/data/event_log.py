@@ -231,7 +231,11 @@ def _batches(path: Path, columns: Columns) -> Iterator[_Batch]:
     try:
         dataset, names = _dataset(path, fmt, wanted)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
-        raise _arrow_error(path, exc, []) from exc
+        # pyarrow reads the first block to build the dataset: its errors name columns by index
+        header = (_text_names(path) if fmt == "text" else
+                  [name.strip().strip('"') for name in _open_text_head(path).split(",")]
+                  if fmt == "csv" else [])
+        raise _arrow_error(path, exc, header) from exc
     optional_time = fmt != "text" and columns.time == Columns.time
     missing = [f"{role} ({name!r})" for role, name in wanted.items()
                if name not in names and not (role == "time" and (optional_time or fmt == "text"))]
@@ -391,6 +395,13 @@ class _IdCollector:
         return ids.take(pc.sort_indices(ids))
 
 
+def _numpy_ids(ids: pa.Array) -> np.ndarray:
+    """Sorted ids as int64 or a numpy str array (what ``.npy`` maps without pickling)."""
+    if pa.types.is_integer(ids.type):
+        return ids.to_numpy().astype(np.int64)
+    return ids.to_numpy(zero_copy_only=False).astype(np.str_)
+
+
 class _Spool:
     """A temporary file of one per-event column, appended to in order and read back in
     chunks with plain file reads (nothing stays mapped)."""
@@ -489,8 +500,8 @@ def write_event_log(folder: Path, name: str, files: Sequence[Path], options: Rea
                     spools[role].append(_checked_numbers(batch, role, wanted[role], dtype))
     for spool in spools.values():
         spool.close()
-    write_grouped(folder, name, spools, user_ids.to_numpy(zero_copy_only=False),
-                  item_ids.to_numpy(zero_copy_only=False), options.min_events,
+    write_grouped(folder, name, spools, _numpy_ids(user_ids), _numpy_ids(item_ids),
+                  options.min_events,
                   {"source": describe, "has_time": bool(has["time"]),
                    "columns": columns.text()})
     for spool in spools.values():

@@ -23,6 +23,8 @@ from typing import Any, Dict, Tuple, Union
 import numpy as np
 import torch
 
+from tzrec_gr.vocabulary import IdVocabularies, VocabularyError
+
 CHECKPOINT = "checkpoint.pt"
 BEST = "best.pt"
 FORMAT = 1
@@ -39,6 +41,39 @@ EXPECTED = f"a {CHECKPOINT} or {BEST} written by `tzrec-bench train`"
 class CheckpointError(ValueError):
     """A file that is not a readable checkpoint of this trainer (truncated, damaged, of
     another kind or format, or missing what the trainer writes); the message names it."""
+
+
+class DataMismatchError(ValueError):
+    """Data that is not the data a checkpoint was trained on (other items, users or events):
+    refused by ``evaluate`` and ``--resume`` rather than scored; the message says what
+    differs."""
+
+
+def check_same_data(payload: Dict[str, Any], path: Path, data: IdVocabularies,
+                    what: str) -> None:
+    """Raises :class:`DataMismatchError` when ``data`` (the vocabularies of the data at
+    hand) is not what the checkpoint ``payload`` (read from ``path``) was trained on.
+
+    A checkpoint written before vocabularies were saved is compared by its item count.
+    """
+    try:
+        saved = IdVocabularies.from_payload(payload, str(path))
+    except VocabularyError as exc:
+        raise CheckpointError(str(exc)) from exc
+    if saved is None:
+        kwargs = payload.get("model_config", {}).get("kwargs", {})
+        num_items = kwargs.get("num_items")
+        found = ([] if num_items in (None, len(data.items))
+                 else [f"{len(data.items)} items instead of {num_items}"])
+        source = "its training data"
+    else:
+        found = saved.differences(data)
+        source = saved.source or "its training data"
+    if found:
+        raise DataMismatchError(
+            f"{what}: {data.source} is not the data {path} was trained on ({source}): "
+            + "; ".join(found)
+        )
 
 
 def seed_everything(seed: int) -> None:

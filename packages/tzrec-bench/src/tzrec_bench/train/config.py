@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from tzrec_bench.data import DATASETS
+from tzrec_bench.data.event_log import Columns
 
 # model name -> the task it is trained on (the registry of builders is train/factory.py)
 MODEL_TASKS = {
@@ -34,10 +36,11 @@ SHARDING_TYPES = ("auto", "row_wise", "table_wise")
 TABLE_OPTIMIZER_NAMES = ("rowwise-adagrad", "adagrad", "sgd", "adam")
 
 # options that may change when a run is resumed: they do not change what the next step does
+# (where the data is read from may change: its vocabularies and fingerprint are compared)
 RESUMABLE_CHANGES = frozenset(
     {
-        "data_dir", "cache_dir", "device", "backend", "out_dir", "resume", "max_steps",
-        "epochs", "eval_batch_size", "exclude_seen", "patience", "min_delta", "checkpoint_every",
+        "data", "columns", "data_dir", "cache_dir", "device", "backend", "out_dir", "resume",
+        "max_steps", "epochs", "eval_batch_size", "exclude_seen", "patience", "min_delta", "checkpoint_every",
         "log_every", "plot", "progress", "compile",
     }
 )
@@ -71,6 +74,8 @@ class TrainConfig:
     data: str = "synthetic"
     data_dir: Optional[str] = None
     cache_dir: Optional[str] = None
+    columns: Optional[str] = None
+    min_events: int = 0
     synthetic_users: int = 2000
     synthetic_items: int = 4000
     # model
@@ -138,9 +143,20 @@ class TrainConfig:
         if self.model not in MODEL_TASKS:
             raise ConfigError("model", f"unknown model {self.model!r}; expected one of "
                               f"{', '.join(MODEL_TASKS)}")
-        if self.data not in DATASETS:
-            raise ConfigError("data", f"unknown data set {self.data!r}; expected one of "
-                              f"{', '.join(DATASETS)}")
+        if self.data not in DATASETS and not Path(self.data).exists():
+            raise ConfigError("data", f"{self.data!r} is neither a data set ("
+                              f"{', '.join(DATASETS)}) nor an existing file or folder")
+        if self.columns is not None:
+            if self.data in DATASETS:
+                raise ConfigError("columns", f"{self.data} has its own format; column "
+                                  "mappings are for event logs given by path")
+            try:
+                Columns.parse(self.columns)
+            except ValueError as exc:
+                raise ConfigError("columns", str(exc).split(": ", 1)[-1]) from None
+        if self.min_events and self.data == "synthetic":
+            raise ConfigError("min_events", "the synthetic data set is generated; the k-core "
+                              "filter applies to data read from files")
         for field in ("synthetic_users", "synthetic_items", "max_seq_len", "embedding_dim",
                       "num_layers", "num_heads", "num_negatives", "num_candidates",
                       "batch_size", "eval_batch_size", "log_every"):
@@ -148,7 +164,7 @@ class TrainConfig:
         for field in ("epochs", "max_steps", "eval_every", "eval_users", "checkpoint_every"):
             if getattr(self, field) is not None:
                 _at_least(field, getattr(self, field), 1)
-        for field in ("warmup_steps", "patience", "seed"):
+        for field in ("warmup_steps", "patience", "seed", "min_events"):
             _at_least(field, getattr(self, field), 0)
         if self.embedding_dim % self.num_heads:
             raise ConfigError("num_heads", f"must divide --embedding-dim "
