@@ -32,7 +32,8 @@ def _sequences(ds) -> dict:
             for u in range(ds.num_users)}
 
 
-def _write_csv(path: pathlib.Path, header: str, rows: List[tuple], gz: bool = False) -> pathlib.Path:
+def _write_csv(path: pathlib.Path, header: str, rows: List[tuple],
+               gz: bool = False) -> pathlib.Path:
     text = header + "\n" + "".join(",".join(map(str, row)) + "\n" for row in rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     if gz:

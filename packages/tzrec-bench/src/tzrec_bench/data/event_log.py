@@ -54,8 +54,8 @@ FORMATS = {
     ".ndjson": "json", ".json": "json", ".txt": "text",
 }
 TEXT_COLUMNS = ("user", "item", "time")
-BATCH_ROWS = 1 << 20  # rows per record batch read
-CHUNK = 1 << 21  # events per chunk when grouping (a few tens of MB of temporaries)
+BATCH_ROWS = 1 << 19  # rows per record batch read
+CHUNK = 1 << 20  # events per chunk when grouping (a few tens of MB of temporaries)
 _INT64 = np.iinfo(np.int64)
 
 
@@ -245,7 +245,9 @@ def _batches(path: Path, columns: Columns) -> Iterator[_Batch]:
             f"{', '.join(names)} (map them with --columns user=...,item=...,time=...)"
         )
     present = {role: name for role, name in wanted.items() if name in names}
-    scanner = dataset.scanner(columns=list(present.values()), batch_size=BATCH_ROWS)
+    # little read-ahead: the batches are consumed one at a time, and memory stays flat
+    scanner = dataset.scanner(columns=list(present.values()), batch_size=BATCH_ROWS,
+                              batch_readahead=1, fragment_readahead=1)
     row = 1
     try:
         for batch in scanner.to_batches():
@@ -500,7 +502,9 @@ def write_event_log(folder: Path, name: str, files: Sequence[Path], options: Rea
                     spools[role].append(_checked_numbers(batch, role, wanted[role], dtype))
     for spool in spools.values():
         spool.close()
-    write_grouped(folder, name, spools, _numpy_ids(user_ids), _numpy_ids(item_ids),
+    user_ids, item_ids = _numpy_ids(user_ids), _numpy_ids(item_ids)
+    pa.default_memory_pool().release_unused()  # the batches' buffers, before grouping
+    write_grouped(folder, name, spools, user_ids, item_ids,
                   options.min_events,
                   {"source": describe, "has_time": bool(has["time"]),
                    "columns": columns.text()})

@@ -40,8 +40,8 @@ TABLE_OPTIMIZER_NAMES = ("rowwise-adagrad", "adagrad", "sgd", "adam")
 RESUMABLE_CHANGES = frozenset(
     {
         "data", "columns", "data_dir", "cache_dir", "device", "backend", "out_dir", "resume",
-        "max_steps", "epochs", "eval_batch_size", "exclude_seen", "patience", "min_delta", "checkpoint_every",
-        "log_every", "plot", "progress", "compile",
+        "max_steps", "epochs", "eval_batch_size", "exclude_seen", "patience", "min_delta",
+        "checkpoint_every", "log_every", "plot", "progress", "compile",
     }
 )
 
