@@ -338,3 +338,15 @@ def test_a_shipped_synthetic_config_runs_for_real_within_its_baseline(tmp_path, 
     assert gain["relative_gain"] == pytest.approx(
         metrics["ndcg@10"]["mean"] / floors[best]["metrics"]["ndcg@10"]["mean"] - 1)
     assert table.count("  gain over best floor") == 2
+
+
+def test_eval_negatives_reaches_every_retrieval_run_and_its_floors(planted):
+    seen = []
+
+    def trainer(config):
+        seen.append((Path(config.out_dir).parent.name, config.eval_negatives))
+        return stand_in([])(config)
+
+    _run(_argv(planted, ["better"], "--repeats", "1", "--eval-negatives", "100"), trainer)
+    assert seen and all(negatives == 100 for _, negatives in seen)
+    assert {name for name, _ in seen} >= {"better", *(f"floor:{m}" for m in FLOORS["retrieval"])}

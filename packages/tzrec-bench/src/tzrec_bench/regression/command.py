@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ from tzrec_bench.regression.harness import (
     summary_table,
     train_and_test,
 )
+from tzrec_bench.train.config import MODEL_TASKS, TrainConfig
 
 
 def add_parser(subparsers: argparse._SubParsersAction,
@@ -65,6 +67,10 @@ def add_parser(subparsers: argparse._SubParsersAction,
     p.add_argument("--data-root", metavar="PATH",
                    help="folder holding the data sets' folders (ml-100k/ ...); default: "
                    "$TZREC_BENCH_DATA")
+    p.add_argument("--eval-negatives", type=int, default=0, metavar="N",
+                   help="retrieval configs and their floors also report the sampled protocol "
+                   "(each target against N items the user never interacted with; the SASRec "
+                   "paper's N=100) beside the full ranking")
     p.add_argument("--list", action="store_true", help="list the shipped configs and exit")
     return p
 
@@ -80,7 +86,14 @@ def run_command(args: argparse.Namespace, trainer: Trainer = train_and_test) -> 
         raise RunConfigError("CONFIG: name at least one config (--list shows the shipped ones)")
     if args.repeats < 1:
         raise RunConfigError(f"--repeats: must be >= 1, got {args.repeats}")
+    if args.eval_negatives < 0:
+        raise RunConfigError(f"--eval-negatives: must be >= 0, got {args.eval_negatives}")
     configs = [load_config(c) for c in args.configs]
+    if args.eval_negatives:
+        configs = [dataclasses.replace(c, settings={**c.settings,
+                                                    "eval_negatives": args.eval_negatives})
+                   if MODEL_TASKS[c.settings.get("model", TrainConfig.model)] == "retrieval"
+                   else c for c in configs]
     if args.no_baseline:
         baseline = {}
     else:

@@ -39,12 +39,15 @@ FLOORS = {
     "ranking": ("popularity-ranking",),
 }
 #: the metrics the table compares with the floors (all are in the JSON)
-FLOOR_METRICS = {"retrieval": ("hr@10", "ndcg@10"), "ranking": ("auc",)}
+FLOOR_METRICS = {
+    "retrieval": ("hr@10", "ndcg@10", "sampled_hr@10", "sampled_ndcg@10"),  # sampled: if run
+    "ranking": ("auc",),
+}
 FLOOR_METRICS_ALL = tuple(m for task in FLOOR_METRICS.values() for m in task)
 # the settings a floor shares with its config: the data, its split and the evaluation
-FLOOR_SETTINGS = ("data", "data_dir", "cache_dir", "synthetic_users", "synthetic_items",
-                  "max_seq_len", "num_candidates", "eval_batch_size", "exclude_seen",
-                  "metric", "device", "seed")
+FLOOR_SETTINGS = ("data", "data_dir", "cache_dir", "columns", "min_events", "synthetic_users",
+                  "synthetic_items", "max_seq_len", "num_candidates", "eval_batch_size",
+                  "exclude_seen", "eval_negatives", "metric", "device", "seed")
 
 
 def train_and_test(config: TrainConfig) -> Mapping[str, float]:

@@ -41,7 +41,7 @@ RESUMABLE_CHANGES = frozenset(
     {
         "data", "columns", "data_dir", "cache_dir", "device", "backend", "out_dir", "resume",
         "max_steps", "epochs", "eval_batch_size", "exclude_seen", "patience", "min_delta",
-        "checkpoint_every", "log_every", "plot", "progress", "compile",
+        "checkpoint_every", "log_every", "plot", "progress", "compile", "eval_negatives",
     }
 )
 
@@ -107,6 +107,7 @@ class TrainConfig:
     eval_users: Optional[int] = None
     eval_batch_size: int = 256
     exclude_seen: bool = False
+    eval_negatives: int = 0
     metric: Optional[str] = None
     patience: int = 5
     min_delta: float = 0.0
@@ -164,7 +165,7 @@ class TrainConfig:
         for field in ("epochs", "max_steps", "eval_every", "eval_users", "checkpoint_every"):
             if getattr(self, field) is not None:
                 _at_least(field, getattr(self, field), 1)
-        for field in ("warmup_steps", "patience", "seed", "min_events"):
+        for field in ("warmup_steps", "patience", "seed", "min_events", "eval_negatives"):
             _at_least(field, getattr(self, field), 0)
         if self.embedding_dim % self.num_heads:
             raise ConfigError("num_heads", f"must divide --embedding-dim "
@@ -198,6 +199,12 @@ class TrainConfig:
             raise ConfigError("compile", "not supported with --sharding torchrec (its sharded "
                               "tables run outside torch.compile); expected --sharding "
                               "replicate, or no --compile")
+        if self.eval_negatives and self.task != "retrieval":
+            raise ConfigError("eval_negatives", f"the sampled protocol ranks retrieval targets; "
+                              f"{self.model} is a ranking model")
+        if self.eval_negatives and self.sharding == "torchrec":
+            raise ConfigError("eval_negatives", "not with --sharding torchrec (its evaluation "
+                              "reads the catalogue in chunks); expected --sharding replicate")
         if self.metric is not None and self.metric not in metric_names(self.task):
             raise ConfigError("metric", f"{self.metric!r} is not a metric of {self.model}; "
                               f"expected one of {', '.join(metric_names(self.task))}")

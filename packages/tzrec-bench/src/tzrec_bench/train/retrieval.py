@@ -6,7 +6,8 @@ that has a next item, with negatives drawn from a generator seeded by ``(seed, s
 that every rank (and a resumed run) uses the same ones (``--num-negatives`` at least the
 catalogue size trains on every item, the full softmax). Evaluation embeds each user's
 history before the held-out item and ranks the item against the whole catalogue
-(:class:`~tzrec_bench.train.metrics.RetrievalMetrics`).
+(:class:`~tzrec_bench.train.metrics.RetrievalMetrics`), and with ``--eval-negatives N``
+also against N items the user never interacted with (:mod:`tzrec_bench.train.sampled`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tzrec_bench.data.dataset import segment_index
 from tzrec_bench.train.config import RETRIEVAL_KS, TrainConfig
 from tzrec_bench.train.distributed import DistContext, shard
 from tzrec_bench.train.metrics import RetrievalMetrics
+from tzrec_bench.train.sampled import NEGATIVES_SEED, SampledMetrics, sampled_negatives
 from tzrec_bench.train.task import Batch, amp_dtype, autocast, chunks, eval_rows, eval_shard
 from tzrec_ops.jagged import to_device
 
@@ -67,7 +69,9 @@ class RetrievalTask:
         self.config = config
         self.ctx = ctx
         self.num_items = dataset.num_items
+        self.dataset = dataset
         self.split = leave_one_out(dataset)
+        self._negatives: Dict[str, np.ndarray] = {}  # per split: drawn once, reused
         lengths = self.split.train.lengths
         self.train_rows = np.flatnonzero(lengths >= 2)  # one event has no next item
         self._kept = np.minimum(lengths, config.max_seq_len)
@@ -110,6 +114,8 @@ class RetrievalTask:
         rows = shard(rows, self.ctx)
         device = self.ctx.device
         metrics = RetrievalMetrics(RETRIEVAL_KS, device=device)
+        sampled = SampledMetrics(device) if self.config.eval_negatives else None
+        negatives = self._sampled_negatives(split, held) if sampled is not None else None
         # the count baselines score the catalogue themselves; embedding models by dot product
         score_catalogue = getattr(model, "catalogue_scores", None)
         with autocast(device, self._amp):
@@ -122,11 +128,25 @@ class RetrievalTask:
                     scores = model.user_embedding(*history).float() @ items.t()
                 else:
                     scores = score_catalogue(*history).float()
+                targets = cpu.targets.to(device)
+                if sampled is not None:
+                    drawn = torch.from_numpy(negatives[chunk]).to(device)
+                    sampled.update(scores.gather(1, targets.unsqueeze(1)).squeeze(1),
+                                   scores.gather(1, drawn))
                 excluded = None
                 if self.config.exclude_seen:
                     excluded = seen_items(held.history, chunk, self.num_items).to(device)
-                metrics.update_scores(scores, cpu.targets.to(device), excluded)
-        return metrics.compute()
+                metrics.update_scores(scores, targets, excluded)
+        return {**metrics.compute(), **(sampled.compute() if sampled is not None else {})}
+
+    def _sampled_negatives(self, split: str, held: HeldOut) -> np.ndarray:
+        """[len(held), N] the split's drawn negatives (every row's, drawn once)."""
+        if split not in self._negatives:
+            self._negatives[split] = sampled_negatives(
+                self.dataset, held.rows, self.num_items, self.config.eval_negatives,
+                NEGATIVES_SEED,
+            )
+        return self._negatives[split]
 
     def _history(self, cpu: Any) -> Tuple[Any, ...]:
         device = self.ctx.device
