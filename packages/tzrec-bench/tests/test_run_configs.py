@@ -288,7 +288,8 @@ def test_bad_train_setting_names_the_file_and_option(tmp_path, capsys):
 def test_shipped_configs_load_and_have_baselines():
     shipped = shipped_configs()
     models = {"hstu-retrieval", "hstu-ranking", "sasrec"}
-    assert set(shipped) == {f"{m}-{d}" for m in models for d in ("synthetic", "ml-100k")}
+    assert set(shipped) == {f"{m}-{d}" for m in models for d in ("synthetic", "ml-100k")} | {
+        "hstu-retrieval-amazon-games", "sasrec-amazon-games"}
     for name, path in shipped.items():
         config = load_config(name)
         assert config.path == path and config.description

@@ -114,7 +114,7 @@ def load_config(name_or_path: str) -> RunConfig:
 def data_dir(config: RunConfig, data_root: Optional[str]) -> Optional[Path]:
     """Where the config's data set is read from (None: synthetic, or nowhere given)."""
     data = config.settings.get("data", TrainConfig.data)
-    if data == "synthetic":
+    if data == "synthetic" or data not in SOURCES:  # generated, or an event log's own path
         return None
     if config.settings.get("data_dir"):
         return Path(config.settings["data_dir"])
@@ -127,6 +127,8 @@ def missing_data(config: RunConfig, data_root: Optional[str]) -> Optional[str]:
     data = config.settings.get("data", TrainConfig.data)
     if data == "synthetic":
         return None
+    if data not in SOURCES:
+        return None if Path(data).exists() else f"{data}: no such file or folder"
     folder = data_dir(config, data_root)
     if folder is None:
         return f"{data}: no data folder (pass --data-root, or set {DATA_ENV})"
