@@ -340,3 +340,29 @@ def test_sharding_without_torchrec_fails_before_training_naming_the_extra(tmp_pa
                                           r"pip install 'tzrec-bench\[torchrec\]'"):
         train(_config(tmp_path, sharding="torchrec"))
     assert not (tmp_path / "run").exists()  # nothing was trained or written
+
+
+def test_the_report_says_whether_seen_items_were_excluded(tmp_path, capsys):
+    """Retrieval ranks each target among the whole catalogue unless --exclude-seen: the
+    printed table (train and evaluate) states the rule, and metrics.json records it;
+    ranking ranks no catalogue and says nothing of it."""
+    from tzrec_bench.train.report import seen_items_rule
+
+    assert TrainConfig().exclude_seen is False
+    for exclude in (False, True):
+        run = tmp_path / f"exclude-{exclude}"
+        train(_config(tmp_path, out_dir=str(run), max_steps=1, exclude_seen=exclude))
+        rule = seen_items_rule(exclude)
+        assert rule.startswith("seen items: excluded (" if exclude
+                               else "seen items: not excluded (")
+        lines = capsys.readouterr().out.splitlines()
+        assert lines.count(rule) == 1
+        assert len(lines[lines.index(rule) - 1].split()) == 3  # under the table's last row
+        assert json.loads((run / "metrics.json").read_text())["exclude_seen"] is exclude
+        evaluate(run)
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[-1] == rule and len(lines[-2].split()) == 2
+    run = tmp_path / "ranking"
+    train(_config(tmp_path, out_dir=str(run), model="hstu-ranking", max_steps=1))
+    assert "seen items" not in capsys.readouterr().out
+    assert "exclude_seen" not in json.loads((run / "metrics.json").read_text())

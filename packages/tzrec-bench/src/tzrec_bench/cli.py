@@ -29,7 +29,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 from tzrec_bench import __version__
 from tzrec_bench.data import DATASETS, DataFormatError
 from tzrec_bench.data.load import DATA_ENV
-from tzrec_bench.train.checkpoint import CheckpointError
+from tzrec_bench.train.checkpoint import CheckpointError, DataMismatchError
 from tzrec_bench.train.config import (
     AMP_MODES,
     DEFAULT_EPOCHS,
@@ -119,10 +119,14 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "from counts in seconds: most-popular, item-transitions (first-order "
                    "Markov chain backed off to popularity) and item-knn (retrieval), "
                    "popularity-ranking (ranking)")
-    g.add_argument("--data", choices=list(DATASETS), default=d.data,
-                   help="synthetic is generated (no files); the others are read from --data-dir")
+    g.add_argument("--data", default=d.data, metavar="NAME|PATH",
+                   help=f"a named data set ({', '.join(DATASETS)}: synthetic is generated, "
+                   "the others are read from --data-dir), or the path of your own event log: "
+                   "a file or a folder of Parquet, CSV, JSONL or 'user item [time]' text "
+                   "files, gzip allowed")
     g.add_argument("--data-dir", metavar="PATH",
-                   help=f"folder with the data set's files (default: ${DATA_ENV}/<data>)")
+                   help=f"folder with a named data set's files (default: ${DATA_ENV}/<data>)")
+    _add_log_options(g)
     g.add_argument("--cache-dir", metavar="PATH",
                    help="where parsed data sets are cached (default: $TZREC_BENCH_CACHE, "
                    "else ~/.cache/tzrec-bench)")
@@ -190,6 +194,11 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     g.add_argument("--exclude-seen", action="store_true",
                    help="retrieval: rank each target among the items not already in the "
                    "user's history (for data where an item is consumed once, as MovieLens)")
+    g.add_argument("--eval-negatives", type=COUNT, default=d.eval_negatives, metavar="N",
+                   help="retrieval: also rank each target against N items the user never "
+                   "interacted with (the SASRec paper's protocol, N=100; one seeded draw "
+                   "shared by every model), reported as sampled_hr@10, sampled_ndcg@10 and "
+                   "sampled_mrr beside the full-catalogue metrics; 0: off")
     g.add_argument("--metric", choices=metric_names("retrieval") + metric_names("ranking"),
                    metavar="NAME",
                    help="validation metric for early stopping and best.pt (default: ndcg@10 "
@@ -247,8 +256,32 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
+def _add_log_options(group: argparse._ArgumentGroup) -> None:
+    """``--columns`` and ``--min-events``: how an event log given by path is read."""
+    group.add_argument("--columns", metavar="KEY=COLUMN,...",
+                       help="an event log's columns by name: user, item (ids: integers or "
+                       "strings), time (integer Unix seconds, or Parquet/JSON timestamps; "
+                       "'time=' for none: the file order), rating, action (an integer "
+                       "bitmask); default user=user_id,item=item_id,time=timestamp (time used "
+                       "when present); e.g. user=uid,item=sku,time=ts. Ties in time keep the "
+                       "file order (files by name, rows in order)")
+    group.add_argument("--min-events", type=COUNT, metavar="K",
+                       help="k-core filter: drop users and items with fewer than K events, "
+                       "repeatedly, until none is left (default: no filter)")
+
+
 def _data_option_errors(args: argparse.Namespace) -> Optional[str]:
     """What is wrong with --data/--data-dir together, before any file is read."""
+    if args.data not in DATASETS:
+        if not Path(args.data).exists():
+            return (f"--data: {args.data!r} is neither a data set ({', '.join(DATASETS)}) nor "
+                    "an existing file or folder")
+        if args.data_dir is not None:
+            return "--data-dir: an event log given by path (--data) reads no other folder"
+        return None
+    if args.columns is not None:
+        return (f"--columns: {args.data} has its own format; column mappings are for event "
+                "logs given by path")
     if args.data == "synthetic":
         if args.data_dir is not None:
             return "--data-dir: the synthetic data set is generated and reads no files"
@@ -282,6 +315,7 @@ def _run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if error:
         parser.error(error)
     fields = {name: getattr(args, name) for name in DEFAULTS.to_dict()}
+    fields["min_events"] = fields["min_events"] or 0
     train(TrainConfig(**fields))
     return 0
 
@@ -303,13 +337,21 @@ def _add_evaluate(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
                    help="a run's --out-dir (its best.pt, else checkpoint.pt) or a .pt file")
     p.add_argument("--split", choices=("test", "valid"), default="test",
                    help="test: each user's last event; valid: the one before")
+    p.add_argument("--data", metavar="NAME|PATH",
+                   help="the data to evaluate on (default: the checkpoint's): a named data "
+                   "set or an event log's path, as in train; refused unless its users, items "
+                   "and events are those the model was trained on")
     p.add_argument("--data-dir", metavar="PATH",
-                   help="the data set's folder, if it moved since training")
+                   help="a named data set's folder, if it moved since training")
+    p.add_argument("--columns", metavar="KEY=COLUMN,...",
+                   help="the event log's columns, as in train (default: the checkpoint's)")
     p.add_argument("--cache-dir", metavar="PATH", help="where parsed data sets are cached")
     p.add_argument("--device", choices=DEVICES, help="default: the one used in training")
     p.add_argument("--backend", metavar="NAME", help="tzrec-ops backend of the HSTU models")
     p.add_argument("--eval-batch-size", type=POSITIVE, metavar="B",
                    help="users per evaluation batch")
+    p.add_argument("--eval-negatives", type=COUNT, metavar="N",
+                   help="retrieval: also the sampled protocol against N negatives (see train)")
     return p
 
 
@@ -320,14 +362,22 @@ def _run_evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error(f"checkpoint: no checkpoint at {resolve_checkpoint(args.checkpoint)}")
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         parser.error(f"--data-dir: no such folder: {args.data_dir}")
+    if args.data is not None and args.data not in DATASETS and not Path(args.data).exists():
+        parser.error(f"--data: {args.data!r} is neither a data set ({', '.join(DATASETS)}) "
+                     "nor an existing file or folder")
     error = _backend_error(args.backend)
     if error:
         parser.error(error)
     overrides = {
         name: getattr(args, name)
-        for name in ("data_dir", "cache_dir", "device", "backend", "eval_batch_size")
+        for name in ("data", "data_dir", "columns", "cache_dir", "device", "backend",
+                     "eval_batch_size", "eval_negatives")
         if getattr(args, name) is not None
     }
+    if args.data is not None:  # other data: the saved folder and mapping may not apply
+        overrides.setdefault("data_dir", None)
+        if args.data in DATASETS:
+            overrides["columns"] = None
     evaluate(args.checkpoint, args.split, overrides)
     return 0
 
@@ -430,8 +480,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return SUBCOMMANDS[args.command][1](args, sub)
     except ConfigError as exc:
         sub.error(str(exc))  # exits with status 2
-    except CheckpointError as exc:  # a truncated, damaged or foreign --resume/evaluate file
-        print(f"{sub.prog}: error: {exc}", file=sys.stderr)
+    except (CheckpointError, DataMismatchError) as exc:  # a damaged or foreign checkpoint,
+        print(f"{sub.prog}: error: {exc}", file=sys.stderr)  # or data it was not trained on
         return 2
     except (FileNotFoundError, DataFormatError) as exc:
         print(f"{sub.prog}: error: {exc}", file=sys.stderr)
@@ -440,12 +490,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{sub.prog}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
-        print(_interrupted_message(exc, argv), file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for every rank
+            print(_interrupted_message(exc, argv), file=sys.stderr)
         return 130
 
 
 def _interrupted_message(exc: KeyboardInterrupt, argv: Optional[Sequence[str]]) -> str:
-    """What Ctrl-C left behind, and the command that continues a training run."""
+    """What Ctrl-C left behind, and the command that continues a training run: under
+    torchrun (``WORLD_SIZE`` above 1) a torchrun command with this run's processes per node,
+    e.g. ``torchrun --standalone --nproc-per-node 2 -m tzrec_bench train ... --resume``."""
     from tzrec_bench.train.loop import Interrupted
 
     if not isinstance(exc, Interrupted) or exc.checkpoint is None:
@@ -453,7 +506,16 @@ def _interrupted_message(exc: KeyboardInterrupt, argv: Optional[Sequence[str]]) 
     args = list(sys.argv[1:] if argv is None else argv)
     if "--resume" not in args:
         args.append("--resume")
+    command, where = "tzrec-bench", ""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1:
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        nodes = ("--standalone " if per_node == world_size
+                 else f"--nnodes {world_size // per_node} ")
+        command = f"torchrun {nodes}--nproc-per-node {per_node} -m tzrec_bench"
+        if per_node != world_size:
+            where = "\n(on every node, with this run's rendezvous options)"
     return (
         f"tzrec-bench: interrupted at step {exc.step}; checkpoint saved to {exc.checkpoint}\n"
-        f"continue with: tzrec-bench {shlex.join(args)}"
+        f"continue with: {command} {shlex.join(args)}{where}"
     )

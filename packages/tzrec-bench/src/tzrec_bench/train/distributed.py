@@ -1,4 +1,5 @@
-"""Data-parallel runs under torchrun: process group, device, and sharding of global batches.
+"""Data-parallel runs under torchrun: process group, device, sharding of global batches, and
+a host flag the ranks agree on (:class:`AnyRankFlag`, Ctrl-C).
 
 ``torchrun --nproc-per-node N`` sets ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``; without
 them a run is one process. The process group uses NCCL on CUDA and gloo on the CPU.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import gc
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -131,3 +132,50 @@ def mean_over_ranks(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     total = value.detach().clone()
     dist.all_reduce(total)
     return total / ctx.world_size
+
+
+class AnyRankFlag:
+    """A host flag (Ctrl-C seen) that every rank reads the same way at the same call.
+
+    Every rank calls :meth:`poll` once per step boundary, with its own flag. In a
+    one-process run it returns the flag. Under torchrun it returns whether any rank's flag
+    was set at the *previous* call: each call waits for the previous call's all-reduce (MAX)
+    and starts the next one without waiting for it, so the exchange overlaps a step and
+    every rank gets the same answer at the same boundary, one step after the first rank saw
+    its flag. A True answer starts no further exchange (every rank stops there).
+
+    The flag stays in host memory and travels over a gloo group of its own: on NCCL it
+    would be a device tensor, and reading it back each step would wait for the GPU. Making
+    the group is a collective: every rank builds this object at the same point of the run.
+
+    Args:
+        ctx (DistContext): this process's place in the run.
+    """
+
+    def __init__(self, ctx: DistContext) -> None:
+        self._group = dist.new_group(backend="gloo") if ctx.distributed else None
+        self._pending: Optional[Tuple[Any, torch.Tensor]] = None
+
+    def poll(self, flag: bool) -> bool:
+        """Whether any rank had set its flag by the previous call (this rank's ``flag`` in a
+        one-process run)."""
+        if self._group is None:
+            return flag
+        seen = False
+        if self._pending is not None:
+            work, value = self._pending
+            work.wait()
+            seen = bool(value.item())
+        self._pending = None
+        if not seen:
+            value = torch.tensor([int(flag)], dtype=torch.int32)
+            work = dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._group,
+                                   async_op=True)
+            self._pending = (work, value)
+        return seen
+
+    def close(self) -> None:
+        """Waits for the exchange still under way (every rank started it)."""
+        if self._pending is not None:
+            self._pending[0].wait()
+            self._pending = None

@@ -13,8 +13,9 @@ A run that diverges reports nothing: a NaN or infinite training loss stops it wi
 each step, read at the log and validation steps that wait for the GPU anyway), and the
 metrics refuse non-finite scores. Models without trainable parameters (the count-based
 baselines of :mod:`tzrec_bench.baselines.simple`) are fitted once on the training events
-instead of trained, then validated and tested the same way. On one process, Ctrl-C ends
-the run at the next step boundary with a checkpoint that ``--resume`` continues exactly.
+instead of trained, then validated and tested the same way. Ctrl-C ends the run at a step
+boundary (under torchrun, the same one on every rank) with a checkpoint that ``--resume``
+continues exactly.
 With ``--sharding torchrec`` the item table is split over the processes
 (:mod:`tzrec_bench.train.sharding` says what else changes). With ``--compile`` the
 training step's forward (model and loss, so also their backward) runs under
@@ -46,6 +47,7 @@ from tzrec_bench.data import SequenceDataset, load_dataset
 from tzrec_bench.train import checkpoint
 from tzrec_bench.train.config import ConfigError, TrainConfig
 from tzrec_bench.train.distributed import (
+    AnyRankFlag,
     DistContext,
     barrier,
     close,
@@ -59,7 +61,12 @@ from tzrec_bench.train.early_stopping import EarlyStopping
 from tzrec_bench.train.factory import build_model, is_fitted, make_task, model_config
 from tzrec_bench.train.metrics import NonFiniteError
 from tzrec_bench.train.plot import plot_curves
-from tzrec_bench.train.report import metrics_table, steady_state, throughput_line
+from tzrec_bench.train.report import (
+    metrics_table,
+    open_ended_progress,
+    steady_state,
+    throughput_line,
+)
 from tzrec_bench.train.sharding import (
     ShardedTables,
     check_catalogue,
@@ -69,6 +76,7 @@ from tzrec_bench.train.sharding import (
     plan_lines,
 )
 from tzrec_bench.train.task import Batch, Task, amp_dtype, autocast
+from tzrec_gr.vocabulary import VOCABULARY_KEY
 from tzrec_ops.registry import resolve_backend
 
 METRICS_FILE = "metrics.json"
@@ -133,7 +141,8 @@ def load_data(config: TrainConfig, ctx: DistContext) -> SequenceDataset:
         options = {"num_users": config.synthetic_users, "num_items": config.synthetic_items}
 
     def load() -> SequenceDataset:
-        return load_dataset(config.data, config.data_dir, config.cache_dir, config.seed, **options)
+        return load_dataset(config.data, config.data_dir, config.cache_dir, config.seed,
+                            columns=config.columns, min_events=config.min_events, **options)
 
     if ctx.is_main:
         dataset = load()
@@ -184,8 +193,8 @@ def _warmup(steps: int):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C ended the run at a step boundary; ``checkpoint`` is where ``--resume`` goes on
-    (None when no checkpoint could be written)."""
+    """Ctrl-C ended the run at a step boundary (the same one on every rank under torchrun);
+    ``checkpoint`` is where ``--resume`` goes on (None when no checkpoint could be written)."""
 
     def __init__(self, step: int, checkpoint: Optional[Path]) -> None:
         super().__init__(step)
@@ -195,9 +204,14 @@ class Interrupted(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _deferred_interrupts(enabled: bool) -> Iterator[List[bool]]:
-    """While active, Ctrl-C sets a flag (the yielded list's only item) instead of raising,
-    so the loop can stop between steps; a second Ctrl-C raises at once. Off under
-    torchrun (the ranks would not stop at the same step) and outside the main thread."""
+    """While active, Ctrl-C (SIGINT) sets a flag (the yielded list's only item) instead of
+    raising, so the loop can stop between steps; a second Ctrl-C raises at once. Off when
+    not ``enabled`` and outside the main thread.
+
+    Under torchrun the ranks run in sessions of their own, so a Ctrl-C reaches only
+    torchrun, whose agent sends each rank one SIGINT (and SIGKILL 30 s later); the ranks
+    may see it at different steps, and the loop agrees on the stop step through
+    :class:`~tzrec_bench.train.distributed.AnyRankFlag`."""
     flag = [False]
     previous = None
     if enabled:
@@ -225,7 +239,10 @@ class Trainer:
         self.ctx = ctx
         self.out_dir = Path(config.out_dir)
         checkpoint.seed_everything(config.seed)  # the same initial weights on every rank
-        self.task = make_task(config, load_data(config, ctx), ctx)
+        dataset = load_data(config, ctx)
+        self.vocabularies = dataset.id_vocabularies(config.data)
+        self._vocabulary_state = self.vocabularies.state()  # encoded once, saved often
+        self.task = make_task(config, dataset, ctx)
         self.sharded = config.sharding == "torchrec"
         check_catalogue(config, self.task.num_items)
         self.model = build_model(
@@ -387,8 +404,8 @@ class Trainer:
             if self.ctx.is_main:
                 checkpoint.save(
                     self.out_dir / checkpoint.BEST,
-                    {"config": self.config.to_dict(), "model_config": self._model_config(),
-                     "step": self.step, "metrics": metrics, "model": self.best_state},
+                    {**self._description(), "step": self.step, "metrics": metrics,
+                     "model": self.best_state},
                 )
         if improved:
             note = "new best"
@@ -400,9 +417,16 @@ class Trainer:
 
     # -- checkpoints -------------------------------------------------------------------
 
-    def _model_config(self) -> Dict[str, Any]:
-        """The model's class and constructor arguments (rebuilt from them by tzrec-acc)."""
-        return model_config(self.config, self.task.num_items, self.task.task_bits)
+    def _description(self) -> Dict[str, Any]:
+        """What every file of the run holds besides states: the run's settings, the model's
+        class and constructor arguments (rebuilt from them by tzrec-acc), and the data's id
+        vocabularies and fingerprint (raw ids in and out, the data checked on reuse)."""
+        return {
+            "config": self.config.to_dict(),
+            "model_config": model_config(self.config, self.task.num_items,
+                                         self.task.task_bits),
+            VOCABULARY_KEY: self._vocabulary_state,
+        }
 
     def _save_checkpoint(self) -> None:
         rng = gather_objects(checkpoint.capture_rng(), self.ctx)  # a collective: every rank
@@ -416,8 +440,7 @@ class Trainer:
             checkpoint.save(
                 self.out_dir / checkpoint.CHECKPOINT,
                 {
-                    "config": self.config.to_dict(),
-                    "model_config": self._model_config(),
+                    **self._description(),
                     "step": self.step,
                     "world_size": self.ctx.world_size,
                     **states,
@@ -439,6 +462,7 @@ class Trainer:
         conflicts = self.config.resume_conflicts(TrainConfig.from_dict(state["config"]))
         if conflicts:
             raise ConfigError("resume", f"cannot resume from {path}: " + "; ".join(conflicts))
+        checkpoint.check_same_data(state, path, self.vocabularies, "--resume")
         if self.tables is not None:
             if state["world_size"] != self.ctx.world_size:
                 raise ConfigError(
@@ -524,7 +548,7 @@ class Trainer:
         if self.ctx.is_main and (self.out_dir / BEST_SHARDS).exists():
             checkpoint.save(
                 self.out_dir / checkpoint.BEST,
-                {"config": self.config.to_dict(), "model_config": self._model_config(),
+                {**self._description(),
                  "step": result.best_step, "metrics": result.valid,
                  "model": consolidate(self.out_dir / BEST_SHARDS)},
             )
@@ -533,17 +557,27 @@ class Trainer:
     def _train_loop(self) -> Tuple[float, int]:
         """Steps with progress, validation and checkpoints; returns (seconds, tokens) trained."""
         config = self.config
+
+        def open_ended() -> Optional[str]:  # the bar's layout while early stopping decides
+            return open_ended_progress(self.step, self.total_steps, self.eval_every,
+                                       config.patience, self.stopper.bad_evaluations)
+
+        layout = open_ended()
         bar = tqdm(
-            total=self.total_steps, initial=self.step, unit="step", desc=config.model,
+            total=None if layout else self.total_steps, initial=self.step, unit="step",
+            desc=config.model, bar_format=layout,
             # a log file (not a terminal) gets a redraw every 10 s, not a line of them per second
             dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 10.0,
             disable=not (self.ctx.is_main and config.progress),
         )
         train_seconds, tokens = 0.0, 0
         window_seconds, window_tokens, window_samples = 0.0, 0, 0
-        with _deferred_interrupts(not self.ctx.distributed) as interrupted:
+        # Ctrl-C: every rank stops at the same step boundary, the first one by which every
+        # rank knows that some rank saw it (one step after, under torchrun)
+        any_interrupted = AnyRankFlag(self.ctx)
+        with _deferred_interrupts(True) as interrupted:
             while self.step < self.total_steps and not self.stopper.should_stop:
-                if interrupted[0]:
+                if any_interrupted.poll(interrupted[0]):
                     bar.close()
                     self._stop_interrupted()
                 rows = self._global_rows(self.step)
@@ -574,11 +608,17 @@ class Trainer:
                 validated = self.step % self.eval_every == 0
                 if validated:
                     self._validate()
+                    if not bar.disable and bar.bar_format:  # no longer open-ended?
+                        layout = open_ended()
+                        bar.total = None if layout else self.total_steps
+                        bar.bar_format = layout
+                        bar.refresh()
                 if (
                     self.step % config.checkpoint_every == 0 if config.checkpoint_every
                     else validated
                 ):
                     self._save_checkpoint()
+        any_interrupted.close()
         bar.close()
         return train_seconds, tokens
 
@@ -599,14 +639,17 @@ class Trainer:
         """Prints the metrics table and throughput; writes the metrics, history and plot."""
         config = self.config
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        # retrieval ranks targets against the catalogue: say whether history items took part
+        seen = config.exclude_seen if config.task == "retrieval" else None
         summary = {
             "steps": result.steps, "best_step": result.best_step,
             "stopped_early": result.stopped_early, "valid": result.valid, "test": result.test,
+            **({} if seen is None else {"exclude_seen": seen}),
         }
         (self.out_dir / METRICS_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         (self.out_dir / HISTORY_FILE).write_text(json.dumps(self.history) + "\n")
         print(metrics_table({f"valid (step {result.best_step})": result.valid,
-                             "test": result.test}))
+                             "test": result.test}, exclude_seen=seen))
         if result.tokens:
             print(throughput_line(result.steps - self.start_step, result.train_seconds,
                                   result.tokens, self.ctx.placement, backend_name(config)))
@@ -686,14 +729,18 @@ def evaluate(
     ctx = init_distributed(config.device)
     try:
         checkpoint.seed_everything(config.seed)
-        task = make_task(config, load_data(config, ctx), ctx)
+        dataset = load_data(config, ctx)
+        checkpoint.check_same_data(state, file, dataset.id_vocabularies(config.data),
+                                   "evaluate")
+        task = make_task(config, dataset, ctx)
         model = build_model(config, task.num_items, task.task_bits, ctx.device)
         model.load_state_dict(state["model"])
         model.eval()
         metrics = task.evaluate(model, split, None)
         if ctx.is_main:
             print(f"{config.model} on {config.data}, {file} (step {state['step']})")
-            print(metrics_table({split: metrics}))
+            print(metrics_table({split: metrics}, exclude_seen=(
+                config.exclude_seen if config.task == "retrieval" else None)))
         return metrics
     finally:
         close(ctx)

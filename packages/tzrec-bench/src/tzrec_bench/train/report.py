@@ -1,4 +1,5 @@
-"""Plain-text reports: the metrics table and the throughput line printed after a run."""
+"""Plain-text reports: the metrics table and the throughput line printed after a run, and
+the training progress bar's layout while early stopping decides the run's length."""
 
 from __future__ import annotations
 
@@ -13,11 +14,24 @@ def _cell(name: str, value: float) -> str:
     return str(int(value)) if name == "count" else f"{value:.4f}"
 
 
-def metrics_table(columns: Mapping[str, Mapping[str, float]]) -> str:
+def seen_items_rule(exclude_seen: bool) -> str:
+    """How a retrieval evaluation treated the items already in a user's history, in words
+    (``exclude_seen`` is ``TrainConfig.exclude_seen``, the ``--exclude-seen`` option)."""
+    if exclude_seen:
+        return ("seen items: excluded (each target is ranked among the items not in the "
+                "user's history, the target itself kept; --exclude-seen)")
+    return ("seen items: not excluded (each target is ranked among the whole catalogue, "
+            "the user's history items included)")
+
+
+def metrics_table(
+    columns: Mapping[str, Mapping[str, float]], exclude_seen: Optional[bool] = None
+) -> str:
     """One row per metric, one column per evaluation (e.g. ``valid`` and ``test``).
 
     ``count`` (users evaluated) is shown as ``users``; a metric missing from a column is
-    left blank.
+    left blank. ``exclude_seen`` (retrieval) adds a last line with :func:`seen_items_rule`;
+    None (ranking, where no item is ranked against the catalogue) adds none.
     """
     names: Dict[str, None] = {}
     for values in columns.values():
@@ -32,7 +46,34 @@ def metrics_table(columns: Mapping[str, Mapping[str, float]]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
              for row in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    if exclude_seen is not None:
+        lines.append(seen_items_rule(exclude_seen))
     return "\n".join(lines)
+
+
+def open_ended_progress(
+    step: int, total: int, eval_every: int, patience: int, bad_evaluations: int
+) -> Optional[str]:
+    """The progress bar's ``bar_format`` while early stopping can still end the run before
+    ``total`` steps, or None once the run's length is fixed (then the bar shows
+    ``step/total`` and an ETA).
+
+    Early stopping ends a run at a validation before step ``total`` once ``patience``
+    validations in a row bring no gain; it can no longer do so when fewer validations are
+    left before ``total`` than the ``patience - bad_evaluations`` it still needs (and a gain
+    only raises that need again). While it can, the bar has no total, no fill and no ETA:
+    the steps so far, the cap ``total`` as text and the validations without gain, e.g.
+    ``sasrec: 375 steps of at most 3000 (early stopping: 2/5 validations without gain)
+    [02:10, 2.88step/s, loss=...]``. ``patience`` 0 (never stops) is a fixed length.
+    """
+    left = (total - 1) // eval_every - step // eval_every  # validations in (step, total)
+    if patience == 0 or left < patience - bad_evaluations:
+        return None
+    return (
+        f"{{desc}}: {{n_fmt}} steps of at most {total} (early stopping: "
+        f"{bad_evaluations}/{patience} validations without gain) "
+        "[{elapsed}, {rate_fmt}{postfix}]"
+    )
 
 
 def throughput_line(steps: int, seconds: float, tokens: int, device: str, backend: str) -> str:
