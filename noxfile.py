@@ -31,7 +31,7 @@ import tarfile
 from typing import List, Optional, Tuple
 
 import nox
-from packaging.requirements import Requirement
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
@@ -428,17 +428,48 @@ def _install_lines(readme: pathlib.Path) -> List[List[str]]:
     return commands
 
 
+# pip install's options that take the next word as their value
+_PIP_VALUE_OPTIONS = {"-c", "--constraint", "-r", "--requirement", "-e", "--editable", "-i",
+                      "--index-url", "--extra-index-url", "-f", "--find-links"}
+
+
+def _named_requirements(command: List[str]) -> List[Requirement]:
+    """The requirements a ``pip install`` command names by name (not paths, URLs, options)."""
+    named = []
+    words = iter(command[2:])
+    for word in words:
+        if word in _PIP_VALUE_OPTIONS:
+            next(words, None)
+        elif word.startswith(("-", ".", "/")):
+            continue
+        else:
+            try:
+                named.append(Requirement(word))
+            except InvalidRequirement:  # a URL or another file
+                continue
+    return named
+
+
+# after the READMEs' torchrec lines (fbgemm-gpu-cpu, then torchrec --no-deps): a small table
+# planned by torchrec on the CPU; importing torchrec is most of its ~10 s
+TORCHREC_CHECK = ("tzrec-bench", "plan", "--items", "1e6", "--embedding-dim", "64",
+                  "--world-size", "2", "--device", "cpu", "--sharding-type", "table_wise")
+
+
 @nox.session(name="install-cpu", tags=["test"], venv_backend="venv", reuse_venv=False)
 def install_cpu(session: nox.Session) -> None:
     """The READMEs' CPU install lines, as written, with pip in a fresh environment.
 
     Runs every distinct command of the blocks marked ``INSTALL_MARK`` in the root README and
-    the packages' (torch's CPU build first, then the packages from this repository), the root
-    README's first. After each, the packages it named must import without a UserWarning
-    (torch warns when numpy is missing; tzrec-ops declares it); at the end torch must be the
-    pinned version with no CUDA package beside it. No constraints and no uv: this is what a
-    user types. An index the machine cannot reach (CI cannot reach download.pytorch.org) is
-    given up at once; pip then takes torch from its find-links.
+    the packages' (torch's CPU build first, then the packages from this repository, then
+    tzrec-gr's and tzrec-bench's torchrec lines), the root README's first. After each, the
+    packages it named must import without a UserWarning (torch warns when numpy is missing;
+    tzrec-ops declares it). Then torchrec and fbgemm_gpu must import the same way and
+    ``tzrec-bench plan`` plan a small table (:data:`TORCHREC_CHECK`), and at the end torch
+    must be the pinned version with no CUDA package beside it (the CUDA ``fbgemm-gpu``
+    included, which torchrec's own requirements would take). No constraints and no uv: this
+    is what a user types. An index the machine cannot reach (CI cannot reach
+    download.pytorch.org) is given up at once; pip then takes torch from its find-links.
     """
     session.env["PIP_RETRIES"] = "0"
     commands: List[List[str]] = []
@@ -454,12 +485,19 @@ def install_cpu(session: nox.Session) -> None:
             if named:
                 modules = ", ".join(name.replace("-", "_") for name in named)
                 session.run("python", "-W", "error::UserWarning", "-c", f"import {modules}")
+    requested = {canonicalize_name(r.name) for c in commands for r in _named_requirements(c)}
+    if "torchrec" not in requested:
+        session.error("no README line installs torchrec (tzrec-gr's and tzrec-bench's should)")
+    session.run("python", "-W", "error::UserWarning", "-c", "import torchrec, fbgemm_gpu")
+    session.run(*TORCHREC_CHECK)
     torch_version = TORCH_PIN.split("==")[1].split("+")[0]
     session.run("python", "-c", f"""
 import importlib.metadata as metadata
+import re
 import torch
-names = sorted(d.metadata["Name"].lower() for d in metadata.distributions())
-cuda = [n for n in names if n.startswith(("nvidia-", "cuda-")) or n == "triton"]
+names = sorted(re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower()
+               for d in metadata.distributions())
+cuda = [n for n in names if n.startswith(("nvidia-", "cuda-")) or n in ("triton", "fbgemm-gpu")]
 assert not cuda, f"CUDA packages installed: {{cuda}}"
 assert torch.__version__.split("+")[0] == {torch_version!r}, torch.__version__
 assert torch.version.cuda is None, torch.version.cuda

@@ -66,7 +66,11 @@ def test_every_readme_has_a_cpu_install_block_that_pins_torch_first(noxfile, tmp
     for readme in noxfile.INSTALL_READMES:
         commands = noxfile._install_lines(readme)
         assert commands[0][:3] == ["pip", "install", f"torch=={torch_version}"], readme
-        assert all(w.startswith("./packages/") for w in commands[-1][2:]), readme
+        # the packages, by path and without extras (tzrec-gr[torchrec] would take the CUDA
+        # fbgemm-gpu), each README's own last
+        ours = [c for c in commands if any(w.startswith("./packages/") for w in c)]
+        assert all(w.startswith("./packages/") and "[" not in w for c in ours for w in c[2:])
+        assert ours[-1][-1] == f"./packages/{readme.parent.name}" or readme.parent == ROOT
     root = noxfile._install_lines(ROOT / "README.md")
     assert root[-1] == ["pip", "install", "./packages/tzrec-ops", "./packages/tzrec-gr"]
     bad = tmp_path / "README.md"
@@ -76,6 +80,39 @@ def test_every_readme_has_a_cpu_install_block_that_pins_torch_first(noxfile, tmp
     bad.write_text(f"{noxfile.INSTALL_MARK}\ntext\n```bash\npip install x\n```\n")
     with pytest.raises(ValueError, match="must come right before a fenced block"):
         noxfile._install_lines(bad)
+
+
+def _pins(path):
+    """``name -> version`` of the ``==`` lines of a requirements file (markers dropped)."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].split(";")[0].strip()
+        if "==" in line:
+            name, version = line.split("==")
+            pins[name.strip()] = version.strip()
+    return pins
+
+
+def test_install_cpu_installs_torchrec_with_pip_as_the_readmes_say(noxfile):
+    cpu = ["pip", "install", "fbgemm-gpu-cpu==1.8.0", "tensordict==0.15.3",
+           "torchmetrics==1.0.3", "tqdm", "pyre-extensions"]
+    no_deps = ["pip", "install", "torchrec==1.8.0", "--no-deps"]
+    for dist in ("tzrec-gr", "tzrec-bench"):  # the two packages with a torchrec extra
+        commands = noxfile._install_lines(ROOT / "packages" / dist / "README.md")
+        # torchrec's other requirements, fbgemm-gpu-cpu for the CUDA fbgemm-gpu, then torchrec
+        assert commands.index(cpu) + 1 == commands.index(no_deps), dist
+    # the versions the test sessions pin (torchmetrics aside: torchrec pins 1.0.3, the sessions
+    # keep the constraints' newer one through uv's override or pip's --no-deps)
+    pins = _pins(noxfile.CONSTRAINTS)
+    for req in noxfile._named_requirements(cpu + no_deps[2:]):
+        if req.name != "torchmetrics" and req.specifier:
+            assert str(req.specifier) == f"=={pins[req.name]}", req
+    assert [str(r) for r in noxfile._named_requirements(
+        ["pip", "install", "torch==2.13.0", "--index-url", "https://x.org/whl", "./packages/a",
+         "-c", "c.txt", "tqdm"])] == ["torch==2.13.0", "tqdm"]
+    # after them the session plans a table with torchrec
+    assert noxfile.TORCHREC_CHECK[:2] == ("tzrec-bench", "plan")
+    assert "--device" in noxfile.TORCHREC_CHECK
 
 
 def test_ci_runs_every_dependent_against_both_ends_of_its_tzrec_ops_range(noxfile):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import sys
 
 import pytest
@@ -160,4 +161,9 @@ def test_torchrec_missing_names_the_extra(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torchrec", None)
     status, _ = _run(["--items", "10", "--embedding-dim", "8", "--world-size", "2"])
     assert status == 2
-    assert "pip install 'tzrec-bench[torchrec]'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "pip install 'tzrec-bench[torchrec]'" in err
+    # the extra takes the CUDA fbgemm-gpu: without CUDA the message gives the README's lines
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    for line in plan.CPU_INSTALL:
+        assert line in err and line in readme

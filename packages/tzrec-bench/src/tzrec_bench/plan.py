@@ -18,7 +18,8 @@ not exist. The command prints
 * the planner's cost estimates per rank (forward/backward compute and communication, in ms).
 
 A table that fits on no plan ends in one message naming the options to change, exit status 2.
-Needs torchrec: ``pip install 'tzrec-bench[torchrec]'`` (imported only when the command runs).
+Needs torchrec: ``pip install 'tzrec-bench[torchrec]'`` (imported only when the command runs);
+on a machine without CUDA, the lines of :data:`CPU_INSTALL` instead.
 Legend: N = rows (items), E = embedding dim, W = world size, B = samples per rank and step,
 L = ids per sample.
 """
@@ -36,6 +37,7 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -44,6 +46,7 @@ from tzrec_ops.extras import require
 
 __all__ = [
     "COMPUTE_KERNELS",
+    "CPU_INSTALL",
     "DTYPES",
     "OPTIMIZERS",
     "SHARDING_TYPES",
@@ -57,12 +60,21 @@ __all__ = [
     "derived_figures",
     "format_report",
     "make_plan",
+    "require_torchrec",
     "run",
 ]
 
 TABLE = "item"
 FEATURE = "item_id"
 EXTRA = "tzrec-bench[torchrec]"
+#: torchrec on a machine without CUDA, for torch 2.13 (README.md has them; ``nox -s install-cpu``
+#: runs them). Every torchrec release requires the CUDA build ``fbgemm-gpu`` (~500 MB, which
+#: cannot load there), and pip cannot take ``fbgemm-gpu-cpu``, the same ``fbgemm_gpu`` module,
+#: in its place; so torchrec's other requirements come first, then torchrec without them.
+CPU_INSTALL = (
+    "pip install fbgemm-gpu-cpu==1.8.0 tensordict==0.15.3 torchmetrics==1.0.3 tqdm pyre-extensions",
+    "pip install torchrec==1.8.0 --no-deps",
+)
 FEATURE_NAME = "tzrec-bench plan"
 
 # what torchrec's EmbeddingCollectionSharder offers (table_row_wise is for bags only)
@@ -153,7 +165,8 @@ def add_parser(subparsers: argparse._SubParsersAction,
             "from the options (table and optimizer-state sizes, all-to-all bytes per step, "
             "link time at the stated bandwidths). Estimates only: nothing is measured. A "
             "table that fits on no plan exits 2 naming the options to change. Needs "
-            "torchrec: pip install 'tzrec-bench[torchrec]'."
+            "torchrec: pip install 'tzrec-bench[torchrec]' (on a machine without CUDA, "
+            "the lines in tzrec-bench's README instead)."
         ),
         epilog=(
             "examples:\n"
@@ -525,6 +538,24 @@ def _torchrec_error_line(exc: BaseException) -> str:
     return line
 
 
+def require_torchrec(feature: str) -> ModuleType:
+    """``torchrec``, imported for ``feature``.
+
+    Raises:
+        ImportError: torchrec is not installed; the message names :data:`EXTRA` and, for a
+            machine without CUDA (where the extra pulls the CUDA ``fbgemm-gpu``), the lines
+            of :data:`CPU_INSTALL`.
+    """
+    try:
+        return require("torchrec", EXTRA, feature)
+    except ImportError as exc:
+        raise ImportError(
+            f"{exc}; without CUDA, where the extra would take the CUDA fbgemm-gpu: "
+            f"{'; then '.join(CPU_INSTALL)}",
+            name="torchrec",
+        ) from exc
+
+
 def make_plan(args: argparse.Namespace) -> PlanReport:
     """Plans the table for the options with torchrec's planner.
 
@@ -537,10 +568,10 @@ def make_plan(args: argparse.Namespace) -> PlanReport:
     Raises:
         PlanOptionError: a combination of options that cannot be planned, naming them.
         NoPlanError: no plan fits; the message names the options to change.
-        ImportError: torchrec is not installed (the message names ``tzrec-bench[torchrec]``).
+        ImportError: torchrec is not installed (see :func:`require_torchrec`).
     """
     opts = _resolved(args)
-    torchrec = require("torchrec", EXTRA, FEATURE_NAME)
+    torchrec = require_torchrec(FEATURE_NAME)
     planner_mod = importlib.import_module("torchrec.distributed.planner")
     types = importlib.import_module("torchrec.distributed.planner.types")
     reservations = importlib.import_module("torchrec.distributed.planner.storage_reservations")

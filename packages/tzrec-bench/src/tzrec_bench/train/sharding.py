@@ -24,7 +24,7 @@ What changes with it:
   form ``best.pt``, ``evaluate`` and tzrec-acc read.
 
 torchrec is imported only here, when a sharded run starts (``pip install
-'tzrec-bench[torchrec]'``).
+'tzrec-bench[torchrec]'``; on a machine without CUDA, :data:`tzrec_bench.plan.CPU_INSTALL`).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tzrec_bench.plan import require_torchrec
 from tzrec_bench.train.config import ConfigError, TrainConfig
 from tzrec_bench.train.distributed import DistContext, barrier
 from tzrec_gr.embeddings import TorchrecEmbeddingTable, init_rows_, to_plain_state_dict
-from tzrec_ops.extras import require
 
 #: --table-optimizer (config.TABLE_OPTIMIZER_NAMES) -> fbgemm's EmbOptimType member
 TABLE_OPTIMIZERS = {
@@ -53,7 +53,6 @@ TABLE_OPTIMIZERS = {
 #: fbgemm-gpu's CPU kernels train with these only
 CPU_TABLE_OPTIMIZERS = ("rowwise-adagrad", "adagrad", "sgd")
 SHARDED_MODELS = ("hstu-retrieval", "hstu-ranking")
-_EXTRA = "tzrec-bench[torchrec]"
 
 
 def check_sharding(config: TrainConfig, device: torch.device) -> None:
@@ -74,7 +73,7 @@ def check_sharding(config: TrainConfig, device: torch.device) -> None:
             f"of {', '.join(CPU_TABLE_OPTIMIZERS)}",
         )
     try:
-        require("torchrec", _EXTRA, "--sharding torchrec")
+        require_torchrec("--sharding torchrec")
     except ImportError as exc:
         raise ConfigError("sharding", str(exc)) from exc
 
@@ -119,7 +118,7 @@ class ShardedTables:
     """
 
     def __init__(self, step_module: nn.Module, config: TrainConfig, ctx: DistContext) -> None:
-        torchrec = require("torchrec", _EXTRA, "--sharding torchrec")
+        torchrec = require_torchrec("--sharding torchrec")
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
         from torchrec.distributed.embedding import EmbeddingCollectionSharder
         from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
