@@ -130,3 +130,29 @@ def test_backend_override(tmp_path):
         ValueError, match="cannot build HSTURanking: unknown backend .no_such_backend."
     ):
         load_model(tmp_path / "best.pt", backend="no_such_backend")
+
+
+def test_a_run_folder_and_its_vocabularies(tmp_path, capsys):
+    """A tzrec-bench run's folder reads its best.pt, else its checkpoint.pt (tzrec-gr's
+    rule); the vocabularies come with the model, None for an older file."""
+    from tzrec_acc.checkpoint import load_checkpoint
+    from tzrec_acc.cli import main
+    from tzrec_gr.vocabulary import VOCABULARY_KEY, IdVocabularies, Vocabulary
+
+    run = tmp_path / "run"
+    run.mkdir()
+    bench_checkpoint(run / "checkpoint.pt")
+    assert load_checkpoint(run)[1] is None
+    payload = torch.load(run / "checkpoint.pt", weights_only=True)
+    vocab = IdVocabularies(Vocabulary(["u"]), Vocabulary([f"i{n}" for n in range(30)]))
+    torch.save({**payload, VOCABULARY_KEY: vocab.state()}, run / "best.pt")
+    model, loaded = load_checkpoint(run)  # best.pt first
+    assert isinstance(model, HSTURanking) and loaded.items == vocab.items
+    short = IdVocabularies(Vocabulary(["u"]), Vocabulary(["a", "b"]))
+    torch.save({**payload, VOCABULARY_KEY: short.state()}, run / "best.pt")
+    with pytest.raises(ValueError, match="item vocabulary has 2 ids but the model 30 items"):
+        load_model(run)
+    with pytest.raises(FileNotFoundError, match="no checkpoint or state dict at"):
+        load_model(tmp_path / "empty")
+    assert main(["run", str(run)]) == 2
+    assert "is a folder: run without --input replays" in capsys.readouterr().err

@@ -14,6 +14,7 @@ import csv
 import json
 import time
 
+import numpy as np
 import pytest
 import torch
 from test_checkpoint import RANKING_KWARGS, bench_checkpoint
@@ -23,6 +24,7 @@ from tzrec_acc.cli import main
 from tzrec_acc.serving import PackageSession, load_session
 from tzrec_gr.models import HSTURanking
 from tzrec_gr.serving import Histories, ServingSession
+from tzrec_gr.vocabulary import VOCABULARY_KEY, IdVocabularies, Vocabulary
 
 
 def _rows(n, num_items=30, seed=0, ranking=True):
@@ -93,16 +95,54 @@ def test_predict_from_a_checkpoint_equals_the_session(tmp_path, capsys):
 
 
 def test_retrieval_checkpoint_recommends(tmp_path, capsys):
+    """A checkpoint without a vocabulary (model ids, a note); seen items kept by default,
+    left out with --exclude-seen."""
     bench_checkpoint(tmp_path / "best.pt", "hstu-retrieval")
     rows = _rows(3, ranking=False)
     out = tmp_path / "top.csv"
-    assert main(["predict", str(tmp_path / "best.pt"), "--input",
-                 _jsonl(tmp_path / "u.jsonl", rows), "--output", str(out), "--k", "5"]) == 0
     session = ServingSession.from_checkpoint(tmp_path / "best.pt")
-    want = session.recommend(
-        Histories.from_lists([r["item_ids"] for r in rows], [r["timestamps"] for r in rows]), 5
-    ).ids.tolist()
-    assert [[int(i) for i in r["item_ids"].split()] for r in _read_csv(out)] == want
+    h = Histories.from_lists([r["item_ids"] for r in rows], [r["timestamps"] for r in rows])
+    for option, exclude in (([], False), (["--exclude-seen"], True)):
+        assert main(["predict", str(tmp_path / "best.pt"), "--input",
+                     _jsonl(tmp_path / "u.jsonl", rows), "--output", str(out), "--k", "5",
+                     *option]) == 0
+        printed = capsys.readouterr().out
+        assert f"note: {tmp_path / 'best.pt'} holds no id vocabulary" in printed
+        assert ("seen items excluded" if exclude else "seen items kept") in printed
+        want = session.recommend(h, 5, exclude_seen=exclude).ids.tolist()
+        assert [[int(i) for i in r["item_ids"].split()] for r in _read_csv(out)] == want
+    assert main(["predict", str(tmp_path / "best.pt"), "--input", str(tmp_path / "u.jsonl"),
+                 "--output", str(out), "--ids", "raw"]) == 2
+    assert "--ids raw: " in capsys.readouterr().err
+
+
+def test_a_run_folder_with_a_vocabulary_predicts_raw_ids(tmp_path, capsys):
+    """``predict RUN_FOLDER``: its best.pt, else checkpoint.pt; raw ids in and out (ids 1..30:
+    most are model rows too); an integer past int64 or an unknown raw id is one bad row."""
+    run = tmp_path / "run"
+    run.mkdir()
+    bench_checkpoint(run / "checkpoint.pt")
+    payload = torch.load(run / "checkpoint.pt", weights_only=True)
+    vocab = IdVocabularies(Vocabulary([100, 101]), Vocabulary(np.arange(1, 31)), "fp", "log")
+    torch.save({**payload, VOCABULARY_KEY: vocab.state()}, run / "checkpoint.pt")
+    rows = _rows(4, seed=2)
+    raw = [{**r, "item_ids": [i + 1 for i in r["item_ids"]],
+            "candidates": [i + 1 for i in r["candidates"]]} for r in rows]
+    raw[1] = {**raw[1], "timestamps": [*raw[1]["timestamps"][:-1], 99999999999999999999]}
+    raw[2] = {**raw[2], "candidates": [0]}  # a model row, not a raw id
+    out = tmp_path / "scores.csv"
+    code = main(["predict", str(run), "--input", _jsonl(tmp_path / "u.jsonl", raw),
+                 "--output", str(out), "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "item ids: raw (30 int ids of log" in captured.out
+    assert "skipped row 2: timestamps[" in captured.err and "outside the 64-bit" in captured.err
+    assert "skipped row 3: unknown item id 0 in candidates (position 0)" in captured.err
+    got = _read_csv(out)
+    assert [r["candidates"] for r in got] == [" ".join(map(str, raw[i]["candidates"]))
+                                              for i in (0, 3)]
+    good = [rows[0], rows[3]]
+    torch.testing.assert_close(_probs(out), _session_probs(run, good), rtol=1e-5, atol=1e-6)
 
 
 def _in_process(path, batches, kind, imports):
@@ -152,7 +192,8 @@ def test_ranking_package_predicts_what_its_checkpoint_does(tmp_path, capsys, mon
     assert captured.out == out.read_text()  # the batches of predict's default --batch-size
     assert "wrote stdout: 11 users" in captured.err
     assert main(["run", package, "--output", str(again)]) == 2
-    assert "--output, --batch-size and --on-error apply with --input" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--output, --batch-size, --on-error and --ids apply with --input" in err
     # the session API over the same package: score as ServingSession.score, any batch size
     session = load_session(package)
     assert isinstance(session, PackageSession) and session.kind == "ranking"

@@ -4,9 +4,11 @@ What is checked against what: a retrieval package (fx, exported by the CLI) reco
 same ids as ``ServingSession.recommend`` on the checkpoint it was exported from, scores
 within the float32 tolerance of ``tzrec_ops.tolerances``, with and without seen items, over
 more users than its ``--max-batch``; the catalogue written beside it is the model's
-normalized item table; ``predict RETRIEVAL.pt2`` writes those top-K; what a package cannot
-do (per-user state, the other kind's call, another device) raises naming the checkpoint
-route. The ranking package's ``score`` is checked in test_predict (one export for both).
+normalized item table; ``predict RETRIEVAL.pt2`` writes those top-K as the raw ids of the
+vocabulary the checkpoint carried (exported from the run's folder, stored beside the
+package), as ``predict RUN_FOLDER`` does; what a package cannot do (per-user state, the
+other kind's call, another device) raises naming the checkpoint route. The ranking
+package's ``score`` is checked in test_predict (one export for both).
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ from tzrec_acc.cli import main
 from tzrec_acc.serving import PackageSession, items_path, load_session, predict_limits
 from tzrec_gr.models import HSTURetrieval
 from tzrec_gr.serving import Histories, ServingSession
+from tzrec_gr.vocabulary import VOCABULARY_KEY, IdVocabularies, Vocabulary
 from tzrec_ops.tolerances import torch_tolerance
+
+SKUS = IdVocabularies(Vocabulary(["ann", "bob"]), Vocabulary([f"sku-{i:02d}" for i in range(30)]),
+                      "fingerprint", "test skus")
 
 
 def _in_process(path, batches, kind, imports):
@@ -44,8 +50,10 @@ def _histories(users, num_items, seed):
 
 @pytest.fixture(scope="module")
 def retrieval_package(tmp_path_factory):
-    """(checkpoint, package) of a one-layer retrieval model, exported as an fx program."""
-    folder = tmp_path_factory.mktemp("retrieval")
+    """(checkpoint, package) of a one-layer retrieval model with a vocabulary of string
+    ids, exported from its run's folder as an fx program."""
+    folder = tmp_path_factory.mktemp("retrieval") / "run"
+    folder.mkdir()
     patch = pytest.MonkeyPatch()
     patch.setattr(aot, "run_in_fresh_process", _in_process)
     try:
@@ -54,9 +62,10 @@ def retrieval_package(tmp_path_factory):
         model = HSTURetrieval(**kwargs)
         torch.save({"format": 1, "config": {"model": "hstu-retrieval"}, "step": 1,
                     "model_config": {"model": "HSTURetrieval", "kwargs": kwargs},
-                    "model": model.state_dict()}, folder / "best.pt")
+                    "model": model.state_dict(), VOCABULARY_KEY: SKUS.state()},
+                   folder / "best.pt")
         package = str(folder / "retrieval.pt2")
-        code = main(["export", "--model", str(folder / "best.pt"), "--format", "fx",
+        code = main(["export", "--model", str(folder), "--format", "fx",
                      "--output", package, "--batch", "2", "--max-batch", "4"])
         assert code == 0
     finally:
@@ -66,8 +75,10 @@ def retrieval_package(tmp_path_factory):
 
 def test_retrieval_package_recommends_what_the_checkpoint_does(retrieval_package):
     best, package = retrieval_package
-    served, reference = load_session(package), load_session(best)
+    served, reference = load_session(package), load_session(best.parent)  # the run's folder
     assert isinstance(served, PackageSession) and isinstance(reference, ServingSession)
+    assert served.vocabularies.items == SKUS.items == reference.vocabularies.items
+    assert served.vocabularies.source == "test skus"
     assert served.kind == "retrieval" and served.max_batch == 4
     limits = predict_limits(served)
     assert (limits.kind, limits.num_items, limits.max_events) == ("retrieval", 30, 10)
@@ -96,21 +107,30 @@ def test_retrieval_package_recommends_what_the_checkpoint_does(retrieval_package
 def test_predict_writes_a_retrieval_packages_top_k(retrieval_package, tmp_path, capsys):
     best, package = retrieval_package
     items, times = _histories(6, 30, seed=3)
-    rows = [{"user_id": 10 + u, "item_ids": i, "timestamps": t}
+    rows = [{"user_id": 10 + u, "item_ids": SKUS.items.raw(i), "timestamps": t}
             for u, (i, t) in enumerate(zip(items, times))]
     source = tmp_path / "users.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = tmp_path / "top10.csv"
-    code = main(["predict", package, "--input", str(source), "--output", str(out),
-                 "--k", "10", "--no-progress"])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    assert f"package {package} (retrieval)" in captured.out and "6 users" in captured.out
-    with open(out, newline="") as f:
-        written = list(csv.DictReader(f))
-    want = ServingSession.from_checkpoint(best).recommend(Histories.from_lists(items, times), 10)
-    assert [int(r["user_id"]) for r in written] == [r["user_id"] for r in rows]
-    assert [[int(i) for i in r["item_ids"].split()] for r in written] == want.ids.tolist()
+    session = ServingSession.from_checkpoint(best)
+    for model, ids in ((package, "raw"), (str(best.parent), "raw"), (package, "model")):
+        out = tmp_path / "top10.csv"
+        options = ["--ids", "model"] if ids == "model" else []
+        code = main(["predict", model, "--input", str(source), "--output", str(out),
+                     "--k", "10", "--no-progress", *options])
+        captured = capsys.readouterr()
+        if ids == "model":  # the raw ids are not rows
+            assert code == 0 and "6 rows read, 6 skipped" in captured.out
+            assert "skipped row 1: item_ids[0] must be an integer, got 'sku-" in captured.err
+            continue
+        assert code == 0, captured.err
+        assert "6 users" in captured.out and "; seen items kept, as the trainer" in captured.out
+        assert "item ids: raw (30 str ids of test skus" in captured.out
+        assert model != package or f"package {package} (retrieval)" in captured.out
+        with open(out, newline="") as f:
+            written = list(csv.DictReader(f))
+        top = session.recommend(Histories.from_lists(items, times), 10, exclude_seen=False)
+        assert [int(r["user_id"]) for r in written] == [r["user_id"] for r in rows]
+        assert [r["item_ids"].split() for r in written] == top.raw_ids(session.vocabularies)
 
 
 def test_what_a_package_cannot_do_names_the_checkpoint(retrieval_package):

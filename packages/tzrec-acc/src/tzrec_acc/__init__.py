@@ -43,6 +43,7 @@ _EXPORTS = {
     "quantize_embeddings": "quant",
     "quantize_dense": "quant",
     "HalfPrecision": "precision",
+    "load_checkpoint": "checkpoint",
     "load_model": "checkpoint",
     "load_session": "serving",
 }

@@ -2,9 +2,12 @@
 
 Two sources:
 
-* a checkpoint of tzrec-bench's trainer (``checkpoint.pt`` or ``best.pt``): a ``torch.save``
-  dict with ``format`` 1, ``model_config`` (the model's class and constructor arguments, as
-  the trainer built it) and ``model`` (the state dict);
+* a checkpoint of tzrec-bench's trainer (``checkpoint.pt`` or ``best.pt``, or a run's folder:
+  its ``best.pt``, else ``checkpoint.pt``, :func:`tzrec_gr.serving.resolve_checkpoint`): a
+  ``torch.save`` dict with ``format`` 1, ``model_config`` (the model's class and constructor
+  arguments, as the trainer built it), ``model`` (the state dict) and ``vocabulary`` (the
+  training data's raw ids, :class:`tzrec_gr.vocabulary.IdVocabularies`; absent from older
+  files);
 * a state dict file plus a model config file (JSON or TOML) of the same form::
 
       {"model": "HSTURanking", "kwargs": {"num_items": 1000, "item_embedding_dim": 32, ...}}
@@ -16,14 +19,20 @@ from __future__ import annotations
 
 import json
 import pathlib
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
 from tzrec_ops.extras import require
 
-__all__ = ["CHECKPOINT_FORMAT", "load_model", "model_from_config"]
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "load_checkpoint",
+    "load_model",
+    "model_from_config",
+    "resolve_path",
+]
 
 CHECKPOINT_FORMAT = 1
 CLASSES = ("HSTURanking", "HSTURetrieval")
@@ -76,13 +85,34 @@ def _first_sentence(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def resolve_path(path: PathLike) -> pathlib.Path:
+    """``path``, or for a tzrec-bench run's folder its ``best.pt``, else ``checkpoint.pt``
+    (tzrec-gr's rule, :func:`tzrec_gr.serving.resolve_checkpoint`)."""
+    path = pathlib.Path(path)
+    if not path.is_dir():
+        return path
+    serving = require("tzrec_gr.serving", "tzrec-acc[gr]", "reading a tzrec-bench run folder")
+    return serving.resolve_checkpoint(path)
+
+
 def load_model(
     path: PathLike, config: Optional[PathLike] = None, backend: Optional[str] = None
 ) -> nn.Module:
-    """The model saved at ``path``, in eval mode on the CPU.
+    """The model saved at ``path``, in eval mode on the CPU (:func:`load_checkpoint`
+    without the vocabularies)."""
+    return load_checkpoint(path, config, backend)[0]
+
+
+def load_checkpoint(
+    path: PathLike, config: Optional[PathLike] = None, backend: Optional[str] = None
+) -> Tuple[nn.Module, Any]:
+    """The model saved at ``path``, in eval mode on the CPU, and the id vocabularies the
+    checkpoint carries (a :class:`tzrec_gr.vocabulary.IdVocabularies`; None for a plain
+    state dict or a checkpoint written before checkpoints held one).
 
     Args:
-        path: a tzrec-bench checkpoint, or a state dict file when ``config`` is given.
+        path: a tzrec-bench checkpoint or run folder, or a state dict file when ``config``
+            is given.
         config: a JSON/TOML model config for a plain state dict.
         backend: the ops backend to build with (e.g. ``"pytorch"`` to export on the CPU a
             model trained with the triton backend). Default: the saved one.
@@ -92,7 +122,7 @@ def load_model(
             damaged), a file of another kind, an unsupported model or a state dict that does
             not fit it; the message names ``path``.
     """
-    path = pathlib.Path(path)
+    path = resolve_path(path) if config is None else pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint or state dict at {path}")
     try:
@@ -105,6 +135,7 @@ def load_model(
             f"{path}: cannot be loaded ({_first_sentence(exc)}): truncated, damaged or of "
             f"another kind; expected {what}"
         ) from exc
+    vocabularies = None
     if config is not None:
         spec = _read_config(config)
         state = payload
@@ -127,10 +158,20 @@ def load_model(
             )
         state = payload["model"]
         model = model_from_config(spec, backend)
+        vocabulary = require("tzrec_gr.vocabulary", "tzrec-acc[gr]", "reading id vocabularies")
+        try:
+            vocabularies = vocabulary.IdVocabularies.from_payload(payload, str(path))
+        except vocabulary.VocabularyError as exc:
+            raise ValueError(str(exc)) from exc
+        if vocabularies is not None and len(vocabularies.items) != int(model.num_items):
+            raise ValueError(
+                f"{path}: its item vocabulary has {len(vocabularies.items)} ids but the "
+                f"model {int(model.num_items)} items; the file is inconsistent"
+            )
     if not isinstance(state, dict):
         raise ValueError(f"{path} must hold a state dict, got {type(state).__name__}")
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
         raise ValueError(f"the state dict in {path} does not fit the model: {exc}") from exc
-    return model.eval()
+    return model.eval(), vocabularies

@@ -3,16 +3,19 @@
 ::
 
     python -m tzrec_acc export --model run/best.pt --format aoti --output ranking.pt2
+    python -m tzrec_acc export --model run --output retrieval.pt2     # a run's folder
     python -m tzrec_acc run ranking.pt2
     python -m tzrec_acc run ranking.pt2 --input users.csv          # = predict ranking.pt2 ...
     python -m tzrec_acc predict run/best.pt --input users.parquet --output top10.parquet
+    python -m tzrec_acc predict run --input users.parquet --output top10.parquet
     python -m tzrec_acc predict ranking.pt2 --input users.csv --output scores.csv
     python -m tzrec_acc predict retrieval.pt2 --input users.csv --output top10.csv
 
 ``export`` reads :mod:`tzrec_acc.settings` for what the options leave open (the format
 from ``ENABLE_TRT`` / ``ENABLE_AOT``, embedding quantization from ``QUANT_EMB``, TF32 from
 ``TF32_MATMUL`` / ``TF32_CUDNN``), rebuilds the model (a tzrec-bench checkpoint, or
-``--config`` + a state dict), optionally quantizes it or casts it to half precision,
+``--config`` + a state dict; a run's folder reads its ``best.pt``, else ``checkpoint.pt``),
+optionally quantizes it or casts it to half precision,
 exports it with dynamic dims, builds the package (``aoti``: an AOTInductor package;
 ``fx``: the exported FX program saved with ``torch.export.save``; ``trt``: a
 TensorRT-compiled program), loads that package in a fresh process and prints the
@@ -24,7 +27,9 @@ and, for ranking models, each task's AUC change against the float model's decisi
 :func:`_against_float`; the sample has no labels). Next to
 ``OUTPUT`` it writes ``OUTPUT.sample.pt``: the sample batches, the eager outputs, the
 package kind and the modules its loader imports, and what ``predict`` needs to know of the
-model (its kind, catalogue and bounds, the form and the dynamic dims); ``run`` reads it.
+model (its kind, catalogue and bounds, the form and the dynamic dims) and the checkpoint's
+id vocabularies (``vocabulary``: :meth:`tzrec_gr.vocabulary.IdVocabularies.state`, when the
+checkpoint has them); ``run`` and ``predict`` read it.
 For a retrieval model it also writes ``OUTPUT.items.pt``: the catalogue as the model's top-K
 scores it (:func:`tzrec_acc.gr.item_table`, the L2-normalized item embeddings in the
 exported model's dtype), which the package (the user tower) does not hold.
@@ -38,8 +43,10 @@ with the stored eager outputs. ``run PACKAGE --input FILE [--output FILE]`` is
 
 ``predict`` writes top-K recommendations (retrieval) or per-task candidate probabilities
 (ranking) for every user of a Parquet, CSV or JSONL file (the columns, the bad-row handling
-and the output: :mod:`tzrec_gr.serving.files`, shared with ``tzrec-bench predict``). Its
-model is a checkpoint (or ``--config`` + a state dict), served by
+and the output: :mod:`tzrec_gr.serving.files`, shared with ``tzrec-bench predict``; item ids
+are raw ids through the model's vocabulary unless ``--ids model``, seen items are kept unless
+``--exclude-seen``). Its model is a checkpoint or a tzrec-bench run's folder (or
+``--config`` + a state dict), served by
 :class:`tzrec_gr.serving.ServingSession`, or a ``--form full`` package (``.pt2``) served by
 :class:`tzrec_acc.serving.PackageSession` in this process, in batches of at most its
 ``--max-batch``: a ranking package scores the candidates, a retrieval package gives the user
@@ -94,7 +101,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tzrec_acc", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="export a saved tzrec-gr model as a package")
-    ex.add_argument("--model", required=True, help="tzrec-bench checkpoint, or a state dict")
+    ex.add_argument(
+        "--model",
+        required=True,
+        help="tzrec-bench checkpoint or run folder (its best.pt, else checkpoint.pt), or a "
+        "state dict",
+    )
     ex.add_argument("--config", help="JSON/TOML model config, for a plain state dict")
     ex.add_argument(
         "--format",
@@ -149,6 +161,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--batch-size", type=int, metavar="B", help="with --input: as predict's")
     run.add_argument("--on-error", choices=("skip", "fail"), help="with --input: as predict's")
+    run.add_argument("--ids", choices=("raw", "model"), help="with --input: as predict's")
     run.add_argument(
         "--no-progress", dest="progress", action="store_false", help="with --input: no bar"
     )
@@ -162,8 +175,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     pr.add_argument(
         "model",
-        help="a tzrec-bench checkpoint, a state dict (with --config) or "
-        "a package (.pt2) written by export --form full",
+        help="a tzrec-bench checkpoint or run folder (its best.pt, else checkpoint.pt), a "
+        "state dict (with --config) or a package (.pt2) written by export --form full",
     )
     pr.add_argument("--config", help="JSON/TOML model config, for a plain state dict")
     pr.add_argument("--backend", help="ops backend to build the model with (checkpoints)")
@@ -259,6 +272,17 @@ def _check_output(output: str) -> None:
         raise UsageError(f"--output {output}: its folder {path.parent} is not writable")
 
 
+def _model_file(model: str, config: Optional[str]) -> pathlib.Path:
+    """``--model``: the file, or a tzrec-bench run's folder's ``best.pt``, else its
+    ``checkpoint.pt`` (:func:`tzrec_gr.serving.resolve_checkpoint`; a state dict with
+    ``--config`` is a file)."""
+    if config is not None or not pathlib.Path(model).is_dir():
+        return pathlib.Path(model)
+    from tzrec_acc.checkpoint import resolve_path
+
+    return resolve_path(model)
+
+
 def _check_export_options(args: argparse.Namespace) -> None:
     """Every option, the files named and the extras needed, before the model is loaded."""
     _check_output(args.output)
@@ -270,8 +294,12 @@ def _check_export_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--history must be >= 1, got {args.history}")
     if args.quantize is not None and args.quantize != "none" and args.precision != "fp32":
         raise UsageError("--quantize and --precision cannot be combined; choose one")
-    if not pathlib.Path(args.model).is_file():
-        raise UsageError(f"--model: no checkpoint or state dict at {args.model}")
+    model = _model_file(args.model, args.config)
+    if not model.is_file():
+        where = f"{args.model} (a folder without best.pt or checkpoint.pt)" if (
+            model != pathlib.Path(args.model)
+        ) else args.model
+        raise UsageError(f"--model: no checkpoint or state dict at {where}")
     if args.config is not None and not pathlib.Path(args.config).is_file():
         raise UsageError(f"--config: no model config at {args.config}")
     try:
@@ -284,7 +312,7 @@ def _check_export_options(args: argparse.Namespace) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     from tzrec_acc import aot, gr, settings
-    from tzrec_acc.checkpoint import load_model
+    from tzrec_acc.checkpoint import load_checkpoint
     from tzrec_acc.serving import items_path, sample_path
 
     _check_export_options(args)  # before the settings are applied and the model loaded
@@ -304,7 +332,7 @@ def _export(args: argparse.Namespace) -> int:
         require("torch_tensorrt", "tzrec-acc[tensorrt]", "TensorRT compilation")
     settings.apply_tf32(toggles.tf32_matmul, toggles.tf32_cudnn)
     try:
-        model = load_model(args.model, args.config, args.backend)
+        model, vocabularies = load_checkpoint(args.model, args.config, args.backend)
         from tzrec_acc.gr import model_kind
 
         kind_of_model = model_kind(model)
@@ -361,6 +389,8 @@ def _export(args: argparse.Namespace) -> int:
         "expected": expected,
         "served": served,
     }
+    if vocabularies is not None:  # the raw ids predict reads and writes (tzrec_gr.vocabulary)
+        sample[_vocabulary_key()] = vocabularies.state()
     torch.save(sample, sample_path(args.output))
     written = [sample_path(args.output)]
     if items is not None:
@@ -388,6 +418,12 @@ def _export(args: argparse.Namespace) -> int:
             print("  " + line)
     print(f"wrote {args.output} ({args.format}) and {' and '.join(written)}")
     return 0 if ok else 1
+
+
+def _vocabulary_key() -> str:
+    from tzrec_gr.vocabulary import VOCABULARY_KEY
+
+    return VOCABULARY_KEY
 
 
 def _lossy(args: argparse.Namespace) -> str:
@@ -546,9 +582,15 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.input is not None:
         return _run_file(args)
-    if args.output is not None or args.batch_size is not None or args.on_error is not None:
-        raise UsageError("--output, --batch-size and --on-error apply with --input FILE")
+    if any(v is not None for v in (args.output, args.batch_size, args.on_error, args.ids)):
+        raise UsageError("--output, --batch-size, --on-error and --ids apply with --input FILE")
     package = pathlib.Path(args.package)
+    if package.is_dir():
+        raise UsageError(
+            f"{package} is a folder: run without --input replays an exported package's sample "
+            "batch; export the run first (export --model FOLDER), or give --input FILE to "
+            "predict from its checkpoint"
+        )
     sample_file = pathlib.Path(sample_path(args.package))
     for path in (package, sample_file):
         if not path.is_file():
@@ -574,6 +616,8 @@ def _run_file(args: argparse.Namespace) -> int:
         argv += ["--batch-size", str(args.batch_size)]
     if args.on_error is not None:
         argv += ["--on-error", args.on_error]
+    if args.ids is not None:
+        argv += ["--ids", args.ids]
     if not args.progress:
         argv.append("--no-progress")
     if args.output is not None:
@@ -611,7 +655,7 @@ def _predict(args: argparse.Namespace, destination: Optional[str] = None) -> int
             raise files.PredictError("--batch-size and --k must be >= 1")
         if not pathlib.Path(args.input).is_file():
             raise files.PredictError(f"--input: no file at {args.input}")
-        model_path = pathlib.Path(args.model)
+        model_path = _model_file(args.model, args.config)
         if not model_path.is_file():
             raise files.PredictError(f"model: no file at {model_path}")
     except files.PredictError as exc:
@@ -623,17 +667,23 @@ def _predict(args: argparse.Namespace, destination: Optional[str] = None) -> int
         predictor, limits, batch_size = _package_predictor(model_path, batch_size)
         what = f"package {model_path}"
     else:
-        from tzrec_acc.checkpoint import load_model
+        from tzrec_acc.checkpoint import load_checkpoint
 
         serving = _serving()
         try:
-            model = load_model(model_path, args.config, args.backend)
-            predictor = serving.ServingSession(model, device=device)
+            model, vocabularies = load_checkpoint(model_path, args.config, args.backend)
+            predictor = serving.ServingSession(model, device=device, vocabularies=vocabularies)
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from exc
         limits = files.session_limits(predictor)
         what = f"{type(model).__name__} from {model_path} on {device}"
-    print(f"python -m tzrec_acc predict: {what} ({limits.kind})")
+    try:
+        items, ids_line = files.item_vocabulary(args.ids, predictor.vocabularies, str(model_path))
+    except files.PredictError as exc:
+        raise UsageError(str(exc)) from exc
+    rules = f"; {files.seen_rule(args.exclude_seen)}" if limits.kind == "retrieval" else ""
+    print(f"python -m tzrec_acc predict: {what} ({limits.kind}){rules}")
+    print(ids_line)
     try:
         summary = files.predict_file(
             predictor,
@@ -642,6 +692,7 @@ def _predict(args: argparse.Namespace, destination: Optional[str] = None) -> int
             args.output,
             k=args.k,
             exclude_seen=args.exclude_seen,
+            items=items,
             batch_size=batch_size,
             on_error=args.on_error,
             progress=args.progress,

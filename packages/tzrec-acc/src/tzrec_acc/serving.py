@@ -9,7 +9,7 @@ items, E = embedding width, L = history events of all users.
     session = load_session("retrieval.pt2")            # a PackageSession
     top = session.recommend(Histories.from_lists([[3, 5, 8], [1]]), k=10)
 
-* a checkpoint (``best.pt``, any name not ending in ``.pt2``) gives
+* a checkpoint (``best.pt``, a tzrec-bench run's folder, any name not ending in ``.pt2``) gives
   :meth:`tzrec_gr.serving.ServingSession.from_checkpoint`: ``recommend`` / ``score``,
   per-user state (``open`` / ``extend`` / ``close``), CUDA graphs;
 * a package (``.pt2``) written by ``python -m tzrec_acc export --form full`` (an AOTInductor
@@ -24,6 +24,14 @@ A retrieval package is the user tower only (the user embedding after every histo
 embeddings, :func:`tzrec_acc.gr.item_table`, in the exported model's dtype), and
 ``recommend`` ranks each user's embedding after its newest event against it with
 :func:`tzrec_gr.serving.catalogue_topk`, as ``ServingSession.recommend`` does.
+
+Ids: both sessions take and return the model's item ids (rows ``0..N-1``) and carry the
+training data's :class:`tzrec_gr.vocabulary.IdVocabularies` as ``session.vocabularies``
+(None for a file written before checkpoints held one): the checkpoint's, or for a package
+the one ``export`` stored in its sample file. Raw ids go through it at the door::
+
+    histories = Histories.from_raw(session.vocabularies, [["sku-3", "sku-5"]], [[10, 20]])
+    session.recommend(histories, k=10).raw_ids(session.vocabularies)   # raw ids per user
 
 tzrec-gr (``tzrec-acc[gr]``) is imported when a session is loaded, not by this module.
 """
@@ -83,7 +91,8 @@ def load_session(
     """A serving session over a training checkpoint or an exported package.
 
     Args:
-        path: a tzrec-bench checkpoint (``best.pt``), or a package (``.pt2``) written by
+        path: a tzrec-bench checkpoint (``best.pt``, or a run's folder: its ``best.pt``,
+            else ``checkpoint.pt``), or a package (``.pt2``) written by
             ``python -m tzrec_acc export --form full`` (with ``PACKAGE.sample.pt`` beside
             it, and ``PACKAGE.items.pt`` for a retrieval model).
         device: where to serve. A checkpoint: default the CPU. A package runs where it was
@@ -155,6 +164,9 @@ class PackageSession:
         limits (tzrec_gr.serving.files.Limits): what ``predict``'s rows must fit.
         package_kind (str): ``"aoti"`` (AOTInductor) or ``"program"`` (a saved exported
             program: ``fx`` or ``trt``).
+        vocabularies (tzrec_gr.vocabulary.IdVocabularies | None): the raw ids of the
+            model's training data, stored by ``export`` in the sample file (None: exported
+            from a checkpoint without one, or by an older tzrec-acc).
 
     Raises:
         FileNotFoundError: no package or sample file.
@@ -215,6 +227,16 @@ class PackageSession:
                 served["max_candidates"],
                 served["contextual_width"],
                 tuple(f"task_{i}" for i in range(served["num_tasks"])),
+            )
+        vocabulary = _gr("vocabulary")
+        try:
+            self.vocabularies = vocabulary.IdVocabularies.from_payload(sample, str(sample_file))
+        except vocabulary.VocabularyError as exc:
+            raise ValueError(str(exc)) from exc
+        if self.vocabularies is not None and len(self.vocabularies.items) != self.limits.num_items:
+            raise ValueError(
+                f"{sample_file}: its item vocabulary has {len(self.vocabularies.items)} ids but "
+                f"the model {self.limits.num_items} items; export the package again"
             )
         self.max_batch: int = int(served["max_batch"])
         self.package_kind: str = sample["kind"]

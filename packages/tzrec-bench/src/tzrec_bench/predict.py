@@ -6,11 +6,16 @@
     tzrec-bench predict runs/ranking/best.pt --input users.csv --output scores.csv
 
 The model is a checkpoint of ``tzrec-bench train`` (``best.pt``, or a run's folder: its
-``best.pt``, else ``checkpoint.pt``) of ``hstu-retrieval`` (top-K of the catalogue per user)
-or ``hstu-ranking`` (per-task probabilities of each user's candidates), served by
-:class:`tzrec_gr.serving.ServingSession`. Reading, checking, batching and writing are
-:func:`tzrec_gr.serving.files.predict_file`, shared with ``python -m tzrec_acc predict``; the
-input columns and the output are described there and in the README.
+``best.pt``, else ``checkpoint.pt``, :func:`tzrec_gr.serving.resolve_checkpoint`) of
+``hstu-retrieval`` (top-K of the catalogue per user) or ``hstu-ranking`` (per-task
+probabilities of each user's candidates), served by
+:class:`tzrec_gr.serving.ServingSession`. Item ids are the raw ids of the data the model was
+trained on, through the vocabulary the checkpoint carries (``--ids model``: the model's rows;
+a checkpoint without a vocabulary reads model ids, with a note). Seen items are kept unless
+``--exclude-seen`` (the trainer's rule). The first lines say which rules apply. Reading,
+checking, batching and writing are :func:`tzrec_gr.serving.files.predict_file`, shared with
+``python -m tzrec_acc predict``; the input columns and the output are described there and
+in the README.
 
 Exit status: 0 on success; 1 for a missing input file, or a bad row under
 ``--on-error fail`` (named by its row number; no output written); 2 for bad options, a
@@ -37,9 +42,11 @@ def add_parser(subparsers: argparse._SubParsersAction, formatter: type) -> argpa
         description=(
             "Load a model trained by `tzrec-bench train` (hstu-retrieval or hstu-ranking) "
             "and write, for every user of --input, the top --k items of the catalogue "
-            "(retrieval; the user's own items left out unless --no-exclude-seen) or each "
-            "candidate's probability per task (ranking). Item ids are the model's: 0 to "
-            "num_items - 1, numbered by tzrec-bench's loaders in the order of the raw ids. "
+            "(retrieval; the user's own items ranked like any other, as the trainer's "
+            "metrics do, unless --exclude-seen) or each candidate's probability per task "
+            "(ranking). Item ids are raw: the ids of the event log the model was trained "
+            "on, through the vocabulary its checkpoint carries (an unknown id is a bad "
+            "row); --ids model reads and writes the model's rows 0..num_items-1 instead. "
             "Bad rows are reported by row number (the first data row is 1)."
         ),
         epilog=(
@@ -78,15 +85,18 @@ def _fail(parser: argparse.ArgumentParser, message: str, status: int) -> int:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Runs ``predict``; returns the exit status."""
     from tzrec_bench.train import checkpoint
-    from tzrec_bench.train.loop import resolve_checkpoint
+    from tzrec_gr.serving import resolve_checkpoint
     from tzrec_gr.serving.files import (
         BadRowError,
         PredictError,
         check_output_path,
         input_format,
+        item_vocabulary,
         pick_device,
         predict_file,
+        seen_rule,
     )
+    from tzrec_gr.vocabulary import IdVocabularies, VocabularyError
 
     # every option, the output folder and the input file first: no model is loaded for a
     # run that cannot finish
@@ -107,8 +117,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return _fail(parser, f"checkpoint: no checkpoint at {file}", 2)
     payload = checkpoint.load(file)  # CheckpointError: exit 2, naming the file
     try:
-        session, tasks = _session(payload, file, device, args.backend)
-    except (ValueError, TypeError) as exc:
+        vocabularies = IdVocabularies.from_payload(payload, str(file))
+        items, ids_line = item_vocabulary(args.ids, vocabularies, str(file))
+        session, tasks = _session(payload, file, device, args.backend, vocabularies)
+    except (ValueError, TypeError, PredictError, VocabularyError) as exc:
         return _fail(parser, str(exc), 2)
     from tzrec_gr.serving.files import session_limits
 
@@ -117,8 +129,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         f"top {args.k} of {limits.num_items} items" if limits.kind == "retrieval"
         else f"{len(limits.tasks)} task probabilities ({', '.join(limits.tasks)}) per candidate"
     )
+    rules = f"; {seen_rule(args.exclude_seen)}" if limits.kind == "retrieval" else ""
     print(f"tzrec-bench predict: {payload['config'].get('model', '?')} from {file} on "
-          f"{device}: {what}")
+          f"{device}: {what}{rules}")
+    print(ids_line)
     try:
         summary = predict_file(
             session,
@@ -127,6 +141,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             args.output,
             k=args.k,
             exclude_seen=args.exclude_seen,
+            items=items,
             batch_size=args.batch_size,
             on_error=args.on_error,
             progress=args.progress,
@@ -140,7 +155,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _session(
-    payload: Dict[str, Any], file: Path, device: Any, backend: Any
+    payload: Dict[str, Any], file: Path, device: Any, backend: Any, vocabularies: Any
 ) -> Tuple[Any, Any]:
     """The serving session over the checkpoint's model, and its task names (ranking)."""
     from tzrec_gr.models import build_from_config
@@ -160,4 +175,4 @@ def _session(
         raise ValueError(f"the state dict in {file} does not fit its model: {exc}") from exc
     bits: List[int] = list(spec["kwargs"].get("task_bitmasks", []))
     tasks = task_names(bits) if spec["model"] == "HSTURanking" else None
-    return ServingSession(model, device=device), tasks
+    return ServingSession(model, device=device, vocabularies=vocabularies), tasks

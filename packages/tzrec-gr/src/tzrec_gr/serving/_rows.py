@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import decimal
 import json
 import math
 import pathlib
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+from tzrec_gr.serving.inputs import _id_array
+from tzrec_gr.vocabulary import Vocabulary
 from tzrec_ops.extras import require
 
 #: input file suffix -> format
@@ -23,6 +26,8 @@ INPUT_FORMATS = {
     ".ndjson": "jsonl",
 }
 REQUIRED = ("user_id", "item_ids", "timestamps")
+#: the range of the integers a row may hold (they travel as int64 tensors)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class PredictError(Exception):
@@ -173,22 +178,68 @@ class Row:
     older: List[int]  # item ids of the events dropped for the model's bound
 
 
+def _int(name: str, i: int, value: Any) -> int:
+    """One integer of a list: an int (a Parquet decimal with no fraction too) in int64."""
+    if isinstance(value, decimal.Decimal) and value.is_finite() and value == value.to_integral():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}[{i}] must be an integer, got {value!r}")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(f"{name}[{i}] is {value}, outside the 64-bit integer range")
+    return value
+
+
+def _parts(value: str) -> List[str]:
+    """The items of a CSV list field: ``"3 17 42"`` (brackets and commas tolerated)."""
+    return value.strip().strip("[]").replace(",", " ").split()
+
+
 def _ints(name: str, value: Any) -> List[int]:
-    """A list of ints from a list, or from a string of space-separated ints (CSV)."""
+    """A list of int64 integers from a list, or from a string of space-separated ints (CSV)."""
     if isinstance(value, str):
-        parts = value.strip().strip("[]").replace(",", " ").split()
         try:
-            return [int(p) for p in parts]
+            parsed = [int(p) for p in _parts(value)]
         except ValueError:
             raise ValueError(
                 f"{name} must be integers separated by spaces, got {value!r}"
             ) from None
+        return [_int(name, i, v) for i, v in enumerate(parsed)]
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"{name} must be a list of integers, got {type(value).__name__}")
-    for i, v in enumerate(value):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{name}[{i}] must be an integer, got {v!r}")
-    return list(value)
+    return [_int(name, i, v) for i, v in enumerate(value)]
+
+
+def _raw_id(name: str, i: int, value: Any, items: Vocabulary) -> Any:
+    """One raw id of a JSONL/Parquet list as ``items`` looks it up: a string in an integer
+    vocabulary is read as its integer (``"12"`` is 12), an integer in a string vocabulary as
+    its text."""
+    if isinstance(value, decimal.Decimal) and value.is_finite() and value == value.to_integral():
+        value = int(value)
+    if isinstance(value, str):
+        return items.parse(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}[{i}] must be a raw id (an integer or a string), got {value!r}")
+    return value if items.kind == "int" else str(value)
+
+
+def _rows_of_raw(name: str, value: Any, items: Vocabulary) -> List[int]:
+    """The model rows of a list of raw item ids (a list, or a CSV field of ids separated by
+    spaces); ValueError naming the first unknown id and its position."""
+    if isinstance(value, str):
+        raw = [items.parse(p) for p in _parts(value)]
+    elif isinstance(value, (list, tuple)):
+        raw = [_raw_id(name, i, v, items) for i, v in enumerate(value)]
+    else:
+        raise ValueError(f"{name} must be a list of raw item ids, got {type(value).__name__}")
+    rows = items.rows(_id_array(raw))
+    unknown = (rows < 0).nonzero()[0]
+    if unknown.size:
+        i = int(unknown[0])
+        raise ValueError(
+            f"unknown item id {raw[i]!r} in {name} (position {i}): not one of the model's "
+            f"{len(items)} raw item ids"
+        )
+    return rows.tolist()
 
 
 def _floats(name: str, value: Any) -> List[float]:
@@ -221,8 +272,16 @@ def _unknown(name: str, ids: List[int], num_items: int) -> Optional[str]:
     return None
 
 
-def check_row(number: int, record: Dict[str, Any], limits: Limits) -> Union[Row, str]:
-    """The row, checked against ``limits``, or the problem with it."""
+def check_row(
+    number: int, record: Dict[str, Any], limits: Limits, items: Optional[Vocabulary] = None
+) -> Union[Row, str]:
+    """The row, checked against ``limits``, or the problem with it.
+
+    Args:
+        items: the raw item ids of the model: ``item_ids`` and ``candidates`` are raw ids,
+            mapped to the model's rows (an unknown one is the row's problem). None: they are
+            the model's ids ``[0, num_items)``.
+    """
     ranking = limits.kind == "ranking"
     required = [*REQUIRED, *(("actions", "candidates") if ranking else ())]
     if ranking and limits.contextual_width:
@@ -230,13 +289,23 @@ def check_row(number: int, record: Dict[str, Any], limits: Limits) -> Union[Row,
     for name in required:
         if name not in record or (name != "user_id" and _missing(record[name])):
             return f"{name} is missing"
-    if _missing(record["user_id"]):
+    user = record["user_id"]
+    if _missing(user):
         return "user_id is missing"
+    if isinstance(user, int) and not isinstance(user, bool) and not INT64_MIN <= user <= INT64_MAX:
+        return f"user_id is {user}, outside the 64-bit integer range"
+    vocabulary = items
+
+    def ids(name: str) -> List[int]:  # the model's rows of an item column
+        if vocabulary is None:
+            return _ints(name, record[name])
+        return _rows_of_raw(name, record[name], vocabulary)
+
     try:
-        items = _ints("item_ids", record["item_ids"])
+        history = ids("item_ids")
         times = _ints("timestamps", record["timestamps"])
         actions = _ints("actions", record["actions"]) if ranking else None
-        candidates = _ints("candidates", record["candidates"]) if ranking else None
+        candidates = ids("candidates") if ranking else None
         contextual = (
             _floats("contextual", record["contextual"])
             if ranking and limits.contextual_width
@@ -244,19 +313,19 @@ def check_row(number: int, record: Dict[str, Any], limits: Limits) -> Union[Row,
         )
     except ValueError as exc:
         return str(exc)
-    if not items:
+    if not history:
         return "empty history: item_ids has no events"
-    if len(times) != len(items):
-        return f"item_ids has {len(items)} events but timestamps has {len(times)}"
-    if actions is not None and len(actions) != len(items):
-        return f"item_ids has {len(items)} events but actions has {len(actions)}"
+    if len(times) != len(history):
+        return f"item_ids has {len(history)} events but timestamps has {len(times)}"
+    if actions is not None and len(actions) != len(history):
+        return f"item_ids has {len(history)} events but actions has {len(actions)}"
     for p in range(1, len(times)):
         if times[p] < times[p - 1]:
             return (
                 f"timestamps are not sorted: position {p} ({times[p]}) is older than "
                 f"position {p - 1} ({times[p - 1]})"
             )
-    problem = _unknown("item_ids", items, limits.num_items)
+    problem = _unknown("item_ids", history, limits.num_items)
     if problem:
         return problem
     if candidates is not None:
@@ -278,11 +347,11 @@ def check_row(number: int, record: Dict[str, Any], limits: Limits) -> Union[Row,
     if actions is not None and any(a < 0 for a in actions):
         return "actions must be >= 0 (bitmasks)"
     keep = limits.max_events
-    older = items[:-keep] if len(items) > keep else []
+    older = history[:-keep] if len(history) > keep else []
     return Row(
         number=number,
         user_id=record["user_id"],
-        item_ids=items[-keep:],
+        item_ids=history[-keep:],
         timestamps=times[-keep:],
         actions=None if actions is None else actions[-keep:],
         candidates=candidates,

@@ -21,9 +21,7 @@ Input (one row per user; ``--input`` ``.parquet``/``.pq``, ``.csv`` or ``.jsonl`
 column          required what
 =============== ======== ====================================================================
 ``user_id``     yes      any id, copied to the output
-``item_ids``    yes      the user's history, oldest first: the model's item ids
-                         ``[0, num_items)`` (tzrec-bench numbers a data set's items 0, 1, ...
-                         in the order of their raw ids)
+``item_ids``    yes      the user's history, oldest first: item ids (see *Ids* below)
 ``timestamps``  yes      one integer time per event, non-decreasing
 ``actions``     ranking  one integer action bitmask per event
 ``candidates``  ranking  the item ids to score (at most the model's ``max_targets``)
@@ -31,21 +29,40 @@ column          required what
 =============== ======== ====================================================================
 
 Lists are lists in Parquet and JSONL, and space-separated strings in CSV (``"3 17 42"``;
-brackets and commas are tolerated). A history longer than the model takes keeps its newest
-events (as training does); with ``exclude_seen`` the dropped events' items stay excluded.
+brackets and commas are tolerated, so a raw id in a CSV list cannot hold a space or a
+comma: use JSONL or Parquet for such ids). A history longer than the model takes keeps its
+newest events (as training does); with ``exclude_seen`` the dropped events' items stay
+excluded.
+
+Ids (``--ids``, :func:`item_vocabulary`): a checkpoint or package that carries the training
+data's :class:`~tzrec_gr.vocabulary.IdVocabularies` takes and returns *raw* item ids, the
+ids of the event log it was trained on (integers of any range, or strings; a CSV field is
+read with the vocabulary's ``parse``; in JSONL and Parquet ``"12"`` and ``12`` are the same
+id), mapped to the model's rows on the host; an id the vocabulary does not hold is a bad
+row. Raw integer ids are never read as the model's rows, even when they fall inside
+``0..N-1``. The model's own ids ``[0, num_items)`` are read and written only with
+``--ids model`` (``items=None``), and by a file written before checkpoints carried a
+vocabulary (the commands print a note).
+
+Seen items (retrieval): kept by default, as tzrec-bench's trainer ranks them
+(``TrainConfig.exclude_seen`` is False); ``--exclude-seen`` leaves the user's own items
+out.
 
 Output (``--output`` ``.parquet``/``.pq`` or ``.csv``; one row per valid input row, in input
-order): retrieval: ``user_id``, ``item_ids`` (the top ``k``, best first; fewer when the user
-has seen nearly the whole catalogue) and ``scores``; ranking: ``user_id``, ``candidates`` and
-one column of probabilities per task (in the candidates' order). The file is written under a
-temporary name and renamed at the end, so a failed run leaves no partial output.
+order): retrieval: ``user_id``, ``item_ids`` (the top ``k``, best first, in the input's
+kind of ids; fewer when the user has seen nearly the whole catalogue) and ``scores``;
+ranking: ``user_id``, ``candidates`` and one column of probabilities per task (in the
+candidates' order). The file is written under a temporary name and renamed at the end, so
+a failed run leaves no partial output.
 
 Bad rows are found on the host before any batch runs: a missing column value, a value of
-the wrong type, an empty history, item_ids and timestamps (or actions) of different lengths,
-unsorted timestamps, an unknown item id, and for ranking a missing, empty or too long
-candidate list or contextual features of the wrong width. Each is reported by its row number
-(the first data row is row 1; a CSV header does not count) and either skipped and counted
-(``on_error="skip"``) or raised as a :class:`BadRowError` (``on_error="fail"``).
+the wrong type, an integer outside the 64-bit range (any integer column, any format:
+a Parquet ``uint64`` or decimal column too), an empty history, item_ids and timestamps (or
+actions) of different lengths, unsorted timestamps, an unknown item id, and for ranking a
+missing, empty or too long candidate list or contextual features of the wrong width. Each
+is reported by its row number (the first data row is row 1; a CSV header does not count)
+and either skipped and counted (``on_error="skip"``) or raised as a :class:`BadRowError`
+(``on_error="fail"``).
 """
 
 from __future__ import annotations
@@ -85,11 +102,13 @@ from tzrec_gr.serving._rows import (
 )
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.serving.topk import TopK
+from tzrec_gr.vocabulary import IdVocabularies, Vocabulary
 from tzrec_ops.extras import require
 
 __all__ = [
     "BadRow",
     "BadRowError",
+    "IDS",
     "INPUT_FORMATS",
     "Limits",
     "OUTPUT_FORMATS",
@@ -99,16 +118,20 @@ __all__ = [
     "add_predict_arguments",
     "check_output_path",
     "input_format",
+    "item_vocabulary",
     "output_format",
     "pick_device",
     "predict_file",
     "read_records",
+    "seen_rule",
     "session_limits",
 ]
 
 #: output file suffix -> format
 OUTPUT_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 ON_ERROR = ("skip", "fail")
+#: ``--ids``: the users' raw ids (through the model's vocabulary) or the model's own rows
+IDS = ("raw", "model")
 _SHOWN = 20  # skipped rows printed one by one; the rest are counted
 
 
@@ -145,6 +168,49 @@ def session_limits(session: Any, tasks: Optional[Sequence[str]] = None) -> Limit
     return Limits("ranking", model.num_items, model.max_uih_len, model.max_targets, width, names)
 
 
+def item_vocabulary(
+    ids: Optional[str], vocabularies: Optional[IdVocabularies], what: str
+) -> Tuple[Optional[Vocabulary], str]:
+    """``--ids``: the vocabulary :func:`predict_file` maps item ids with (None: the model's
+    ids), and a line saying which ids the run reads and writes.
+
+    Args:
+        ids (str | None): ``"raw"``, ``"model"``, or None: raw when ``vocabularies`` is
+            given, else the model's ids (the line then is a note saying why).
+        vocabularies (IdVocabularies | None): the checkpoint's or package's.
+        what (str): the checkpoint or package, for the messages.
+
+    Raises:
+        PredictError: ``ids="raw"`` for a file without a vocabulary, or an unknown ``ids``.
+    """
+    if ids not in (None, *IDS):
+        raise PredictError(f"--ids must be 'raw' or 'model', got {ids!r}")
+    if ids == "model":
+        return None, "item ids: the model's rows 0..N-1 (--ids model)"
+    if vocabularies is None:
+        if ids == "raw":
+            raise PredictError(
+                f"--ids raw: {what} holds no id vocabulary (written before checkpoints "
+                "carried one, or a plain state dict), so it knows only the model's item "
+                "ids; pass --ids model to read and write those, or train it again"
+            )
+        return None, (
+            f"note: {what} holds no id vocabulary (written before checkpoints carried "
+            "one, or a plain state dict): item ids are the model's rows 0..N-1 (tzrec-bench "
+            "numbers items in the order of their raw ids)"
+        )
+    items = vocabularies.items
+    source = f" of {vocabularies.source}" if vocabularies.source else ""
+    return items, f"item ids: raw ({len(items)} {items.kind} ids{source}; --ids model for rows)"
+
+
+def seen_rule(exclude_seen: bool) -> str:
+    """The header's words for ``--exclude-seen``."""
+    if exclude_seen:
+        return "seen items excluded (--exclude-seen)"
+    return "seen items kept, as the trainer's metrics rank them (--exclude-seen to leave out)"
+
+
 # -- files ----------------------------------------------------------------------------------
 
 
@@ -179,7 +245,12 @@ def check_output_path(path: Union[str, pathlib.Path]) -> str:
 
 
 def _recommend(
-    predictor: Predictor, rows: List[Row], limits: Limits, k: int, exclude_seen: bool
+    predictor: Predictor,
+    rows: List[Row],
+    limits: Limits,
+    k: int,
+    exclude_seen: bool,
+    items: Optional[Vocabulary],
 ) -> List[Dict[str, Any]]:
     histories = Histories.from_lists([r.item_ids for r in rows], [r.timestamps for r in rows])
     # the items of events dropped for the bound are seen too: ask for enough more to
@@ -191,17 +262,20 @@ def _recommend(
     out = []
     for r, seen, row_ids, row_scores in zip(rows, extra, ids, scores):
         kept = [(i, s) for i, s in zip(row_ids, row_scores) if i >= 0 and i not in seen][:k]
+        top = [i for i, _ in kept]
         out.append(
             {
                 "user_id": r.user_id,
-                "item_ids": [i for i, _ in kept],
+                "item_ids": top if items is None else items.raw(top),
                 "scores": [s for _, s in kept],
             }
         )
     return out
 
 
-def _score(predictor: Predictor, rows: List[Row], limits: Limits) -> List[Dict[str, Any]]:
+def _score(
+    predictor: Predictor, rows: List[Row], limits: Limits, items: Optional[Vocabulary]
+) -> List[Dict[str, Any]]:
     histories = Histories.from_lists(
         [r.item_ids for r in rows],
         [r.timestamps for r in rows],
@@ -218,7 +292,7 @@ def _score(predictor: Predictor, rows: List[Row], limits: Limits) -> List[Dict[s
         out.append(
             {
                 "user_id": r.user_id,
-                "candidates": r.candidates,
+                "candidates": r.candidates if items is None else items.raw(r.candidates),
                 **{task: block[t] for t, task in enumerate(limits.tasks)},
             }
         )
@@ -228,11 +302,18 @@ def _score(predictor: Predictor, rows: List[Row], limits: Limits) -> List[Dict[s
 class _Writer:
     """Rows to a CSV or Parquet file, under a temporary name until :meth:`commit`."""
 
-    def __init__(self, path: pathlib.Path, fmt: str, columns: Sequence[Tuple[str, str]]) -> None:
+    def __init__(
+        self,
+        path: pathlib.Path,
+        fmt: str,
+        columns: Sequence[Tuple[str, str]],
+        item_kind: str = "int",
+    ) -> None:
         self.path = path
         self.tmp = path.with_name(f".{path.name}.partial")
         self.fmt = fmt
-        self.columns = list(columns)  # (name, "id" | "ints" | "floats")
+        self.columns = list(columns)  # (name, "id" | "items" | "floats")
+        self.item_kind = item_kind  # "int" or "str": the type of the "items" columns' ids
         self._csv: Optional[Any] = None
         self._file: Optional[TextIO] = None
         self._parquet: Optional[Any] = None
@@ -257,8 +338,7 @@ class _Writer:
             )
             self._id_type = "int" if ints else "str"
         types = {
-            "ints": pa.list_(pa.int64()),
-            "floats": pa.list_(pa.float32()),
+            **self._list_types(pa),
             "id": pa.int64() if self._id_type == "int" else pa.string(),
         }
         schema = pa.schema([(name, types[kind]) for name, kind in self.columns])
@@ -283,14 +363,14 @@ class _Writer:
         if self.fmt == "parquet" and not self.tmp.exists():  # no row: an empty table
             pa = require("pyarrow", "pyarrow", "writing Parquet")
             pq = require("pyarrow.parquet", "pyarrow", "writing Parquet")
-            types = {
-                "ints": pa.list_(pa.int64()),
-                "floats": pa.list_(pa.float32()),
-                "id": pa.string(),
-            }
+            types = {**self._list_types(pa), "id": pa.string()}
             schema = pa.schema([(name, types[kind]) for name, kind in self.columns])
             pq.write_table(schema.empty_table(), str(self.tmp))
         os.replace(self.tmp, self.path)
+
+    def _list_types(self, pa: Any) -> Dict[str, Any]:
+        items = pa.int64() if self.item_kind == "int" else pa.string()
+        return {"items": pa.list_(items), "floats": pa.list_(pa.float32())}
 
     def abort(self) -> None:
         self._close()
@@ -306,7 +386,7 @@ class _Writer:
 
 
 def _cell(value: Any, kind: str) -> str:
-    if kind == "ints":
+    if kind == "items":
         return " ".join(str(v) for v in value)
     if kind == "floats":
         return " ".join(repr(float(v)) for v in value)
@@ -373,7 +453,8 @@ def predict_file(
     output_path: Union[str, pathlib.Path],
     *,
     k: int = 10,
-    exclude_seen: bool = True,
+    exclude_seen: bool = False,
+    items: Optional[Vocabulary] = None,
     batch_size: int = 64,
     on_error: str = "skip",
     progress: bool = True,
@@ -389,7 +470,10 @@ def predict_file(
         output_path: ``.parquet``/``.pq`` or ``.csv``; its folder must exist.
         k (int): retrieval: items per user, in ``[1, num_items]``. Default: 10.
         exclude_seen (bool): retrieval: never return an item of the user's history.
-            Default: True.
+            Default: False (the trainer's rule: seen items are ranked like any other).
+        items (Vocabulary | None): the model's raw item ids (:func:`item_vocabulary`):
+            ``item_ids`` and ``candidates`` are read and written as raw ids, an unknown one
+            is a bad row. None: they are the model's ids ``[0, num_items)``. Default: None.
         batch_size (int): users per call of the predictor. Default: 64.
         on_error (str): ``"skip"`` (report bad rows by number, count them, go on) or
             ``"fail"`` (raise at the first). Default: ``"skip"``.
@@ -416,14 +500,18 @@ def predict_file(
     output = pathlib.Path(output_path)
     fmt = check_output_path(output)
     total, records = read_records(input_path)
+    if items is not None and len(items) != limits.num_items:
+        raise PredictError(
+            f"the item vocabulary has {len(items)} ids but the model {limits.num_items} items"
+        )
     if retrieval:
-        columns = [("user_id", "id"), ("item_ids", "ints"), ("scores", "floats")]
+        columns = [("user_id", "id"), ("item_ids", "items"), ("scores", "floats")]
     else:
-        columns = [("user_id", "id"), ("candidates", "ints")]
+        columns = [("user_id", "id"), ("candidates", "items")]
         columns += [(task, "floats") for task in limits.tasks]
     summary = PredictSummary()
     start = time.perf_counter()
-    writer = _Writer(output, fmt, columns)
+    writer = _Writer(output, fmt, columns, "int" if items is None else items.kind)
     bar = _progress(total, progress)
     batch: List[Row] = []
 
@@ -431,9 +519,9 @@ def predict_file(
         if not batch:
             return
         if retrieval:
-            out = _recommend(predictor, batch, limits, k, exclude_seen)
+            out = _recommend(predictor, batch, limits, k, exclude_seen, items)
         else:
-            out = _score(predictor, batch, limits)
+            out = _score(predictor, batch, limits, items)
         writer.write(out)
         summary.written += len(out)
         batch.clear()
@@ -441,7 +529,7 @@ def predict_file(
     try:
         for number, record in records:
             summary.rows += 1
-            row = record if isinstance(record, str) else check_row(number, record, limits)
+            row = record if isinstance(record, str) else check_row(number, record, limits, items)
             if isinstance(row, str):
                 if on_error == "fail":
                     raise BadRowError(number, row)
@@ -492,8 +580,8 @@ def pick_device(name: str) -> torch.device:
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     """The options both ``predict`` commands share: ``--input``, ``--output``, ``--k``,
-    ``--exclude-seen/--no-exclude-seen``, ``--batch-size``, ``--device``, ``--on-error``,
-    ``--no-progress``."""
+    ``--exclude-seen/--no-exclude-seen`` (default: seen items kept), ``--ids``,
+    ``--batch-size``, ``--device``, ``--on-error``, ``--no-progress``."""
     parser.add_argument(
         "--input",
         required=True,
@@ -513,8 +601,18 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exclude-seen",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="retrieval: never recommend an item of the user's history",
+        default=False,
+        help="retrieval: never recommend an item of the user's history (default: they are "
+        "ranked like any other item, as the trainer's metrics rank them)",
+    )
+    parser.add_argument(
+        "--ids",
+        choices=IDS,
+        default=None,
+        help="item ids of item_ids, candidates and the output: raw (the ids of the event "
+        "log the model was trained on, through the vocabulary its file carries: the "
+        "default) or model (the model's rows 0..N-1); a file written before checkpoints "
+        "carried a vocabulary reads model ids, with a note (--ids raw: an error)",
     )
     parser.add_argument(
         "--batch-size", type=int, default=64, metavar="B", help="users per model call"

@@ -4,18 +4,24 @@ Legend: B = users, L = events of all users, L_t = candidates of all users, C * F
 ranking model's contextual width.
 
 Both are jagged batches, user-major (user 0's rows first), with ``lengths`` [B]. Build them
-from Python lists with ``from_lists`` or from tensors. Keep them on the CPU: the session
-checks their values there (naming the argument and the user's row) before any kernel runs,
-then moves them to the model's device without reading the device back.
+from Python lists of the model's item ids with ``from_lists``, from tensors (model ids too:
+the fast path), or from the users' raw ids with ``from_raw(vocabulary, ...)``, which maps
+them through a checkpoint's :class:`~tzrec_gr.vocabulary.IdVocabularies` (one vectorised
+lookup per batch; an unknown raw id is a ValueError naming the user and the id). Keep them
+on the CPU: the session checks their values there (naming the argument and the user's row)
+before any kernel runs, then moves them to the model's device without reading the device
+back.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Union
 
+import numpy as np
 import torch
 
+from tzrec_gr.vocabulary import IdVocabularies, Vocabulary
 from tzrec_ops.jagged import first_true, offsets_from_lengths
 
 __all__ = ["Candidates", "Histories"]
@@ -26,6 +32,59 @@ def _int_rows(name: str, rows: Sequence[Sequence[int]]) -> List[torch.Tensor]:
         return [torch.as_tensor(list(r), dtype=torch.int64).reshape(-1) for r in rows]
     except (TypeError, ValueError, RuntimeError) as exc:
         raise ValueError(f"{name} must be one sequence of integers per user: {exc}") from exc
+
+
+def _item_vocabulary(vocabulary: Any) -> Vocabulary:
+    """The items' :class:`Vocabulary` of ``vocabulary`` (an IdVocabularies or a Vocabulary)."""
+    if isinstance(vocabulary, IdVocabularies):
+        return vocabulary.items
+    if isinstance(vocabulary, Vocabulary):
+        return vocabulary
+    if vocabulary is None:
+        raise ValueError(
+            "from_raw needs the model's item vocabulary, got None: the checkpoint holds no "
+            "vocabulary (written before checkpoints carried one); give model ids to "
+            "from_lists"
+        )
+    raise TypeError(
+        f"vocabulary must be an IdVocabularies or a Vocabulary, got {type(vocabulary).__name__}"
+    )
+
+
+def _id_array(flat: List[Any]) -> np.ndarray:
+    """``flat`` as an array :meth:`Vocabulary.rows` looks up without a Python loop when the
+    ids are all integers (int64 or uint64) or all strings; an object array otherwise."""
+    if not flat:
+        return np.zeros(0, dtype=np.int64)
+    if all(isinstance(v, str) for v in flat):
+        return np.asarray(flat, dtype=np.str_)
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in flat):
+        array = np.asarray(flat)  # object for an integer past 64 bits: no row, as it should
+        return array if array.dtype.kind in "iuO" else np.asarray(flat, dtype=object)
+    array = np.empty(len(flat), dtype=object)
+    array[:] = flat
+    return array
+
+
+def _raw_rows(
+    name: str, vocabulary: Any, raw_ids: Sequence[Sequence[Any]]
+) -> List[torch.Tensor]:
+    """One int64 tensor of model rows per user, from each user's raw ids (one lookup)."""
+    items = _item_vocabulary(vocabulary)
+    per_user = [list(r) for r in raw_ids]
+    flat: List[Any] = [v for r in per_user for v in r]
+    rows = items.rows(_id_array(flat))
+    offsets = np.zeros(len(per_user) + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in per_user], out=offsets[1:])
+    unknown = np.flatnonzero(rows < 0)
+    if unknown.size:
+        i = int(unknown[0])
+        b = int(np.searchsorted(offsets, i, side="right")) - 1
+        raise ValueError(
+            f"{name} of user {b} (position {i - int(offsets[b])}): unknown raw item id "
+            f"{flat[i]!r}, not in the vocabulary of {len(items)} items"
+        )
+    return [torch.from_numpy(rows[a:z].copy()) for a, z in zip(offsets[:-1], offsets[1:])]
 
 
 def _cat(rows: List[torch.Tensor]) -> torch.Tensor:
@@ -183,6 +242,27 @@ class Histories:
             query_time=None if query_time is None else torch.tensor(query_time).long(),
         )
 
+    @classmethod
+    def from_raw(
+        cls,
+        vocabulary: Union[IdVocabularies, Vocabulary, None],
+        item_ids: Sequence[Sequence[Any]],
+        timestamps: Optional[Sequence[Sequence[int]]] = None,
+        actions: Optional[Sequence[Sequence[int]]] = None,
+        contextual: Optional[Sequence[Sequence[float]]] = None,
+        query_time: Optional[Sequence[int]] = None,
+    ) -> Histories:
+        """From one list of raw item ids per user (the ids of the training data's event
+        log: integers or strings), mapped to the model's rows by ``vocabulary`` (a
+        session's ``vocabularies``, or its ``items``); the rest as :meth:`from_lists`.
+
+        Raises:
+            ValueError: an unknown raw id (naming the user, the position and the id), or
+                no vocabulary (None: a checkpoint without one).
+        """
+        rows = [r.tolist() for r in _raw_rows("item_ids", vocabulary, item_ids)]
+        return cls.from_lists(rows, timestamps, actions, contextual, query_time)
+
     @property
     def batch_size(self) -> int:
         """B, the number of users."""
@@ -320,6 +400,22 @@ class Candidates:
             ts = _cat(rows)
         lengths = torch.tensor([r.numel() for r in ids], dtype=torch.int64)
         return cls(_cat(ids), lengths, ts)
+
+    @classmethod
+    def from_raw(
+        cls,
+        vocabulary: Union[IdVocabularies, Vocabulary, None],
+        item_ids: Sequence[Sequence[Any]],
+        timestamps: Optional[Sequence[Sequence[int]]] = None,
+    ) -> Candidates:
+        """From one list of raw item ids per user, mapped by ``vocabulary`` (as
+        :meth:`Histories.from_raw`).
+
+        Raises:
+            ValueError: an unknown raw id (naming the user, the position and the id).
+        """
+        rows = [r.tolist() for r in _raw_rows("candidates", vocabulary, item_ids)]
+        return cls.from_lists(rows, timestamps)
 
     @classmethod
     def from_dense(cls, item_ids: torch.Tensor) -> Candidates:

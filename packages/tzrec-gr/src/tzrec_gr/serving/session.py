@@ -49,7 +49,7 @@ from tzrec_gr.features import (
     UIH_TIMESTAMPS,
 )
 from tzrec_gr.serving import _requests as req
-from tzrec_gr.serving._checkpoint import load_model
+from tzrec_gr.serving._checkpoint import check_vocabulary_fits, load_model
 from tzrec_gr.serving._graphs import (
     GraphPool,
     GraphSet,
@@ -62,6 +62,7 @@ from tzrec_gr.serving._users import UserIds, UserStore, longer_histories, user_l
 from tzrec_gr.serving.cache import ServingCache
 from tzrec_gr.serving.inputs import Candidates, Histories
 from tzrec_gr.serving.topk import TopK, catalogue_topk
+from tzrec_gr.vocabulary import IdVocabularies
 from tzrec_ops.jagged import host_copy, offsets_from_lengths, to_device
 
 __all__ = ["CHECKPOINT_FORMAT", "ServingSession"]
@@ -100,10 +101,22 @@ class ServingSession:
             Default: powers of two up to the model's ``max_targets``.
         max_graphs (int): the most graphs captured; later buckets run eager. Default: 32.
         chunk_size (int): catalogue items scored at a time by ``recommend``. Default: 65536.
+        vocabularies (IdVocabularies | None): the raw ids of the model's items (and of the
+            training data's users), which :meth:`from_checkpoint` reads from the checkpoint;
+            None: the session knows model ids only. Default: None.
+
+    Attributes:
+        vocabularies (IdVocabularies | None): as given (None: no raw ids known).
+
+    Ids: every call takes and returns the model's item ids (rows ``0..num_items-1``), the
+    fast path of tensors. Raw ids go through the vocabulary at the door:
+    ``Histories.from_raw(session.vocabularies, ...)``, ``Candidates.from_raw(...)`` and
+    ``top.raw_ids(session.vocabularies)``.
 
     Raises:
         TypeError: ``model`` is not one of the two models.
-        ValueError: a bad option (named).
+        ValueError: a bad option (named), or a vocabulary of another size than the
+            catalogue.
 
     Example::
 
@@ -127,6 +140,7 @@ class ServingSession:
         candidate_buckets: Optional[Sequence[int]] = None,
         max_graphs: int = 32,
         chunk_size: int = 65536,
+        vocabularies: Optional[IdVocabularies] = None,
     ) -> None:
         if not isinstance(model, (_models().HSTURetrieval, _models().HSTURanking)):
             raise TypeError(
@@ -142,6 +156,12 @@ class ServingSession:
         self.model = model.to(self.device).eval()
         self.kind = "retrieval" if isinstance(model, _models().HSTURetrieval) else "ranking"
         self.chunk_size = chunk_size
+        if vocabularies is not None and not isinstance(vocabularies, IdVocabularies):
+            raise TypeError(
+                f"vocabularies must be an IdVocabularies or None, got {type(vocabularies).__name__}"
+            )
+        check_vocabulary_fits(vocabularies, model, "vocabularies")
+        self.vocabularies = vocabularies
         self._users = UserStore(self.device)
         self._catalogue: Optional[torch.Tensor] = None
         self._graphs: Optional[GraphSet] = None
@@ -218,12 +238,16 @@ class ServingSession:
         backend: Optional[str] = None,
         **kwargs: Any,
     ) -> ServingSession:
-        """A session over the model of a tzrec-bench checkpoint (``best.pt``).
+        """A session over the model of a tzrec-bench checkpoint (``best.pt``), with the
+        checkpoint's id vocabularies (:attr:`vocabularies`; None for a file written before
+        checkpoints held them).
 
         Args:
-            path: a ``torch.save`` dict with ``format`` 1, ``model_config``
-                (``{"model": class name, "kwargs": constructor args}``) and ``model`` (the
-                state dict).
+            path: a run's folder (its ``best.pt``, else ``checkpoint.pt``:
+                :func:`~tzrec_gr.serving.resolve_checkpoint`) or a ``torch.save`` dict with
+                ``format`` 1, ``model_config`` (``{"model": class name, "kwargs":
+                constructor args}``), ``model`` (the state dict) and ``vocabulary``
+                (:class:`~tzrec_gr.vocabulary.IdVocabularies` state; optional).
             device: where to serve. Default: the CPU.
             backend: the ops backend to build the model with. Default: the saved one.
             **kwargs: the constructor's other options (``cuda_graphs``...).
@@ -232,8 +256,8 @@ class ServingSession:
             FileNotFoundError: no file at ``path``.
             ValueError: the file is not such a checkpoint, or its state dict does not fit.
         """
-        model = load_model(path, backend, CHECKPOINT_FORMAT)
-        return cls(model, device=device or "cpu", **kwargs)
+        model, vocabularies = load_model(path, backend, CHECKPOINT_FORMAT)
+        return cls(model, device=device or "cpu", vocabularies=vocabularies, **kwargs)
 
     # -- public API -----------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ the running one) picks the same items.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -45,6 +45,24 @@ class TopK(NamedTuple):
 
     ids: torch.Tensor
     scores: torch.Tensor
+
+    def raw_ids(self, vocabulary: Any) -> List[List[Any]]:
+        """The items as raw ids, one list per user, best first, without the ``-1`` slots
+        (one read of ``ids`` to the host).
+
+        Args:
+            vocabulary: the model's :class:`~tzrec_gr.vocabulary.IdVocabularies` (a
+                session's ``vocabularies``) or its items'
+                :class:`~tzrec_gr.vocabulary.Vocabulary`.
+        """
+        items = getattr(vocabulary, "items", vocabulary)
+        if vocabulary is None or not hasattr(items, "raw"):
+            raise ValueError(
+                "raw_ids needs the model's item vocabulary (a session's vocabularies); "
+                f"got {type(vocabulary).__name__}"
+            )
+        ids = self.ids.detach().cpu()
+        return [items.raw(row[row >= 0]) for row in ids]
 
 
 def _keys(scores: torch.Tensor, first_id: int) -> torch.Tensor:
