@@ -140,3 +140,42 @@ def test_bad_data_options_exit_2_naming_them(tmp_path, capsys):
     err = capsys.readouterr().err
     assert ("no column for user ('user_id'), item ('item_id'); its columns are uid, sku, ts, "
             "price (map them with --columns") in err
+
+
+def test_parquet_log_with_string_ids_trains_predicts_and_exports_by_raw_ids(tmp_path, capsys):
+    """The documented path of a user's own log: train on Parquet with string ids, evaluate,
+    predict the top 10 by raw ids (an unknown id is one bad row), export the run folder
+    with tzrec-acc, and predict from the package: the same raw ids."""
+    from tzrec_acc.cli import main as acc_main
+
+    table = _log(True)
+    data = WRITERS["parquet"](table, tmp_path / "data")
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    assert _train(data, run, cache) == 0
+    assert main(["evaluate", str(run), "--cache-dir", str(cache)]) == 0
+    histories = [
+        {"user_id": "user-100", "item_ids": ["sku-3", "sku-7", "sku-1"], "timestamps": [1, 2, 3]},
+        {"user_id": "user-101", "item_ids": ["sku-3", "no-such-sku"], "timestamps": [1, 2]},
+        {"user_id": "user-102", "item_ids": ["sku-49"], "timestamps": [5]},
+    ]
+    users = tmp_path / "users.parquet"
+    pq.write_table(pa.Table.from_pylist(histories), users)
+    top = tmp_path / "top10.parquet"
+    capsys.readouterr()
+    assert main(["predict", str(run), "--input", str(users), "--output", str(top), "--k", "10",
+                 "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "unknown item id 'no-such-sku'" in captured.err and "skipped row 2" in captured.err
+    got = pq.read_table(top).to_pylist()
+    assert [r["user_id"] for r in got] == ["user-100", "user-102"]
+    catalogue = set(table.column("sku").to_pylist())
+    assert all(len(r["item_ids"]) == 10 and set(r["item_ids"]) <= catalogue for r in got)
+
+    package = tmp_path / "model.pt2"
+    assert acc_main(["export", "--model", str(run), "--format", "fx", "--backend", "pytorch",
+                     "--output", str(package)]) == 0
+    from_package = tmp_path / "top10-package.parquet"
+    assert acc_main(["predict", str(package), "--input", str(users), "--output",
+                     str(from_package), "--k", "10", "--no-progress"]) == 0
+    assert [r["item_ids"] for r in pq.read_table(from_package).to_pylist()] == [
+        r["item_ids"] for r in got]
