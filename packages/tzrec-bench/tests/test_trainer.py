@@ -207,7 +207,7 @@ def test_ctrl_c_sets_a_flag_and_a_second_one_raises():
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before
-    with _deferred_interrupts(False) as interrupted:  # torchrun: Ctrl-C keeps its meaning
+    with _deferred_interrupts(False) as interrupted:  # off: Ctrl-C keeps its meaning
         assert signal.getsignal(signal.SIGINT) is before
 
 
@@ -331,11 +331,11 @@ def test_sharding_settings_out_of_range_name_their_option(tmp_path, overrides, m
 def test_sharding_without_torchrec_fails_before_training_naming_the_extra(tmp_path, monkeypatch):
     from tzrec_bench.train import sharding
 
-    def missing(module, extra, feature):
-        raise ImportError(f"{feature} needs the optional dependency {module}, which is not "
-                          f"installed: pip install '{extra}'")
+    def missing(feature):
+        raise ImportError(f"{feature} needs the optional dependency torchrec, which is not "
+                          "installed: pip install 'tzrec-bench[torchrec]'")
 
-    monkeypatch.setattr(sharding, "require", missing)
+    monkeypatch.setattr(sharding, "require_torchrec", missing)
     with pytest.raises(ConfigError, match=r"--sharding: --sharding torchrec needs .* "
                                           r"pip install 'tzrec-bench\[torchrec\]'"):
         train(_config(tmp_path, sharding="torchrec"))

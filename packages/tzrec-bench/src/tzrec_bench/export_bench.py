@@ -282,7 +282,7 @@ def _movielens(
             ("candidate.sequence_length", np.array([new])),
             ("candidate_timestamp.sequence", ratings.timestamps[cand]),
         ):
-            parts.setdefault(key, []).append(torch.from_numpy(np.asarray(value, np.int64)))
+            parts.setdefault(key, []).append(torch.tensor(value, dtype=torch.int64))  # a copy
         labels.append(torch.from_numpy(stars[cand] >= 4))
         if len(labels) == users:
             break

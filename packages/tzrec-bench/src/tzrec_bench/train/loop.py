@@ -320,7 +320,8 @@ class Trainer:
             f"tzrec-bench train: {c.model} on {c.data} ({self.task.describe()})\n"
             f"  {self.ctx.placement}, {backend_name(c)}, amp {amp}"
             f"{', training step under torch.compile' if c.compile else ''}\n"
-            f"  {self.total_steps} steps ({self.steps_per_epoch} per epoch of {c.batch_size} "
+            f"  {'at most ' if c.patience else ''}{self.total_steps} steps "
+            f"({self.steps_per_epoch} per epoch of {c.batch_size} "
             f"users), validation every {self.eval_every}, early stopping on {c.key_metric}"
             + "".join("\n" + line for line in (plan_lines(self.tables) if self.tables else ()))
         )
