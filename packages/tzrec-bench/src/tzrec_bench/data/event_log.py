@@ -24,15 +24,13 @@ Reading takes two passes over the files in record batches (no per-event Python l
 full in-memory copy): the first checks every value and collects the distinct users and
 items (their sorted ids become rows ``0..U-1`` and ``0..I-1``), the second writes each
 event's rows into temporary files; then the events are grouped by user with a counting sort
-into the entry's memory-mapped arrays, chunk by chunk, and sorted by time within each user.
-An optional k-core filter (``min_events``) first drops, repeatedly, the users and items
-with fewer than ``min_events`` events. Errors name the file, the row (the first data row is
-1) and the column.
+into the entry's memory-mapped arrays, chunk by chunk, and sorted by time within each user
+(:mod:`tzrec_bench.data.grouping`, with the optional k-core filter ``min_events``). Errors
+name the file, the row (the first data row is 1) and the column.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -44,8 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.dataset as pads
 
-from tzrec_bench.data.cache import seal
-from tzrec_bench.data.dataset import SequenceDataset
+from tzrec_bench.data.grouping import Spool, write_grouped
 from tzrec_bench.data.text_format import DataFormatError
 
 #: file suffix (before an optional .gz) -> format
@@ -55,7 +52,6 @@ FORMATS = {
 }
 TEXT_COLUMNS = ("user", "item", "time")
 BATCH_ROWS = 1 << 19  # rows per record batch read
-CHUNK = 1 << 20  # events per chunk when grouping (a few tens of MB of temporaries)
 _INT64 = np.iinfo(np.int64)
 
 
@@ -404,29 +400,6 @@ def _numpy_ids(ids: pa.Array) -> np.ndarray:
     return ids.to_numpy(zero_copy_only=False).astype(np.str_)
 
 
-class _Spool:
-    """A temporary file of one per-event column, appended to in order and read back in
-    chunks with plain file reads (nothing stays mapped)."""
-
-    def __init__(self, path: Path, dtype: type) -> None:
-        self.path, self.dtype = path, np.dtype(dtype)
-        self.length = 0
-        self._file = open(path, "wb")
-
-    def append(self, values: np.ndarray) -> None:
-        self._file.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
-        self.length += len(values)
-
-    def close(self) -> None:
-        self._file.close()
-
-    def chunks(self) -> Iterator[Tuple[int, np.ndarray]]:
-        with open(self.path, "rb") as f:
-            for start in range(0, self.length, CHUNK):
-                count = min(CHUNK, self.length - start)
-                yield start, np.fromfile(f, dtype=self.dtype, count=count)
-
-
 def _codes(array: pa.Array, vocabulary: pa.Array) -> np.ndarray:
     """Each id's row in the sorted ``vocabulary`` (every id is in it)."""
     if pa.types.is_integer(vocabulary.type):
@@ -483,13 +456,13 @@ def write_event_log(folder: Path, name: str, files: Sequence[Path], options: Rea
         events += file_events
     user_ids, item_ids = users.vocabulary(text_ids["user"]), items.vocabulary(text_ids["item"])
 
-    spools = {"user": _Spool(folder / "user.tmp", np.int64),
-              "item": _Spool(folder / "item.tmp", np.int64),
-              "time": _Spool(folder / "time.tmp", np.int64)}
+    spools = {"user": Spool(folder / "user.tmp", np.int64),
+              "item": Spool(folder / "item.tmp", np.int64),
+              "time": Spool(folder / "time.tmp", np.int64)}
     if has["rating"]:
-        spools["rating"] = _Spool(folder / "rating.tmp", np.float32)
+        spools["rating"] = Spool(folder / "rating.tmp", np.float32)
     if has["action"]:
-        spools["action"] = _Spool(folder / "action.tmp", np.int64)
+        spools["action"] = Spool(folder / "action.tmp", np.int64)
     for path in files:  # pass 2: each event's rows, in file order
         wanted = _wanted(columns, _format_of(path))
         for batch in _batches(path, columns):
@@ -510,127 +483,3 @@ def write_event_log(folder: Path, name: str, files: Sequence[Path], options: Rea
                    "columns": columns.text()})
     for spool in spools.values():
         spool.path.unlink()
-
-
-def write_sequences(folder: Path, ds: SequenceDataset, min_events: int,
-                    meta: Dict[str, object]) -> None:
-    """An in-memory data set (a named set's parse) as a cache entry, through the same
-    grouping and k-core filter as a log."""
-    spools = {"user": _Spool(folder / "user.tmp", np.int64),
-              "item": _Spool(folder / "item.tmp", np.int64),
-              "time": _Spool(folder / "time.tmp", np.int64)}
-    spools["user"].append(np.repeat(np.arange(ds.num_users, dtype=np.int64), ds.lengths))
-    spools["item"].append(ds.item_ids)
-    spools["time"].append(ds.timestamps)
-    for role, values, dtype in (("rating", ds.ratings, np.float32),
-                                ("action", ds.actions, np.int64)):
-        if values is not None:
-            spools[role] = _Spool(folder / f"{role}.tmp", dtype)
-            spools[role].append(values)
-    for spool in spools.values():
-        spool.close()
-    write_grouped(folder, ds.name, spools, np.asarray(ds.user_raw_ids),
-                  np.asarray(ds.item_raw_ids), min_events, meta)
-    for spool in spools.values():
-        spool.path.unlink()
-
-
-# -- grouping --------------------------------------------------------------------------------
-
-
-def _counts(spool: "_Spool", keep: np.ndarray, size: int) -> np.ndarray:
-    total = np.zeros(size, dtype=np.int64)
-    for start, codes in spool.chunks():
-        total += np.bincount(codes[keep[start:start + len(codes)]], minlength=size)
-    return total
-
-
-def _k_core(spools: Dict[str, "_Spool"], num_users: int, num_items: int,
-            min_events: int) -> np.ndarray:
-    """[N] bool: the events left once users and items with fewer than ``min_events`` events
-    are dropped, again and again until none is left to drop."""
-    keep = np.ones(spools["user"].length, dtype=bool)
-    while True:
-        few_users = _counts(spools["user"], keep, num_users) < min_events
-        few_items = _counts(spools["item"], keep, num_items) < min_events
-        dropped = 0
-        for (start, users), (_, items) in zip(spools["user"].chunks(),
-                                              spools["item"].chunks()):
-            part = keep[start:start + len(users)]
-            drop = part & (few_users[users] | few_items[items])
-            dropped += int(drop.sum())
-            part &= ~drop
-        if not dropped:
-            return keep
-
-
-def write_grouped(folder: Path, name: str, spools: Dict[str, "_Spool"], user_ids: np.ndarray,
-                  item_ids: np.ndarray, min_events: int, meta: Dict[str, object]) -> None:
-    """Groups the spooled events (file order) by user, sorted by time within each user
-    (stable: ties keep the file order), into the entry's ``.npy`` arrays, then seals it."""
-    keep = (_k_core(spools, len(user_ids), len(item_ids), min_events) if min_events > 1
-            else np.ones(spools["user"].length, dtype=bool))
-    user_counts = _counts(spools["user"], keep, len(user_ids))
-    item_counts = _counts(spools["item"], keep, len(item_ids))
-    user_kept, item_kept = user_counts > 0, item_counts > 0
-    if not user_kept.any():
-        raise DataFormatError(f"{meta['source']}: no events left after the k-core filter "
-                              f"(--min-events {min_events})")
-    user_row = np.cumsum(user_kept) - 1
-    item_row = np.cumsum(item_kept) - 1
-    offsets = np.concatenate([[0], np.cumsum(user_counts[user_kept])]).astype(np.int64)
-    total = int(offsets[-1])
-    np.save(folder / "offsets.npy", offsets)
-    np.save(folder / "users.npy", user_ids[user_kept])
-    np.save(folder / "items.npy", item_ids[item_kept])
-    dtypes = {"item": np.int64, "time": np.int64, "rating": np.float32, "action": np.int64}
-    files = {"item": "item_ids", "time": "timestamps", "rating": "ratings", "action": "actions"}
-    out = {role: np.lib.format.open_memmap(folder / f"{files[role]}.npy", mode="w+",
-                                           dtype=dtypes[role], shape=(total,))
-           for role in files if role in spools}
-    cursor = offsets[:-1].copy()
-    readers = {role: spools[role].chunks() for role in out}
-    for start, users in spools["user"].chunks():
-        part = keep[start:start + len(users)]
-        rows = user_row[users[part]]
-        order = np.argsort(rows, kind="stable")
-        rows = rows[order]
-        firsts = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]]))
-        sizes = np.diff(np.append(firsts, len(rows)))
-        dest = cursor[rows] + np.arange(len(rows)) - np.repeat(firsts, sizes)
-        cursor[rows[firsts]] += sizes
-        for role, reader in readers.items():
-            values = next(reader)[1][part][order]
-            out[role][dest] = item_row[values] if role == "item" else values
-    _sort_by_time(offsets, out)
-    for array in out.values():
-        array.flush()
-    del out
-    seal(folder, {"name": name, "num_items": int(item_kept.sum()), **meta})
-
-
-def _sort_by_time(offsets: np.ndarray, out: Dict[str, np.ndarray]) -> None:
-    """Sorts each user's events by time, stably, a chunk of users at a time."""
-    times = out["time"]
-    first = 0
-    num_users = len(offsets) - 1
-    while first < num_users:
-        last = max(int(np.searchsorted(offsets, offsets[first] + CHUNK, side="right")) - 1,
-                   first + 1)
-        last = min(last, num_users)
-        a, b = int(offsets[first]), int(offsets[last])
-        lengths = np.diff(offsets[first:last + 1])
-        steps = np.diff(times[a:b])
-        boundaries = (np.cumsum(lengths)[:-1] - 1)
-        steps[boundaries[(boundaries >= 0) & (boundaries < len(steps))]] = 0
-        if np.any(steps < 0):
-            row = np.repeat(np.arange(last - first), lengths)
-            order = np.lexsort((times[a:b], row))
-            for array in out.values():
-                array[a:b] = array[a:b][order]
-        first = last
-
-
-def options_key(options: ReadOptions) -> str:
-    """The reading options as text, for the cache key."""
-    return json.dumps({"columns": options.columns.text(), "min_events": options.min_events})

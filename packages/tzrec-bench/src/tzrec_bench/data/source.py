@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import List, Sequence
 
 from tzrec_bench.data.dataset import SequenceDataset
-from tzrec_bench.data.event_log import ReadOptions, write_sequences
+from tzrec_bench.data.event_log import ReadOptions
+from tzrec_bench.data.grouping import write_sequences
 
 
 class Source(abc.ABC):
