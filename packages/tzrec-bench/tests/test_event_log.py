@@ -13,6 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tzrec_bench.data import DataFormatError, leave_one_out, load_dataset
 from tzrec_bench.data.event_log import Columns
@@ -202,3 +204,42 @@ def test_amazon_games_matches_its_published_counts(tmp_path):
     assert ds.user_raw_ids.tolist() == list(range(1, 31014))
     assert ds.item_raw_ids[ds.sequence(0)][:3].tolist() == [6393, 13504, 14087]  # file order
     assert len(leave_one_out(ds).test) == 30901  # SOURCE.md: 112 users have under 3 actions
+
+
+@settings(max_examples=25, deadline=None)
+@given(events=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 9), st.integers(0, 4)),
+                       min_size=1, max_size=60),
+       chunk=st.integers(1, 7), min_events=st.sampled_from([0, 2, 3]))
+def test_chunked_grouping_matches_a_stable_sort(tmp_path_factory, events, chunk, min_events):
+    """Any log, any chunk size: rows are the users' events stably sorted by time (file order
+    on ties), after the k-core filter computed the plain way."""
+    import tzrec_bench.data.grouping as grouping
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(grouping, "CHUNK", chunk)
+        _check_grouping(tmp_path_factory.mktemp("log"), events, min_events)
+
+
+def _check_grouping(tmp, events, min_events):
+    path = _write_csv(tmp / "log.csv", "user_id,item_id,timestamp",
+                      [(f"u{u}", i, t) for u, i, t in events])
+    kept = list(events)
+    while min_events > 1:  # the k-core, by counting
+        users = {u: sum(e[0] == u for e in kept) for u, _, _ in kept}
+        items = {i: sum(e[1] == i for e in kept) for _, i, _ in kept}
+        left = [e for e in kept if users[e[0]] >= min_events and items[e[1]] >= min_events]
+        if left == kept:
+            break
+        kept = left
+    if not kept:
+        with pytest.raises(DataFormatError, match="no events left after the k-core filter"):
+            _load(path, tmp, min_events=min_events)
+        return
+    ds = _load(path, tmp, min_events=min_events)
+    expected = {}
+    for u, i, t in sorted(kept, key=lambda e: (f"u{e[0]}", e[2])):  # stable: file order
+        expected.setdefault(f"u{u}", []).append((i, t))
+    got = {ds.user_raw_ids[r].item(): [(ds.item_raw_ids[i].item(), int(t)) for i, t in zip(
+        ds.sequence(r), ds.timestamps[ds.offsets[r]:ds.offsets[r + 1]])]
+        for r in range(ds.num_users)}
+    assert got == expected

@@ -21,6 +21,7 @@ import numpy as np
 from tzrec_gr.vocabulary import IdVocabularies, Vocabulary
 
 Rows = Union[Sequence[int], np.ndarray]
+_CHECK_CHUNK = 1 << 22  # events checked at once
 
 
 def segment_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -103,11 +104,16 @@ class SequenceDataset:
                 f"item_ids must lie in [0, {self.num_items}); got "
                 f"[{self.item_ids.min()}, {self.item_ids.max()}]"
             )
-        steps = np.diff(self.timestamps)
         row_starts = offsets[1:-1]
-        steps[row_starts[(row_starts > 0) & (row_starts < n)] - 1] = 0  # across rows: any order
-        if np.any(steps < 0):
-            raise ValueError("timestamps must be non-decreasing within each row")
+        # in chunks: a memory-mapped data set is checked without an [N] temporary
+        for start in range(0, max(n - 1, 0), _CHECK_CHUNK):
+            stop = min(start + _CHECK_CHUNK + 1, n)  # the pairs (p, p + 1), start <= p < stop - 1
+            steps = np.diff(self.timestamps[start:stop])
+            first = np.searchsorted(row_starts, start + 1, side="left")
+            last = np.searchsorted(row_starts, stop - 1, side="right")
+            steps[row_starts[first:last] - 1 - start] = 0  # across rows: any order
+            if np.any(steps < 0):
+                raise ValueError("timestamps must be non-decreasing within each row")
 
     @classmethod
     def from_events(

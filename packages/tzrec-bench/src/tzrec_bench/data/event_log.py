@@ -51,7 +51,7 @@ FORMATS = {
     ".ndjson": "json", ".json": "json", ".txt": "text",
 }
 TEXT_COLUMNS = ("user", "item", "time")
-BATCH_ROWS = 1 << 19  # rows per record batch read
+BATCH_ROWS = 1 << 20  # rows per record batch read
 _INT64 = np.iinfo(np.int64)
 
 
@@ -368,6 +368,7 @@ class _IdCollector:
         self.first_path: Optional[Path] = None
         self.parts: List[pa.Array] = []
         self.size = 0
+        self._merge_at = 4 * BATCH_ROWS
 
     def add(self, batch: _Batch, array: pa.Array) -> None:
         kind = "int" if pa.types.is_integer(array.type) else "str"
@@ -380,9 +381,12 @@ class _IdCollector:
             )
         self.parts.append(pc.unique(array))
         self.size += len(self.parts[-1])
-        if self.size > 4 * BATCH_ROWS and len(self.parts) > 1:  # keep the lists short
+        if self.size > self._merge_at and len(self.parts) > 1:  # keep the lists short
             self.parts = [pc.unique(pa.concat_arrays(self.parts))]
             self.size = len(self.parts[0])
+            # merge again once as many ids again have piled up: each id is merged a
+            # bounded number of times on average, however many batches repeat it
+            self._merge_at = max(self._merge_at, 3 * self.size)
 
     def vocabulary(self, text_ids: bool) -> pa.Array:
         """The sorted distinct ids: integers, strings, or (``text_ids``: read as text from

@@ -125,15 +125,18 @@ def write_grouped(folder: Path, name: str, spools: Dict[str, Spool], user_ids: n
     readers = {role: spools[role].chunks() for role in out}
     for start, users in spools["user"].chunks():
         part = keep[start:start + len(users)]
+        columns = {role: next(reader)[1] for role, reader in readers.items()}  # in lockstep
         rows = user_row[users[part]]
+        if not len(rows):  # every event of this chunk was filtered out
+            continue
         order = np.argsort(rows, kind="stable")
         rows = rows[order]
         firsts = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]]))
         sizes = np.diff(np.append(firsts, len(rows)))
         dest = cursor[rows] + np.arange(len(rows)) - np.repeat(firsts, sizes)
         cursor[rows[firsts]] += sizes
-        for role, reader in readers.items():
-            values = next(reader)[1][part][order]
+        for role, values in columns.items():
+            values = values[part][order]
             out[role][dest] = item_row[values] if role == "item" else values
     _sort_by_time(offsets, out)
     for array in out.values():
