@@ -112,20 +112,30 @@ def write_grouped(folder: Path, name: str, spools: Dict[str, Spool], user_ids: n
     user_row = np.cumsum(user_kept) - 1
     item_row = np.cumsum(item_kept) - 1
     offsets = np.concatenate([[0], np.cumsum(user_counts[user_kept])]).astype(np.int64)
-    total = int(offsets[-1])
     np.save(folder / "offsets.npy", offsets)
     np.save(folder / "users.npy", user_ids[user_kept])
     np.save(folder / "items.npy", item_ids[item_kept])
-    dtypes = {"item": np.int64, "time": np.int64, "rating": np.float32, "action": np.int64}
-    files = {"item": "item_ids", "time": "timestamps", "rating": "ratings", "action": "actions"}
-    out = {role: np.lib.format.open_memmap(folder / f"{files[role]}.npy", mode="w+",
-                                           dtype=dtypes[role], shape=(total,))
-           for role in files if role in spools}
+    paths = {role: folder / f"{name}.npy" for role, name in (
+        ("item", "item_ids"), ("time", "timestamps"), ("rating", "ratings"),
+        ("action", "actions")) if role in spools}
+    placed = Spool(folder / "placed.tmp", np.int64)
+    _place_first(spools, keep, user_row, offsets, placed, paths["item"], item_row)
+    placed.close()
+    for role in paths.keys() - {"item"}:  # one output mapped at a time: half the pages
+        _place(spools[role], keep, placed, paths[role])
+    placed.path.unlink()
+    _sort_by_time(offsets, paths)
+    seal(folder, {"name": name, "num_items": int(item_kept.sum()), **meta})
+
+
+def _place_first(spools: Dict[str, Spool], keep: np.ndarray, user_row: np.ndarray,
+                 offsets: np.ndarray, placed: Spool, path: Path, item_row: np.ndarray) -> None:
+    """The counting sort: each kept event's place in the grouped arrays (spooled to
+    ``placed``, in file order), and the item column written there."""
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.int64, shape=(int(offsets[-1]),))
     cursor = offsets[:-1].copy()
-    readers = {role: spools[role].chunks() for role in out}
-    for start, users in spools["user"].chunks():
+    for (start, users), (_, items) in zip(spools["user"].chunks(), spools["item"].chunks()):
         part = keep[start:start + len(users)]
-        columns = {role: next(reader)[1] for role, reader in readers.items()}  # in lockstep
         rows = user_row[users[part]]
         if not len(rows):  # every event of this chunk was filtered out
             continue
@@ -133,21 +143,30 @@ def write_grouped(folder: Path, name: str, spools: Dict[str, Spool], user_ids: n
         rows = rows[order]
         firsts = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]]))
         sizes = np.diff(np.append(firsts, len(rows)))
-        dest = cursor[rows] + np.arange(len(rows)) - np.repeat(firsts, sizes)
+        where = np.empty(len(rows), dtype=np.int64)
+        where[order] = cursor[rows] + np.arange(len(rows)) - np.repeat(firsts, sizes)
         cursor[rows[firsts]] += sizes
-        for role, values in columns.items():
-            values = values[part][order]
-            out[role][dest] = item_row[values] if role == "item" else values
-    _sort_by_time(offsets, out)
-    for array in out.values():
-        array.flush()
-    del out
-    seal(folder, {"name": name, "num_items": int(item_kept.sum()), **meta})
+        placed.append(where)
+        out[where] = item_row[items[part]]
+    out.flush()
 
 
-def _sort_by_time(offsets: np.ndarray, out: Dict[str, np.ndarray]) -> None:
-    """Sorts each user's events by time, stably, a chunk of users at a time."""
-    times = out["time"]
+def _place(spool: Spool, keep: np.ndarray, placed: Spool, path: Path) -> None:
+    """Another column written at the places :func:`_place_first` found."""
+    length = int(np.count_nonzero(keep))
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=spool.dtype, shape=(length,))
+    with open(placed.path, "rb") as places:
+        for start, values in spool.chunks():
+            part = keep[start:start + len(values)]
+            out[np.fromfile(places, dtype=np.int64, count=int(part.sum()))] = values[part]
+    out.flush()
+
+
+def _sort_by_time(offsets: np.ndarray, paths: Dict[str, Path]) -> None:
+    """Sorts each user's events by time, stably, a chunk of users at a time; the columns
+    are mapped for writing only when some user's events are out of order."""
+    times = np.load(paths["time"], mmap_mode="r")
+    columns: Dict[str, np.ndarray] = {}
     first = 0
     num_users = len(offsets) - 1
     while first < num_users:
@@ -160,8 +179,12 @@ def _sort_by_time(offsets: np.ndarray, out: Dict[str, np.ndarray]) -> None:
         boundaries = (np.cumsum(lengths)[:-1] - 1)
         steps[boundaries[(boundaries >= 0) & (boundaries < len(steps))]] = 0
         if np.any(steps < 0):
+            if not columns:
+                columns = {role: np.load(path, mmap_mode="r+") for role, path in paths.items()}
             row = np.repeat(np.arange(last - first), lengths)
-            order = np.lexsort((times[a:b], row))
-            for array in out.values():
+            order = np.lexsort((columns["time"][a:b], row))
+            for array in columns.values():
                 array[a:b] = array[a:b][order]
         first = last
+    for array in columns.values():
+        array.flush()
