@@ -68,7 +68,6 @@ and either skipped and counted (``on_error="skip"``) or raised as a :class:`BadR
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import os
 import pathlib
@@ -82,13 +81,13 @@ from typing import (
     Optional,
     Protocol,
     Sequence,
-    TextIO,
     Tuple,
     Union,
 )
 
 import torch
 
+from tzrec_gr.serving._output import Writer
 from tzrec_gr.serving._rows import (
     INPUT_FORMATS,
     BadRowError,
@@ -299,100 +298,6 @@ def _score(
     return out
 
 
-class _Writer:
-    """Rows to a CSV or Parquet file, under a temporary name until :meth:`commit`."""
-
-    def __init__(
-        self,
-        path: pathlib.Path,
-        fmt: str,
-        columns: Sequence[Tuple[str, str]],
-        item_kind: str = "int",
-    ) -> None:
-        self.path = path
-        self.tmp = path.with_name(f".{path.name}.partial")
-        self.fmt = fmt
-        self.columns = list(columns)  # (name, "id" | "items" | "floats")
-        self.item_kind = item_kind  # "int" or "str": the type of the "items" columns' ids
-        self._csv: Optional[Any] = None
-        self._file: Optional[TextIO] = None
-        self._parquet: Optional[Any] = None
-        self._id_type: Optional[str] = None
-        if fmt == "csv":
-            self._file = open(self.tmp, "w", newline="")
-            self._csv = csv.writer(self._file)
-            self._csv.writerow([name for name, _ in self.columns])
-
-    def write(self, rows: List[Dict[str, Any]]) -> None:
-        if not rows:
-            return
-        if self._csv is not None:
-            for r in rows:
-                self._csv.writerow([_cell(r[name], kind) for name, kind in self.columns])
-            return
-        pa = require("pyarrow", "pyarrow", "writing Parquet (--output *.parquet)")
-        pq = require("pyarrow.parquet", "pyarrow", "writing Parquet (--output *.parquet)")
-        if self._id_type is None:
-            ints = all(
-                isinstance(r["user_id"], int) and not isinstance(r["user_id"], bool) for r in rows
-            )
-            self._id_type = "int" if ints else "str"
-        types = {
-            **self._list_types(pa),
-            "id": pa.int64() if self._id_type == "int" else pa.string(),
-        }
-        schema = pa.schema([(name, types[kind]) for name, kind in self.columns])
-        data = {}
-        for name, kind in self.columns:
-            values = [r[name] for r in rows]
-            if kind == "id" and self._id_type == "str":
-                values = [str(v) for v in values]
-            data[name] = values
-        try:
-            table = pa.Table.from_pydict(data, schema=schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
-            raise PredictError(
-                f"--output {self.path}: user_id must keep one type across the file ({exc})"
-            ) from exc
-        if self._parquet is None:
-            self._parquet = pq.ParquetWriter(str(self.tmp), schema)
-        self._parquet.write_table(table)
-
-    def commit(self) -> None:
-        self._close()
-        if self.fmt == "parquet" and not self.tmp.exists():  # no row: an empty table
-            pa = require("pyarrow", "pyarrow", "writing Parquet")
-            pq = require("pyarrow.parquet", "pyarrow", "writing Parquet")
-            types = {**self._list_types(pa), "id": pa.string()}
-            schema = pa.schema([(name, types[kind]) for name, kind in self.columns])
-            pq.write_table(schema.empty_table(), str(self.tmp))
-        os.replace(self.tmp, self.path)
-
-    def _list_types(self, pa: Any) -> Dict[str, Any]:
-        items = pa.int64() if self.item_kind == "int" else pa.string()
-        return {"items": pa.list_(items), "floats": pa.list_(pa.float32())}
-
-    def abort(self) -> None:
-        self._close()
-        self.tmp.unlink(missing_ok=True)
-
-    def _close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._parquet is not None:
-            self._parquet.close()
-            self._parquet = None
-
-
-def _cell(value: Any, kind: str) -> str:
-    if kind == "items":
-        return " ".join(str(v) for v in value)
-    if kind == "floats":
-        return " ".join(repr(float(v)) for v in value)
-    return str(value)
-
-
 @dataclasses.dataclass
 class PredictSummary:
     """What :func:`predict_file` did.
@@ -511,7 +416,7 @@ def predict_file(
         columns += [(task, "floats") for task in limits.tasks]
     summary = PredictSummary()
     start = time.perf_counter()
-    writer = _Writer(output, fmt, columns, "int" if items is None else items.kind)
+    writer = Writer(output, fmt, columns, "int" if items is None else items.kind)
     bar = _progress(total, progress)
     batch: List[Row] = []
 
