@@ -243,3 +243,15 @@ def _check_grouping(tmp, events, min_events):
         ds.sequence(r), ds.timestamps[ds.offsets[r]:ds.offsets[r + 1]])]
         for r in range(ds.num_users)}
     assert got == expected
+
+
+def test_files_that_disagree_on_time_or_hold_no_event_are_named(tmp_path):
+    folder = tmp_path / "log"
+    _write_csv(folder / "0.csv", "user_id,item_id,timestamp", [("a", "x", 1)])
+    _write_csv(folder / "1.csv", "user_id,item_id", [("b", "y")])
+    with pytest.raises(DataFormatError, match=r"1.csv: lacks the time column that the files "
+                                              "before it have"):
+        _load(folder, tmp_path)
+    empty = _write_csv(tmp_path / "empty.csv", "user_id,item_id", [])
+    with pytest.raises(DataFormatError, match=r"empty.csv: no events"):
+        _load(empty, tmp_path)

@@ -81,3 +81,14 @@ def test_train_and_evaluate_report_both_protocols(tmp_path, capsys):
               "--out-dir", str(tmp_path / "ranking")])
     assert "--eval-negatives: the sampled protocol ranks retrieval targets" in (
         capsys.readouterr().err)
+
+
+def test_settings_that_the_options_do_not_apply_to_are_refused():
+    from tzrec_bench.train.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match=r"^--eval-negatives: not with --sharding torchrec"):
+        TrainConfig(eval_negatives=100, sharding="torchrec").check()
+    with pytest.raises(ConfigError, match=r"^--min-events: the synthetic data set is generated"):
+        TrainConfig(min_events=5).check()
+    with pytest.raises(ConfigError, match=r"^--columns: ml-100k has its own format"):
+        TrainConfig(data="ml-100k", columns="user=u").check()
