@@ -76,6 +76,7 @@ from tzrec_bench.train.sharding import (
     plan_lines,
 )
 from tzrec_bench.train.task import Batch, Task, amp_dtype, autocast
+from tzrec_gr.serving import resolve_checkpoint
 from tzrec_gr.vocabulary import VOCABULARY_KEY
 from tzrec_ops.registry import resolve_backend
 
@@ -702,15 +703,6 @@ def train(config: TrainConfig) -> RunResult:
         return Trainer(config, ctx).run()
     finally:
         close(ctx)
-
-
-def resolve_checkpoint(path: Union[str, Path]) -> Path:
-    """A checkpoint file, or a run's folder (its ``best.pt``, else ``checkpoint.pt``)."""
-    path = Path(path)
-    if path.is_dir():
-        best = path / checkpoint.BEST
-        return best if best.exists() else path / checkpoint.CHECKPOINT
-    return path
 
 
 def evaluate(
