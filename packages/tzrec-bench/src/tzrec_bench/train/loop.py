@@ -593,7 +593,7 @@ class Trainer:
                 elapsed = time.perf_counter() - started
                 train_seconds += elapsed
                 window_seconds += elapsed
-                batch_tokens = self.task.tokens(rows)
+                batch_tokens = self.task.tokens(rows, self.step - 1)
                 tokens += batch_tokens
                 window_tokens += batch_tokens
                 window_samples += len(rows)

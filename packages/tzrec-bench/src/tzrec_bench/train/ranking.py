@@ -7,9 +7,12 @@ rating of 4 or more, LIKE for 5, HATE for 1 or less. The tasks are those of ``cl
 (on MovieLens and the synthetic set every event is a click, so the tasks are like and
 long_view).
 
-- Training: each training history's last ``num_candidates`` events (fewer for short
-  histories, which keep at least one event of history) are the candidates; the events
-  before them, cut to the last ``max_seq_len``, are the history with its action bits.
+- Training: each step, each user's candidates are a window of ``num_candidates``
+  consecutive events of its training history (fewer for short histories), placed at a
+  random position after at least one event of history; the events before the window, cut
+  to the last ``max_seq_len``, are the history with its action bits. The position is drawn
+  per (seed, step, user), so every event is a candidate over the epochs, not only each
+  user's last few: on MovieLens-100K that is 12 times the labels of the last 8 events.
 - Evaluation: one candidate per user, the held-out event (leave-one-out), after its history.
 """
 
@@ -75,6 +78,21 @@ def varying_tasks(actions: np.ndarray) -> Dict[str, int]:
     return tasks
 
 
+def _unit_floats(seed: int, step: int, rows: np.ndarray) -> np.ndarray:
+    """One float in [0, 1) per row, a hash of (seed, step, row) (splitmix64's finaliser):
+    the same for a row on any rank and in any batch, with no state to carry."""
+    with np.errstate(over="ignore"):
+        x = (np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
+             + np.uint64(step) * np.uint64(0xBF58476D1CE4E5B9)
+             + rows.astype(np.uint64) * np.uint64(0x94D049BB133111EB))
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
 class RankingTask:
     """See the module docstring; the interface is :class:`~tzrec_bench.train.task.Task`."""
 
@@ -95,19 +113,27 @@ class RankingTask:
         lengths = self.split.train.lengths
         self.train_rows = np.flatnonzero(lengths >= 2)  # a candidate needs a history
         self._candidates = np.clip(lengths - 1, 0, config.num_candidates)
-        self._history = np.minimum(lengths - self._candidates, config.max_seq_len)
         self._amp = amp_dtype(config, ctx.device)
 
     def loss_terms(self, rows: np.ndarray) -> int:
         return int(self._candidates[rows].sum())
 
-    def tokens(self, rows: np.ndarray) -> int:
-        return int((self._history[rows] + self._candidates[rows]).sum())
+    def tokens(self, rows: np.ndarray, step: int) -> int:
+        return int((self._windows(rows, step)[1] + self._candidates[rows]).sum())
+
+    def _windows(self, rows: np.ndarray, step: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(first candidate's offset in the user's row, history length) at ``step``."""
+        lengths, candidates = self.split.train.lengths[rows], self._candidates[rows]
+        # uniform over [1, length - candidates]: at least one event of history before it
+        starts = 1 + (_unit_floats(self.config.seed, step, rows)
+                      * (lengths - candidates)).astype(np.int64)
+        return starts, np.minimum(starts, self.config.max_seq_len)
 
     def batch(self, rows: np.ndarray, step: int) -> Batch:
         train = self.split.train
-        candidates, history = self._candidates[rows], self._history[rows]
-        cand_starts = train.offsets[rows + 1] - candidates
+        starts, history = self._windows(rows, step)
+        candidates = self._candidates[rows]
+        cand_starts = train.offsets[rows] + starts
         return self._features(
             train, cand_starts - history, history,
             train, segment_index(cand_starts, candidates), candidates,

@@ -80,7 +80,7 @@ class RetrievalTask:
     def loss_terms(self, rows: np.ndarray) -> int:
         return int(np.maximum(self._kept[rows] - 1, 0).sum())
 
-    def tokens(self, rows: np.ndarray) -> int:
+    def tokens(self, rows: np.ndarray, step: int) -> int:
         return int(self._kept[rows].sum())
 
     def batch(self, rows: np.ndarray, step: int) -> Batch:

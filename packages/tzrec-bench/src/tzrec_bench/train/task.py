@@ -35,8 +35,8 @@ class Task(Protocol):
         """How many terms the loss of ``rows`` averages (tokens with a next item, or
         candidates): computed on the host from lengths, with no device read."""
 
-    def tokens(self, rows: np.ndarray) -> int:
-        """Tokens the model reads for ``rows`` (for throughput)."""
+    def tokens(self, rows: np.ndarray, step: int) -> int:
+        """Tokens the model reads for ``rows`` at step ``step`` (for throughput)."""
 
     def batch(self, rows: np.ndarray, step: int) -> Batch:
         """The device inputs of the loss for ``rows`` at optimizer step ``step``."""
