@@ -18,9 +18,10 @@ import torch
 from torch._dynamo.utils import counters
 
 from tzrec_bench.cli import main
-from tzrec_bench.train import checkpoint, loop
+from tzrec_bench.train import checkpoint, validation
 from tzrec_bench.train.config import ConfigError, TrainConfig
-from tzrec_bench.train.loop import _adamw, _load_optimizer_state, evaluate, train
+from tzrec_bench.train.loop import evaluate, train
+from tzrec_bench.train.strategies import adamw, load_optimizer_state
 
 # test_trainer.py's tiny run: about a second per eager run on two CPU cores
 TINY = dict(
@@ -109,15 +110,15 @@ def test_compile_refuses_runs_it_cannot_compile_before_training(tmp_path, overri
 
 @pytest.mark.parametrize("model", ["hstu-retrieval", "hstu-ranking"])
 def test_compile_refuses_dropout_in_the_gpu_kernels(tmp_path, monkeypatch, model):
-    monkeypatch.setattr(loop, "pick_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(validation, "pick_device", lambda name: torch.device("cuda"))
     with pytest.raises(ConfigError, match=r"--compile: not supported with dropout in the GPU "
                                           r"kernels \(--dropout 0.2\).*expected --dropout 0"):
         train(_config(tmp_path / "run", model=model, max_steps=2, compile=True, dropout=0.2))
     assert not (tmp_path / "run").exists()
     # on the CPU (the pytorch backend) and without dropout, nothing is refused
-    loop.check_compile(_config(tmp_path, model=model, compile=True, dropout=0.2),
+    validation.validate(_config(tmp_path, model=model, compile=True, dropout=0.2),
                        torch.device("cpu"))
-    loop.check_compile(_config(tmp_path, model=model, compile=True, dropout=0.0),
+    validation.validate(_config(tmp_path, model=model, compile=True, dropout=0.0),
                        torch.device("cuda"))
 
 
@@ -143,7 +144,7 @@ def test_optimizer_state_loads_keeping_the_built_implementation(saved_fused):
     loaded optimizer keeps its own implementation (``load_state_dict`` alone would take
     the saved one's), and the two continue alike within rounding."""
     config = TrainConfig(lr=1e-2)
-    built = _adamw([torch.zeros(3, requires_grad=True)], config)
+    built = adamw([torch.zeros(3, requires_grad=True)], config)
     assert built.defaults["fused"] is None  # CPU parameters: torch's default, foreach
 
     def make(fused):
@@ -159,7 +160,7 @@ def test_optimizer_state_loads_keeping_the_built_implementation(saved_fused):
     other_params, loading = make(not saved_fused)
     with torch.no_grad():
         other_params[0].copy_(params[0])
-    _load_optimizer_state(loading, state)
+    load_optimizer_state(loading, state)
     group = loading.param_groups[0]
     assert group["fused"] == (None if saved_fused else True)
     step = loading.state[other_params[0]]["step"]

@@ -15,7 +15,8 @@ import torch
 
 from tzrec_bench.train import checkpoint
 from tzrec_bench.train.config import ConfigError, TrainConfig
-from tzrec_bench.train.loop import _deferred_interrupts, evaluate, train
+from tzrec_bench.train.interrupts import deferred_interrupts
+from tzrec_bench.train.loop import evaluate, train
 from tzrec_bench.train.metrics import NonFiniteError
 from tzrec_bench.train.retrieval import RetrievalTask, step_negatives
 
@@ -200,14 +201,14 @@ def test_the_plot_marks_the_step_of_the_best_weights(tmp_path, monkeypatch):
 
 def test_ctrl_c_sets_a_flag_and_a_second_one_raises():
     before = signal.getsignal(signal.SIGINT)
-    with _deferred_interrupts(True) as interrupted:
+    with deferred_interrupts(True) as interrupted:
         assert interrupted == [False]
         signal.raise_signal(signal.SIGINT)
         assert interrupted == [True]
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before
-    with _deferred_interrupts(False) as interrupted:  # off: Ctrl-C keeps its meaning
+    with deferred_interrupts(False) as interrupted:  # off: Ctrl-C keeps its meaning
         assert signal.getsignal(signal.SIGINT) is before
 
 
@@ -329,13 +330,13 @@ def test_sharding_settings_out_of_range_name_their_option(tmp_path, overrides, m
 
 
 def test_sharding_without_torchrec_fails_before_training_naming_the_extra(tmp_path, monkeypatch):
-    from tzrec_bench.train import sharding
+    from tzrec_bench.train import validation
 
     def missing(feature):
         raise ImportError(f"{feature} needs the optional dependency torchrec, which is not "
                           "installed: pip install 'tzrec-bench[torchrec]'")
 
-    monkeypatch.setattr(sharding, "require_torchrec", missing)
+    monkeypatch.setattr(validation, "require_torchrec", missing)
     with pytest.raises(ConfigError, match=r"--sharding: --sharding torchrec needs .* "
                                           r"pip install 'tzrec-bench\[torchrec\]'"):
         train(_config(tmp_path, sharding="torchrec"))

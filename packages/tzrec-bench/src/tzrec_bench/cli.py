@@ -500,7 +500,7 @@ def _interrupted_message(exc: KeyboardInterrupt, argv: Optional[Sequence[str]]) 
     """What Ctrl-C left behind, and the command that continues a training run: under
     torchrun (``WORLD_SIZE`` above 1) a torchrun command with this run's processes per node,
     e.g. ``torchrun --standalone --nproc-per-node 2 -m tzrec_bench train ... --resume``."""
-    from tzrec_bench.train.loop import Interrupted
+    from tzrec_bench.train.interrupts import Interrupted
 
     if not isinstance(exc, Interrupted) or exc.checkpoint is None:
         return "tzrec-bench: interrupted"

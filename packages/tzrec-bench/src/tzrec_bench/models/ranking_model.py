@@ -108,7 +108,7 @@ def _train_setup(provider: str, args, device, autocast_on_cpu: bool = False):
     autocast context (bf16 on a GPU, and on the CPU with ``autocast_on_cpu``): histories
     U[0.9 N, N) and U[1, max_targets] candidates per user."""
     model = build_model(provider, args, device).train()
-    # one fused kernel per parameter group on a GPU, as the trainer steps (train/loop.py)
+    # one fused kernel per parameter group on a GPU, as the trainer steps (train/strategies.py)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=1e-4, fused=True if device.type == "cuda" else None
     )

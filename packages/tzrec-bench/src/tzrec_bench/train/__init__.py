@@ -1,8 +1,14 @@
 """Training and evaluation harness.
 
 - :mod:`~tzrec_bench.train.loop`: ``train(config)`` and ``evaluate(path)`` (the CLI's
-  subcommands), the loop and its checkpoints;
+  subcommands) and the gradient loop, ``Trainer``;
+- :mod:`~tzrec_bench.train.run`: what every run shares (validation, checkpoint.pt, the test
+  split, the report); :mod:`~tzrec_bench.train.fitted`: the count baselines' run;
+- :mod:`~tzrec_bench.train.strategies`: ``Replicated`` and ``Sharded``, where the weights
+  live (``--sharding``); :mod:`~tzrec_bench.train.sharding`: torchrec's side of ``Sharded``;
 - :mod:`~tzrec_bench.train.config`: ``TrainConfig``, every setting of a run;
+  :mod:`~tzrec_bench.train.validation`: ``validate``, every check of them;
+- :mod:`~tzrec_bench.train.checkpoint`: the files of a run and RNG states;
 - :mod:`~tzrec_bench.train.factory`: models and tasks by name;
 - :mod:`~tzrec_bench.train.retrieval` / :mod:`~tzrec_bench.train.ranking`: the two tasks;
 - :mod:`~tzrec_bench.train.metrics`: metrics (the losses are the models' own, from

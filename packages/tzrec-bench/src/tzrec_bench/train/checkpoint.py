@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Any, Dict, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -132,6 +132,34 @@ def save(path: Union[str, Path], payload: Dict[str, Any]) -> None:
     partial = path.with_name(path.name + ".partial")
     torch.save({"format": FORMAT, **payload}, partial)
     os.replace(partial, path)
+
+
+class RunFiles:
+    """A run's folder, where rank 0 writes :data:`CHECKPOINT` and :data:`BEST`.
+
+    Args:
+        folder: the run's ``--out-dir``.
+        description: what every file holds besides states: ``config`` (the run's settings),
+            ``model_config`` (the model's class and constructor arguments, which tzrec-acc
+            rebuilds it from) and the data's id vocabularies.
+        is_main: whether this process writes (rank 0).
+    """
+
+    def __init__(self, folder: Path, description: Dict[str, Any], is_main: bool) -> None:
+        self.folder = folder
+        self.description = description
+        self.is_main = is_main
+
+    def payload(self, step: Optional[int], **entries: Any) -> Dict[str, Any]:
+        """The dict a :data:`CHECKPOINT` or :data:`BEST` holds: the description, ``step``
+        and ``entries`` (best.pt: ``metrics`` and ``model``; checkpoint.pt: ``world_size``,
+        the states and :data:`RESUME_KEYS`)."""
+        return {**self.description, "step": step, **entries}
+
+    def write(self, name: str, step: Optional[int], **entries: Any) -> None:
+        """Rank 0 writes :meth:`payload` to ``name`` in the folder; other ranks do nothing."""
+        if self.is_main:
+            save(self.folder / name, self.payload(step, **entries))
 
 
 def _first_sentence(exc: BaseException) -> str:

@@ -23,6 +23,9 @@ What changes with it:
   ``*.dcp`` folders of a run); :func:`consolidate` turns one into a plain state dict, the
   form ``best.pt``, ``evaluate`` and tzrec-acc read.
 
+The options it accepts are checked in :mod:`tzrec_bench.train.validation`; the trainer
+drives it through :class:`tzrec_bench.train.strategies.Sharded`.
+
 torchrec is imported only here, when a sharded run starts (``pip install
 'tzrec-bench[torchrec]'``; on a machine without CUDA, :data:`tzrec_bench.plan.CPU_INSTALL`).
 """
@@ -32,14 +35,14 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from tzrec_bench.plan import require_torchrec
-from tzrec_bench.train.config import ConfigError, TrainConfig
+from tzrec_bench.train.config import TrainConfig
 from tzrec_bench.train.distributed import DistContext, barrier
 from tzrec_gr.embeddings import TorchrecEmbeddingTable, init_rows_, to_plain_state_dict
 
@@ -50,46 +53,6 @@ TABLE_OPTIMIZERS = {
     "sgd": "EXACT_SGD",
     "adam": "ADAM",
 }
-#: fbgemm-gpu's CPU kernels train with these only
-CPU_TABLE_OPTIMIZERS = ("rowwise-adagrad", "adagrad", "sgd")
-SHARDED_MODELS = ("hstu-retrieval", "hstu-ranking")
-
-
-def check_sharding(config: TrainConfig, device: torch.device) -> None:
-    """Raises :class:`ConfigError` (or ImportError naming the extra) before anything is
-    built when ``--sharding torchrec`` cannot run as configured."""
-    if config.sharding != "torchrec":
-        return
-    if config.model not in SHARDED_MODELS:
-        raise ConfigError(
-            "sharding",
-            f"torchrec shards tzrec-gr's item tables: --model must be one of "
-            f"{', '.join(SHARDED_MODELS)}, got {config.model!r}",
-        )
-    if device.type == "cpu" and config.table_optimizer not in CPU_TABLE_OPTIMIZERS:
-        raise ConfigError(
-            "table_optimizer",
-            f"{config.table_optimizer!r} has no CPU kernel in fbgemm-gpu; on the CPU use one "
-            f"of {', '.join(CPU_TABLE_OPTIMIZERS)}",
-        )
-    try:
-        require_torchrec("--sharding torchrec")
-    except ImportError as exc:
-        raise ConfigError("sharding", str(exc)) from exc
-
-
-def check_catalogue(config: TrainConfig, num_items: int) -> None:
-    """The full softmax reads the whole table every step, which a sharded table is for
-    avoiding: a sharded retrieval run must sample its negatives."""
-    if config.sharding == "torchrec" and config.task == "retrieval" and (
-        config.num_negatives >= num_items
-    ):
-        raise ConfigError(
-            "num_negatives",
-            f"{config.num_negatives} >= the {num_items} items trains on the full softmax, "
-            "which gathers the whole table every step; with --sharding torchrec sample "
-            f"fewer (e.g. --num-negatives {max(1, min(128, num_items // 2))})",
-        )
 
 
 def meta_table(
@@ -111,7 +74,7 @@ class ShardedTables:
     """The DMP-wrapped training module, its optimizers and its sharded checkpoints.
 
     Args:
-        step_module (nn.Module): the model and its loss (the loop's ``TrainStep``), whose
+        step_module (nn.Module): the model and its loss (``strategies.TrainStep``), whose
             model was built with :func:`meta_table`.
         config (TrainConfig): the run's settings.
         ctx (DistContext): this process (the process group must exist, even for one).
@@ -267,7 +230,7 @@ def consolidate(folder: Path, prefix: str = "model.") -> Dict[str, torch.Tensor]
     Args:
         folder (Path): a ``*.dcp`` folder written by :meth:`ShardedTables.save`.
         prefix (str): the model's prefix in the saved module. Default: ``"model."`` (the
-            training loop's ``TrainStep``).
+            trainer's ``strategies.TrainStep``).
     """
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -280,12 +243,3 @@ def consolidate(folder: Path, prefix: str = "model.") -> Dict[str, torch.Tensor]
     model = {k[len(prefix):]: v for k, v in saved.items() if k.startswith(prefix)}
     return to_plain_state_dict(model)
 
-
-def plan_lines(tables: ShardedTables) -> Tuple[str, ...]:
-    """The run header's lines about the sharding."""
-    config = tables.config
-    return (
-        f"  tables sharded by torchrec ({config.sharding_type}), table optimizer "
-        f"{config.table_optimizer} (fused, lr {config.lr})",
-        *(f"    {line}" for line in tables.describe()),
-    )

@@ -1,0 +1,118 @@
+"""Every check of a training run's options, in one place: :func:`validate`.
+
+A run calls it twice: before anything is built (no data, model or file yet), and again
+once the data is loaded, when the catalogue and the training users are known. Each check
+raises :class:`~tzrec_bench.train.config.ConfigError` naming the option (the CLI exits 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from tzrec_bench.plan import require_torchrec
+from tzrec_bench.train.config import FITTED_MODELS, ConfigError, TrainConfig
+from tzrec_bench.train.distributed import pick_device
+
+#: the models whose item tables torchrec shards
+SHARDED_MODELS = ("hstu-retrieval", "hstu-ranking")
+#: fbgemm-gpu's CPU kernels train with these table optimizers only
+CPU_TABLE_OPTIMIZERS = ("rowwise-adagrad", "adagrad", "sgd")
+
+
+@dataclass(frozen=True)
+class DataSize:
+    """What the loaded data tells the checks that need it.
+
+    Attributes:
+        num_items: the catalogue's size.
+        train_users: the training users (rows an epoch draws its batches from).
+        world_size: the processes a global batch is split over.
+    """
+
+    num_items: int
+    train_users: int
+    world_size: int
+
+
+def validate(
+    config: TrainConfig, device: Optional[torch.device] = None, data: Optional[DataSize] = None
+) -> None:
+    """Raises :class:`ConfigError` (the first option that cannot run as configured).
+
+    Args:
+        config: the run's settings (:meth:`TrainConfig.check` is the first check).
+        device: the device the run trains on (its type decides the GPU-only rules); None
+            picks it from ``config.device`` as the run will.
+        data: the loaded data; None before loading skips the checks that need it (the
+            sharded catalogue and the batch size).
+    """
+    config.check()
+    if device is None:
+        device = pick_device(config.device)
+    if config.sharding == "torchrec":
+        _check_sharding(config, device)
+    _check_compile(config, device)
+    if data is None:
+        return
+    if config.sharding == "torchrec" and config.task == "retrieval":
+        _check_sharded_catalogue(config, data.num_items)
+    # a fitted baseline reads every training event at once: it has no batch to check
+    if config.model not in FITTED_MODELS and not (
+        data.world_size <= config.batch_size <= data.train_users
+    ):
+        raise ConfigError(
+            "batch_size",
+            f"must be between the number of processes ({data.world_size}) and the "
+            f"training users ({data.train_users}); got {config.batch_size}",
+        )
+
+
+def _check_sharding(config: TrainConfig, device: torch.device) -> None:
+    """``--sharding torchrec``: a model with item tables, a table optimizer with a kernel on
+    ``device``, and torchrec installed (the error names the extra)."""
+    if config.model not in SHARDED_MODELS:
+        raise ConfigError(
+            "sharding",
+            f"torchrec shards tzrec-gr's item tables: --model must be one of "
+            f"{', '.join(SHARDED_MODELS)}, got {config.model!r}",
+        )
+    if device.type == "cpu" and config.table_optimizer not in CPU_TABLE_OPTIMIZERS:
+        raise ConfigError(
+            "table_optimizer",
+            f"{config.table_optimizer!r} has no CPU kernel in fbgemm-gpu; on the CPU use one "
+            f"of {', '.join(CPU_TABLE_OPTIMIZERS)}",
+        )
+    try:
+        require_torchrec("--sharding torchrec")
+    except ImportError as exc:
+        raise ConfigError("sharding", str(exc)) from exc
+
+
+def _check_sharded_catalogue(config: TrainConfig, num_items: int) -> None:
+    """The full softmax reads the whole table every step, which a sharded table is for
+    avoiding: a sharded retrieval run must sample its negatives."""
+    if config.num_negatives >= num_items:
+        raise ConfigError(
+            "num_negatives",
+            f"{config.num_negatives} >= the {num_items} items trains on the full softmax, "
+            "which gathers the whole table every step; with --sharding torchrec sample "
+            f"fewer (e.g. --num-negatives {max(1, min(128, num_items // 2))})",
+        )
+
+
+def _check_compile(config: TrainConfig, device: torch.device) -> None:
+    """Refuses ``--compile`` with dropout in the HSTU models' GPU kernels: they draw a fresh
+    dropout seed per call (a host value), dynamo breaks the graph there, and Inductor then
+    fails to compile the kernels that take it."""
+    if config.compile and config.dropout > 0 and config.model.startswith("hstu") and (
+        device.type == "cuda"
+    ):
+        raise ConfigError(
+            "compile",
+            f"not supported with dropout in the GPU kernels (--dropout {config.dropout}): "
+            "their per-call dropout seed breaks the compiled graph; expected --dropout 0 with "
+            "--compile, or no --compile",
+        )
