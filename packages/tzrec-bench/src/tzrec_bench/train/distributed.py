@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from tzrec_bench.train.config import ConfigError
+from tzrec_ops.devices import DeviceError, resolve_device
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,11 @@ class DistContext:
 
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
-    """``auto`` is the local GPU when CUDA is available, else the CPU."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("device", "cuda: no CUDA device is visible to this process")
-        return torch.device("cuda", local_rank)
-    return torch.device(name)
+    """:func:`tzrec_ops.devices.resolve_device`, its error a :class:`ConfigError`."""
+    try:
+        return resolve_device(name, local_rank)
+    except DeviceError as exc:
+        raise ConfigError("device", str(exc)) from None
 
 
 def init_distributed(device: str, group: bool = False) -> DistContext:
