@@ -9,6 +9,7 @@ import torch
 
 from tzrec_bench.train import checkpoint
 from tzrec_bench.train.checkpoint import CheckpointError
+from tzrec_gr.checkpoint import write_payload
 
 EXPECTED = "expected a checkpoint.pt or best.pt written by `tzrec-bench train`"
 
@@ -21,7 +22,7 @@ def _payload(resume: bool = True) -> dict:
 
 
 def test_a_complete_checkpoint_loads(tmp_path):
-    checkpoint.save(tmp_path / checkpoint.CHECKPOINT, _payload())
+    write_payload(tmp_path / checkpoint.CHECKPOINT, _payload())
     state = checkpoint.load(tmp_path / checkpoint.CHECKPOINT)
     assert state["step"] == 3 and torch.equal(state["model"]["w"], torch.ones(64, 64))
 
@@ -29,7 +30,7 @@ def test_a_complete_checkpoint_loads(tmp_path):
 @pytest.mark.parametrize("keep", [0, 1, 100, 0.5, -1])  # bytes or a fraction of the file kept
 def test_truncated_file_names_the_path(tmp_path, keep):
     path = tmp_path / checkpoint.BEST
-    checkpoint.save(path, _payload(resume=False))
+    write_payload(path, _payload(resume=False))
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep) if isinstance(keep, float) else keep % len(data)])
     with pytest.raises(CheckpointError) as info:
@@ -42,7 +43,7 @@ def test_truncated_file_names_the_path(tmp_path, keep):
 
 def test_other_files_name_what_is_missing(tmp_path):
     best = tmp_path / checkpoint.BEST
-    checkpoint.save(best, _payload(resume=False))
+    write_payload(best, _payload(resume=False))
     assert checkpoint.load(best)["step"] == 3  # best.pt holds no optimizer
     # the same content named checkpoint.pt cannot be resumed from
     resume = tmp_path / checkpoint.CHECKPOINT
@@ -54,7 +55,7 @@ def test_other_files_name_what_is_missing(tmp_path):
     # a plain state dict, a list, another format, a config that is not a table
     torch.save({"w": torch.ones(2)}, tmp_path / "state.pt")
     with pytest.raises(CheckpointError, match=re.escape(
-        f"{tmp_path / 'state.pt'}: no format, config, step, model in the file"
+        f"{tmp_path / 'state.pt'}: no format in the file; {EXPECTED}"
     )):
         checkpoint.load(tmp_path / "state.pt")
     torch.save([1, 2], tmp_path / "list.pt")

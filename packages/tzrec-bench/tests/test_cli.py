@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tzrec_bench.cli import build_parser, main
+from tzrec_gr.checkpoint import write_payload
 
 TINY = [
     "--synthetic-users", "40", "--synthetic-items", "100", "--max-seq-len", "12",
@@ -219,9 +220,8 @@ def test_an_interrupt_without_a_checkpoint_exits_130_with_one_line(monkeypatch, 
 
 def _truncated_checkpoint(path: Path) -> Path:
     """Half of a file saved as the trainer saves its checkpoints."""
-    from tzrec_bench.train import checkpoint
 
-    checkpoint.save(path, {"config": {}, "step": 1, "model": {"w": torch.ones(64, 64)}})
+    write_payload(path, {"config": {}, "step": 1, "model": {"w": torch.ones(64, 64)}})
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     return path

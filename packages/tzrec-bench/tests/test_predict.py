@@ -25,6 +25,7 @@ from tzrec_bench.train.config import TrainConfig
 from tzrec_bench.train.factory import build_model, model_config
 from tzrec_bench.train.loop import train
 from tzrec_bench.train.ranking import TASK_BITS
+from tzrec_gr.checkpoint import write_payload
 from tzrec_gr.serving import Histories, ServingSession
 from tzrec_gr.vocabulary import VOCABULARY_KEY, IdVocabularies, Vocabulary
 
@@ -51,7 +52,7 @@ def _write_best(path: Path, config: TrainConfig, num_items: int, task_bits=(),
         "step": 0, "metrics": {}, "model": model.state_dict()}
     if vocabularies is not None:
         payload[VOCABULARY_KEY] = vocabularies.state()
-    checkpoint.save(path, payload)
+    write_payload(path, payload)
 
 
 @pytest.fixture(scope="module")

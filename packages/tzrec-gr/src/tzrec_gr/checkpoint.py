@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -85,17 +85,22 @@ def _first_sentence(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def read_payload(path: PathLike, expected: str = "a tzrec checkpoint") -> Dict[str, Any]:
+def read_payload(
+    path: PathLike, expected: str = "a tzrec checkpoint", required: Sequence[str] = MODEL_KEYS
+) -> Dict[str, Any]:
     """The dict of the checkpoint file ``path``, tensors on the CPU.
 
     Args:
         path: the file (see :func:`resolve_checkpoint` for a run's folder).
         expected: what the caller wanted, for the messages (e.g. "a checkpoint.pt or
             best.pt written by `tzrec-bench train`").
+        required: the entries the caller needs besides ``format``. Default:
+            :data:`MODEL_KEYS`.
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        CheckpointError: a file torch cannot load, not a dict, or not of :data:`FORMAT`.
+        CheckpointError: a file torch cannot load, not a dict, without ``format`` or a
+            ``required`` entry (all missing ones are named), or not of :data:`FORMAT`.
     """
     path = pathlib.Path(path)
     if not path.is_file():
@@ -111,8 +116,9 @@ def read_payload(path: PathLike, expected: str = "a tzrec checkpoint") -> Dict[s
         raise CheckpointError(
             f"{path}: holds a {type(payload).__name__}, not a checkpoint; expected {expected}"
         )
-    if "format" not in payload:
-        raise CheckpointError(f"{path}: no format in the file; expected {expected}")
+    missing = [key for key in dict.fromkeys(("format", *required)) if key not in payload]
+    if missing:
+        raise CheckpointError(f"{path}: no {', '.join(missing)} in the file; expected {expected}")
     if payload["format"] != FORMAT:
         raise CheckpointError(
             f"{path}: checkpoint format {payload['format']!r}, expected {FORMAT} ({expected})"
@@ -134,18 +140,14 @@ def load_model(
 
     Raises:
         FileNotFoundError: no checkpoint at ``path``.
-        CheckpointError: the file is not a checkpoint (:func:`read_payload`), lacks
-            :data:`MODEL_KEYS`, its state dict does not fit its model, or its vocabulary is
+        CheckpointError: the file is not a checkpoint of the model (:func:`read_payload`),
+            its state dict does not fit its model, or its vocabulary is
             unreadable or of another size than the model's catalogue.
         ValueError: its model config names no model this version builds, or an unknown or
             unavailable backend.
     """
     file = resolve_checkpoint(path)
     payload = read_payload(file)
-    missing = [key for key in MODEL_KEYS if key not in payload]
-    if missing:
-        raise CheckpointError(f"{file}: no {', '.join(missing)} in the file; a checkpoint "
-                              f"holds {', '.join(MODEL_KEYS)}")
     try:
         vocabularies = IdVocabularies.from_payload(payload, str(file))
     except VocabularyError as exc:

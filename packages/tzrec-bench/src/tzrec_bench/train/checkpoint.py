@@ -10,12 +10,12 @@ step: the order of epoch ``e`` is a permutation seeded by ``(seed, e)``, so a re
 recomputes it and skips the batches already trained on. Files are written to a temporary
 name and renamed, so an interrupted write never leaves a truncated checkpoint behind; a file
 damaged later, or one of another kind, is refused by :func:`load` with a
-:class:`CheckpointError` naming it.
+:class:`CheckpointError` naming it. The format and the files' names are
+:mod:`tzrec_gr.checkpoint`'s, which serving and tzrec-acc read through.
 """
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
@@ -23,11 +23,18 @@ from typing import Any, Dict, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from tzrec_gr.checkpoint import (
+    BEST,
+    CHECKPOINT,
+    FORMAT,
+    CheckpointError,
+    read_payload,
+    write_payload,
+)
 from tzrec_gr.vocabulary import IdVocabularies, VocabularyError
 
-CHECKPOINT = "checkpoint.pt"
-BEST = "best.pt"
-FORMAT = 1
+__all__ = ["BEST", "CHECKPOINT", "FORMAT", "CheckpointError", "DataMismatchError", "RunFiles",
+           "check_same_data", "load"]
 # what every file written by the trainer holds, and what a checkpoint.pt holds besides
 # (what --resume restores); best.pt holds the first set (and model_config, metrics)
 KEYS: Tuple[str, ...] = ("config", "step", "model")
@@ -36,11 +43,6 @@ RESUME_KEYS: Tuple[str, ...] = ("optimizer", "scheduler", "early_stopping", "his
 SHARDED = "sharded"
 SHARDED_STATES = ("model", "optimizer")
 EXPECTED = f"a {CHECKPOINT} or {BEST} written by `tzrec-bench train`"
-
-
-class CheckpointError(ValueError):
-    """A file that is not a readable checkpoint of this trainer (truncated, damaged, of
-    another kind or format, or missing what the trainer writes); the message names it."""
 
 
 class DataMismatchError(ValueError):
@@ -125,15 +127,6 @@ def _as_tuples(value: Any) -> Any:
     return value
 
 
-def save(path: Union[str, Path], payload: Dict[str, Any]) -> None:
-    """Writes ``payload`` to ``path`` atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    torch.save({"format": FORMAT, **payload}, partial)
-    os.replace(partial, path)
-
-
 class RunFiles:
     """A run's folder, where rank 0 writes :data:`CHECKPOINT` and :data:`BEST`.
 
@@ -159,15 +152,7 @@ class RunFiles:
     def write(self, name: str, step: Optional[int], **entries: Any) -> None:
         """Rank 0 writes :meth:`payload` to ``name`` in the folder; other ranks do nothing."""
         if self.is_main:
-            save(self.folder / name, self.payload(step, **entries))
-
-
-def _first_sentence(exc: BaseException) -> str:
-    """``Type: first sentence of the message``, on one line (torch's run to paragraphs)."""
-    lines = str(exc).strip().splitlines()
-    text = lines[0].split(". ")[0] if lines else ""
-    text = text if len(text) <= 120 else text[:117] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+            write_payload(self.folder / name, self.payload(step, **entries))
 
 
 def load(path: Union[str, Path]) -> Dict[str, Any]:
@@ -183,29 +168,14 @@ def load(path: Union[str, Path]) -> Dict[str, Any]:
             format :data:`FORMAT`, or missing keys; one line naming ``path``.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
-        raise CheckpointError(
-            f"{path}: cannot be loaded ({_first_sentence(exc)}): truncated, damaged or of "
-            f"another kind; expected {EXPECTED}"
-        ) from exc
-    if not isinstance(payload, dict):
-        raise CheckpointError(
-            f"{path}: holds a {type(payload).__name__}, not a checkpoint; expected {EXPECTED}"
-        )
-    keys = ("format", *KEYS, *(RESUME_KEYS if path.name == CHECKPOINT else ()))
+    payload = read_payload(path, EXPECTED, required=())
+    # the entries a file needs depend on its name and, for checkpoint.pt, on its content
+    keys = (*KEYS, *(RESUME_KEYS if path.name == CHECKPOINT else ()))
     if path.name == CHECKPOINT and isinstance(payload.get(SHARDED), dict):
         keys = tuple(k for k in keys if k not in SHARDED_STATES)
     missing = [key for key in keys if key not in payload]
     if missing:
         raise CheckpointError(f"{path}: no {', '.join(missing)} in the file; expected {EXPECTED}")
-    if payload["format"] != FORMAT:
-        raise CheckpointError(
-            f"{path}: checkpoint format {payload['format']!r}, expected {FORMAT} ({EXPECTED})"
-        )
     for key in ("config", "model"):
         if key in payload and not isinstance(payload[key], dict):
             raise CheckpointError(
