@@ -39,7 +39,6 @@ KEY = [
     "ENABLE_TMA",
 ]
 FWD_KEY = KEY + ["delta_size", "IS_DELTA", "SPLIT_KV"]
-DKDV_KEY = KEY + ["ATOMIC_DQ"]
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages[, Q_SPLITS[, maxnreg]]) for head dims <= 128.
 # Q_SPLITS=2 runs the forward's query block as two row halves of 64 rows per warp group, so one
@@ -160,10 +159,6 @@ def bench_candidate(kernel_call: Callable[[], Any], quantiles: Sequence[float]) 
 
 
 def autotuned(kernel: str, fn: Callable[..., Any], wide: bool = False) -> Any:
-    """``fn`` wrapped in ``triton.autotune`` with ``kernel``'s configs and key.
-
-    The one-pass backward adds dQ into ``DQ_ACC``: each timed candidate starts from zeros."""
-    key = {FWD: FWD_KEY, BWD_DKDV: DKDV_KEY}.get(kernel, KEY)
-    reset = ["DQ_ACC"] if kernel == BWD_DKDV else None
-    return triton.autotune(configs=configs(kernel, wide), key=key, reset_to_zero=reset,
+    """``fn`` wrapped in ``triton.autotune`` with ``kernel``'s configs and key."""
+    return triton.autotune(configs=configs(kernel, wide), key=FWD_KEY if kernel == FWD else KEY,
                            do_bench=bench_candidate)(fn)
