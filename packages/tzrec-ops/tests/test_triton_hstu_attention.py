@@ -85,22 +85,6 @@ def check_against_oracle(
         _compare(got.grad, want.grad, dtype, True, f"d{name}")
 
 
-@contextlib.contextmanager
-def backward_kernel(one_pass):
-    """The one-pass backward (atomic dQ, opt-in) or the default two-pass one."""
-    from tzrec_ops.backends.triton.hstu_attention import BACKWARD_ENV
-
-    before = os.environ.get(BACKWARD_ENV)
-    os.environ[BACKWARD_ENV] = "one_pass" if one_pass else "two_pass"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[BACKWARD_ENV]
-        else:
-            os.environ[BACKWARD_ENV] = before
-
-
 def _inputs(case, heads, attn_dim, hidden_dim, dtype, seed=0, extra_len=0):
     return make_attention_inputs(
         case.lengths, heads, attn_dim, hidden_dim, dtype=dtype, seed=seed,
@@ -125,19 +109,17 @@ def _inputs(case, heads, attn_dim, hidden_dim, dtype, seed=0, extra_len=0):
     extra_len=st.sampled_from([0, 7]),
     sort_by_length=st.booleans(),
     dtype=st.sampled_from(DTYPES),
-    one_pass=st.booleans(),
 )
 def test_interpreter_matches_oracle(
     case, attn_dim, hidden_dim, causal, max_attn_len, contextual_seq_len, scaling_seqlen,
-    extra_len, sort_by_length, dtype, one_pass,
+    extra_len, sort_by_length, dtype,
 ):
     inputs = _inputs(case, 2, attn_dim, hidden_dim, dtype, extra_len=extra_len)
-    with backward_kernel(one_pass):
-        check_against_oracle(
-            inputs, "triton", dtype, causal=causal, max_attn_len=max_attn_len,
-            contextual_seq_len=contextual_seq_len, scaling_seqlen=scaling_seqlen,
-            sort_by_length=sort_by_length,
-        )
+    check_against_oracle(
+        inputs, "triton", dtype, causal=causal, max_attn_len=max_attn_len,
+        contextual_seq_len=contextual_seq_len, scaling_seqlen=scaling_seqlen,
+        sort_by_length=sort_by_length,
+    )
 
 
 EDGE_CASES = {
@@ -153,18 +135,16 @@ EDGE_CASES = {
 @pytest.mark.parametrize("name", sorted(EDGE_CASES))
 @pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("one_pass", [False, True], ids=["two_pass", "one_pass"])
-def test_interpreter_edge_cases(name, offsets_dtype, causal, one_pass):
+def test_interpreter_edge_cases(name, offsets_dtype, causal):
     spec = EDGE_CASES[name]
     inputs = make_attention_inputs(
         spec["lengths"], 2, 16, 24, seed=3, layout="fused", num_targets=spec["num_targets"],
         offsets_dtype=offsets_dtype,
     )
-    with backward_kernel(one_pass):
-        check_against_oracle(
-            inputs, "triton", torch.float32, causal=causal, max_attn_len=spec.get("w", 0),
-            contextual_seq_len=spec.get("ctx", 0),
-        )
+    check_against_oracle(
+        inputs, "triton", torch.float32, causal=causal, max_attn_len=spec.get("w", 0),
+        contextual_seq_len=spec.get("ctx", 0),
+    )
 
 
 @CPU
@@ -266,9 +246,9 @@ QUERY_HALVES = (32, 16, 4, 1, 2)
 def _forward_tile(tile):
     """Run the Triton forward with the one config ``tile`` (see ``autotune.tile_config``)."""
     from tzrec_ops.backends.triton import autotune
-    from tzrec_ops.backends.triton import hstu_attention as impl
+    from tzrec_ops.backends.triton.hstu_attention import attention_kernels
 
-    kernel = impl._fwd_kernel
+    kernel = attention_kernels()[autotune.FWD]
     saved = kernel.configs
     kernel.configs = [autotune.tile_config(autotune.FWD, tile)]
     kernel.cache.clear()
@@ -324,52 +304,28 @@ def test_interpreter_delta_forms_with_query_halves(name):
 
 
 @CPU
-def test_interpreter_backward_kernels_agree_and_two_pass_is_reproducible(monkeypatch):
-    """The default two-pass backward (a dQ pass, no atomics) gives the same bits every run;
-    the opt-in one-pass backward (no dQ pass) gives the same values, and
-    ``torch.use_deterministic_algorithms(True)`` turns it back into the two-pass one."""
+def test_interpreter_backward_is_two_passes_and_reproducible(monkeypatch):
+    """The backward launches the dK/dV kernel, then the dQ kernel (no atomics), and gives
+    the same bits every run."""
+    from tzrec_ops.backends.triton import autotune
     from tzrec_ops.backends.triton import hstu_attention as impl
 
     launched = []
     tuned = impl._tuned
-    monkeypatch.setattr(impl, "_tuned", lambda name: launched.append(name) or tuned(name))
+    monkeypatch.setattr(impl, "_tuned", lambda kernel, wide: launched.append(kernel)
+                        or tuned(kernel, wide))
     inputs = make_attention_inputs((40, 25), 2, 16, 16, seed=8, num_targets=(3, 1))
-    grads, kernels = [], []
-    for one_pass, deterministic in ((False, False), (False, False), (True, False), (True, True)):
+    grads = []
+    for _ in range(2):
         launched.clear()
         ins = inputs.to(torch.float32, requires_grad=True)
-        before = torch.are_deterministic_algorithms_enabled()
-        torch.use_deterministic_algorithms(deterministic)
-        try:
-            with backward_kernel(one_pass):
-                out = hstu_mha(inputs.max_seq_len, 0.5, ins.q, ins.k, ins.v,
-                               inputs.seq_offsets, num_targets=inputs.num_targets,
-                               contextual_seq_len=2, backend="triton")
-                out.backward(torch.ones_like(out))
-        finally:
-            torch.use_deterministic_algorithms(before)
-        grads.append([t.grad.clone() for t in (ins.q, ins.k, ins.v)])
-        kernels.append([name for name in launched if name.startswith("_bwd")])
-    two_pass, one_pass = ["_bwd_dkdv_kernel", "_bwd_dq_kernel"], ["_bwd_dkdv_kernel"]
-    assert kernels == [two_pass, two_pass, one_pass, two_pass]
-    for first, second in zip(grads[0], grads[1]):
-        assert torch.equal(first, second)
-    for reproducible, atomic in zip(grads[0], grads[2]):
-        torch.testing.assert_close(atomic, reproducible, atol=1e-5, rtol=1e-5)
-
-
-@CPU
-def test_backward_kernel_choice_must_be_known(monkeypatch):
-    from tzrec_ops.backends.triton import hstu_attention as impl
-
-    monkeypatch.setenv(impl.BACKWARD_ENV, "fast")
-    inputs = make_attention_inputs((5,), 1, 16, 16, seed=1)
-    ins = inputs.to(torch.float32, requires_grad=True)
-    out = hstu_mha(inputs.max_seq_len, 0.5, ins.q, ins.k, ins.v, inputs.seq_offsets,
-                   backend="triton")
-    with pytest.raises(ValueError, match="TZREC_OPS_TRITON_ATTENTION_BACKWARD must be "
-                                         "one_pass or two_pass, got 'fast'"):
+        out = hstu_mha(inputs.max_seq_len, 0.5, ins.q, ins.k, ins.v, inputs.seq_offsets,
+                       num_targets=inputs.num_targets, contextual_seq_len=2, backend="triton")
         out.backward(torch.ones_like(out))
+        grads.append([t.grad.clone() for t in (ins.q, ins.k, ins.v)])
+        assert launched == [autotune.FWD, autotune.BWD_DKDV, autotune.BWD_DQ]
+    for first, second in zip(*grads):
+        assert torch.equal(first, second)
 
 
 @CPU
@@ -468,15 +424,18 @@ def test_head_dim_above_256_is_a_clear_error():
 def test_autotune_keys_and_configs():
     from tzrec_ops.backends.rocm import configs as rocm
     from tzrec_ops.backends.triton import autotune
-    from tzrec_ops.backends.triton import hstu_attention as impl
+    from tzrec_ops.backends.triton.hstu_attention import attention_kernels
 
-    for kernel in (impl._fwd_kernel, impl._bwd_dq_kernel, impl._bwd_dkdv_kernel):
+    kernels, wide = attention_kernels(), attention_kernels(wide=True)
+    assert list(kernels) == [autotune.FWD, autotune.BWD_DKDV, autotune.BWD_DQ] == list(wide)
+    for kernel in kernels.values():
         assert "AUTOTUNE_MAX_SEQ_LEN" in kernel.keys and "AUTOTUNE_Z" in kernel.keys
         assert len(kernel.configs) == 1  # the interpreter's single config
     for name in (autotune.FWD, autotune.BWD_DQ, autotune.BWD_DKDV):
         hip = rocm.for_kernel(name)
         assert hip and all("matrix_instr_nonkdim" in c.kwargs for c in hip)
-    assert impl._fwd_kernel_wide.keys == impl._fwd_kernel.keys
+        assert wide[name].keys == kernels[name].keys and wide[name] is not kernels[name]
+        assert attention_kernels()[name] is kernels[name]  # built once
 
 
 @CPU
@@ -606,14 +565,11 @@ GPU_SWEEP = [(torch.bfloat16, option) for option in sorted(GPU_OPTIONS)] + [
     [("triton", d, o) for d, o in GPU_SWEEP]
     + [("triton_tma", d, o) for d, o in GPU_SWEEP if d == torch.bfloat16],
 )
-@pytest.mark.parametrize("one_pass", [False, True], ids=["two_pass", "one_pass"])
-def test_gpu_matches_oracle(backend, dtype, option, one_pass):
+def test_gpu_matches_oracle(backend, dtype, option):
     opts = dict(GPU_OPTIONS[option])
     targets = opts.pop("targets", False)
     inputs = _gpu_inputs(_gpu_lengths(8, 1024), 128, 128, dtype, targets=targets)
-    with backward_kernel(one_pass):
-        check_against_oracle(inputs, backend, dtype, sort_by_length=True, alpha=1 / 128,
-                             **opts)
+    check_against_oracle(inputs, backend, dtype, sort_by_length=True, alpha=1 / 128, **opts)
 
 
 @pytest.mark.gpu
@@ -786,15 +742,12 @@ def test_gpu_every_config_is_correct(backend, wide, monkeypatch):
     """Each autotune candidate (not only the winner) compiles and gives the right answer with
     the default ptxas: the public backward crashed on Hopper with triton 3.6's ptxas."""
     from tzrec_ops.backends.triton import autotune
-    from tzrec_ops.backends.triton import hstu_attention as impl
+    from tzrec_ops.backends.triton.hstu_attention import attention_kernels
 
     dim = 256 if wide else 128
     inputs = _gpu_inputs(_gpu_lengths(4, 600, seed=6), dim, dim, torch.bfloat16, targets=True)
     table = autotune._CUDA_WIDE if wide else autotune._CUDA
-    suffix = "_wide" if wide else ""
-    for name, attr in ((autotune.FWD, "_fwd_kernel"), (autotune.BWD_DQ, "_bwd_dq_kernel"),
-                       (autotune.BWD_DKDV, "_bwd_dkdv_kernel")):
-        kernel = getattr(impl, attr + suffix)
+    for name, kernel in attention_kernels(wide).items():
         for tile in table[name]:
             monkeypatch.setattr(kernel, "configs", [autotune.tile_config(name, tile)])
             kernel.cache.clear()

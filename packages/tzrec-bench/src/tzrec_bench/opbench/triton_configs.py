@@ -1,15 +1,20 @@
 """``--show-configs``: the tile configs Triton's autotuner chose for the attention kernels.
 
-This reads the triton backend's kernel objects (``_fwd_kernel``, ``_bwd_dkdv_kernel``,
-``_bwd_dq_kernel``), which are not tzrec-ops's public API: if they move, the line says so
-instead of failing the benchmark.
+The kernels come from tzrec-ops' ``tzrec_ops.backends.triton.hstu_attention.attention_kernels``
+(those for head dims up to 128); without triton the line says why instead of failing the
+benchmark.
 """
 
 from __future__ import annotations
 
 import importlib
 
-KERNELS = (("fwd", "_fwd_kernel"), ("dkdv", "_bwd_dkdv_kernel"), ("dq", "_bwd_dq_kernel"))
+#: (label, kernel name of ``attention_kernels()``), in launch order
+KERNELS = (
+    ("fwd", "hstu_attention_fwd"),
+    ("dkdv", "hstu_attention_bwd_dkdv"),
+    ("dq", "hstu_attention_bwd_dq"),
+)
 
 
 def chosen_configs() -> str:
@@ -20,9 +25,10 @@ def chosen_configs() -> str:
         impl = importlib.import_module("tzrec_ops.backends.triton.hstu_attention")
     except ImportError as exc:
         return f"unknown ({exc})"
+    kernels = impl.attention_kernels()
     chosen = []
     for label, name in KERNELS:
-        config = getattr(getattr(impl, name, None), "best_config", None)
+        config = getattr(kernels[name], "best_config", None)
         if config is not None:
             kw = config.kwargs
             halves = " halves" if kw.get("Q_SPLITS", 1) == 2 else ""

@@ -1,3 +1,4 @@
+# Over 600 lines on purpose: the three kernels inline the same @triton.jit mask/load helpers.
 """Triton kernels of jagged HSTU attention: forward (full and delta), backward dK/dV and dQ.
 
 Maths (reference-spec §1.2), per sequence b of length n and head h, with S the scaling length:
@@ -30,10 +31,8 @@ computing the mask.
 Scheduling: one program per (query block | key block, sequence * head). Programs of the
 longest sequences come first when ``SORT_BY_LENGTH`` (``sort_idx`` maps program to sequence),
 and within a sequence the query blocks run last-first, the costliest first under a causal
-mask. Nothing N x N is stored; every accumulator is fp32 in registers. The backward runs in
-one pass (``ATOMIC_DQ``: the dK/dV programs add dQ into an fp32 buffer with atomics, five
-matrix products per block pair) or, deterministically, in two (dK/dV, then a dQ pass with
-no atomics that recomputes ``q k^T`` and ``dO v^T``: seven products).
+mask. Nothing N x N is stored; every accumulator is fp32 in registers. dQ has its own pass
+(no atomics), so the backward is deterministic.
 
 Loads use pointers, or per-sequence tensor descriptors (TMA) when ``ENABLE_TMA``: a
 descriptor of shape ``[H, n, D]`` with the tensor's real strides, so views into a fused
@@ -45,10 +44,10 @@ ones from DK/DV (rows ``b * D + j``), so nothing concatenates them in memory. Ke
 below c_b come from the cache, the others from the new rows; the masks are those of the full
 sequence of length ``c_b + D``.
 
-Why one file of ~1000 lines: the three kernels are built from the ``@triton.jit`` helpers
-above them (ids, mask, key ranges, tile and descriptor loads, SiLU and its derivative), and
-the mask maths must be the same in the forward and both backward passes; the helpers and
-the kernels that inline them are read and changed together.
+One file: the three kernels are built from the ``@triton.jit`` helpers above them (ids, mask,
+key ranges, tile and descriptor loads, SiLU and its derivative), and the mask maths must be
+the same in the forward and both backward passes; the helpers and the kernels that inline
+them are read and changed together.
 """
 
 from __future__ import annotations
@@ -73,10 +72,9 @@ def _silu_and_twice_grad(qk, alpha, FAST_SILU: tl.constexpr):
 
     With ``FAST_SILU``, in ``h = s / 2`` and ``t = tanh(h)`` on the hardware tanh:
     ``silu = h (1 + t)``, one multiply, one tanh and one FMA per element, and
-    ``2 silu' = (1 + t)(1 + h - h t)``, six ALU ops and the tanh for both. The backward
-    passes carry ``2 silu'`` and halve dQ and dK once, in their final scale. Against
-    ``sig (1 + s - s sig)`` (H100, N=4096, bf16, one run), best config against best config:
-    dK/dV 2-3% faster, dQ 0-4.5%; per config, from 2.5% slower to 21% faster."""
+    ``2 silu' = (1 + t)(1 + h - h t)``, six ALU ops and the tanh for both, fewer than
+    ``sig (1 + s - s sig)`` with an exact sigmoid. The backward passes carry ``2 silu'`` and
+    halve dQ and dK once, in their final scale."""
     if FAST_SILU:
         h = qk * (alpha * 0.5)
         t = _tanh_approx(h)
@@ -754,7 +752,6 @@ def _dkdv_block(
     v,
     Q_base,
     DO_base,
-    DQ_ACC_base,
     q_desc,
     do_desc,
     off_h,
@@ -766,7 +763,6 @@ def _dkdv_block(
     max_attn_len,
     stride_qm,
     stride_dom,
-    stride_dqam,
     alpha,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -782,10 +778,8 @@ def _dkdv_block(
     ENABLE_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     FAST_SILU: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr,
 ):
-    """One query block's contribution to dK, dV of a key block, in transposed form [BN, BM];
-    with ``ATOMIC_DQ`` also its dQ contribution, added into the fp32 buffer ``DQ_ACC``."""
+    """One query block's contribution to dK, dV of a key block, in transposed form [BN, BM]."""
     q = _load_tile(Q_base, q_desc, off_h, start_m, n, stride_qm, DIM_Q, BLOCK_M, BLOCK_D_Q, True,
                    ENABLE_TMA, UPCAST)
     do = _load_tile(DO_base, do_desc, off_h, start_m, n, stride_dom, DIM_V, BLOCK_M, BLOCK_D_V,
@@ -802,16 +796,6 @@ def _dkdv_block(
         ds_t = tl.where(valid, ds_t, 0.0)
     dv = tl.dot(a_t.to(do.dtype), do, dv, input_precision=PRECISION)
     dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
-    if ATOMIC_DQ:
-        dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=PRECISION)
-        dq_rows = start_m + tl.arange(0, BLOCK_M)
-        dq_cols = tl.arange(0, BLOCK_D_Q)
-        dq_mask = dq_rows[:, None] < n
-        if BLOCK_D_Q != DIM_Q:
-            dq_mask = dq_mask & (dq_cols[None, :] < DIM_Q)
-        # relaxed: only the sum matters, no other memory is ordered against these adds
-        tl.atomic_add(DQ_ACC_base + dq_rows[:, None] * stride_dqam + dq_cols[None, :], dq,
-                      mask=dq_mask, sem="relaxed")
     return dk, dv
 
 
@@ -823,7 +807,6 @@ def _hstu_attn_bwd_dkdv_kernel(
     DO,
     DK,
     DV,
-    DQ_ACC,
     seq_offsets,
     num_targets,
     sort_idx,
@@ -839,8 +822,6 @@ def _hstu_attn_bwd_dkdv_kernel(
     stride_dkh,
     stride_dvm,
     stride_dvh,
-    stride_dqam,
-    stride_dqah,
     alpha,
     inv_scale,
     max_attn_len,
@@ -859,15 +840,12 @@ def _hstu_attn_bwd_dkdv_kernel(
     ENABLE_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
     FAST_SILU: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr,
     BLOCK_D_Q: tl.constexpr,
     BLOCK_D_V: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """dK, dV: one program per (key block, sequence * head), looping over query blocks; with
-    ``ATOMIC_DQ`` it also adds every block's dQ into ``DQ_ACC`` (fp32, unscaled: the caller
-    multiplies by ``alpha * inv_scale / 2``), which replaces the dQ pass.
+    """dK, dV: one program per (key block, sequence * head), looping over query blocks.
 
     Query ranges for keys ``[n0, n0 + BLOCK_N)``: the contextual rows ``[0, C)`` (masked);
     then from ``n0`` (causal: later rows only) to the last row that can see the block, the
@@ -892,7 +870,6 @@ def _hstu_attn_bwd_dkdv_kernel(
         DO_base = DO + start * stride_dom + off_h * stride_doh
         K_base = K + start * stride_km + off_h * stride_kh
         V_base = V + start * stride_vm + off_h * stride_vh
-        DQ_ACC_base = DQ_ACC + start * stride_dqam + off_h * stride_dqah
         q_desc = _descriptor(Q + start * stride_qm, n, H, stride_qm, stride_qh, DIM_Q, BLOCK_M,
                              BLOCK_D_Q, ENABLE_TMA)
         do_desc = _descriptor(DO + start * stride_dom, n, H, stride_dom, stride_doh, DIM_V, BLOCK_M,
@@ -940,24 +917,23 @@ def _hstu_attn_bwd_dkdv_kernel(
         dv = tl.zeros([BLOCK_N, BLOCK_D_V], dtype=tl.float32)
         if HAS_CONTEXTUAL:
             for start_m in range(0, ctx_end, BLOCK_M):
-                dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, DQ_ACC_base, q_desc, do_desc,
-                                     off_h, start_m, cols, n, shift, hist, max_attn_len,
-                                     stride_qm, stride_dom, stride_dqam, alpha, True, CAUSAL,
-                                     HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V,
-                                     BLOCK_D_Q, BLOCK_D_V, BLOCK_M, PRECISION, ENABLE_TMA, UPCAST,
-                                     FAST_SILU, ATOMIC_DQ)
+                dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, q_desc, do_desc, off_h, start_m,
+                                     cols, n, shift, hist, max_attn_len, stride_qm, stride_dom,
+                                     alpha, True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS,
+                                     HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_M,
+                                     PRECISION, ENABLE_TMA, UPCAST, FAST_SILU)
         for start_m in range(rows_start, full_start, BLOCK_M):
-            dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, DQ_ACC_base, q_desc, do_desc,
-                                 off_h, start_m, cols, n, shift, hist, max_attn_len, stride_qm,
-                                 stride_dom, stride_dqam, alpha, True, CAUSAL, HAS_CONTEXTUAL,
-                                 HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V,
-                                 BLOCK_M, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU, ATOMIC_DQ)
+            dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, q_desc, do_desc, off_h, start_m,
+                                 cols, n, shift, hist, max_attn_len, stride_qm, stride_dom, alpha,
+                                 True, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q,
+                                 DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_M, PRECISION, ENABLE_TMA,
+                                 UPCAST, FAST_SILU)
         for start_m in range(full_start, rows_end, BLOCK_M):
-            dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, DQ_ACC_base, q_desc, do_desc,
-                                 off_h, start_m, cols, n, shift, hist, max_attn_len, stride_qm,
-                                 stride_dom, stride_dqam, alpha, False, CAUSAL, HAS_CONTEXTUAL,
-                                 HAS_TARGETS, HAS_MAX_ATTN_LEN, DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V,
-                                 BLOCK_M, PRECISION, ENABLE_TMA, UPCAST, FAST_SILU, ATOMIC_DQ)
+            dk, dv = _dkdv_block(dk, dv, k, v, Q_base, DO_base, q_desc, do_desc, off_h, start_m,
+                                 cols, n, shift, hist, max_attn_len, stride_qm, stride_dom, alpha,
+                                 False, CAUSAL, HAS_CONTEXTUAL, HAS_TARGETS, HAS_MAX_ATTN_LEN,
+                                 DIM_Q, DIM_V, BLOCK_D_Q, BLOCK_D_V, BLOCK_M, PRECISION, ENABLE_TMA,
+                                 UPCAST, FAST_SILU)
         DK_base = DK + start * stride_dkm + off_h * stride_dkh
         DV_base = DV + start * stride_dvm + off_h * stride_dvh
         dk_rows = n0 + tl.arange(0, BLOCK_N)

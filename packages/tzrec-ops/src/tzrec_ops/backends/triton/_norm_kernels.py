@@ -50,13 +50,13 @@ from tzrec_ops.ops.utils import cdiv, next_power_of_2
 PLAIN, SWISH, MUL = 0, 1, 2
 _MAX_TILE_BYTES = 65536
 # Tile sizes (elements per program tile) and the backward's persistent grid (programs per SM):
-# on an H100 at 124k x 512 bf16, 1024-8192 element tiles at 2-8 programs per SM and software
-# pipelining of the backward's row loop all measured within noise of these values.
+# other tile sizes, programs per SM and software pipelining of the backward's row loop were no
+# faster (docs/tzrec-ops-measurements.md).
 _FWD_TILE_ELEMENTS = 4096
 _BWD_TILE_ELEMENTS = 2048
 _BWD_PROGRAMS_PER_SM = 4
 # sum_partials tile: partial rows x columns per program; narrow columns give enough programs
-# (528 x 512 partials: 4.0 us against 17.8 us with 32 x 256 tiles, H200)
+# for the few hundred partial rows of a norm backward
 _SUM_BLOCK_P, _SUM_BLOCK_D = 128, 32
 
 

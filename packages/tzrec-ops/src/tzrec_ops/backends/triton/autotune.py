@@ -39,30 +39,22 @@ KEY = [
     "ENABLE_TMA",
 ]
 FWD_KEY = KEY + ["delta_size", "IS_DELTA", "SPLIT_KV"]
-DKDV_KEY = KEY + ["ATOMIC_DQ"]
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages[, Q_SPLITS[, maxnreg]]) for head dims <= 128.
+# The figures that chose these candidates are in docs/tzrec-ops-measurements.md and the
+# CHANGELOG.
 # Q_SPLITS=2 runs the forward's query block as two row halves of 64 rows per warp group, so one
-# half's SiLU overlaps the other's value product (H100, N=4096, bf16, pointer loads, kernel
-# only, one run: 128x32 w4 s3 509 TFLOP/s against 465 unsplit; N=256: 130 against 120).
+# half's SiLU overlaps the other's value product.
 # 64x16 w4 s4 is for short sequences, where the forward waits on memory: capped at 128
-# registers (140 uncapped with pointer loads, no spills either way), four programs share an SM
-# and more loads are in flight (N=256, kernel only, one run: 146.7 against 137.2 uncapped and
-# 129.5 for 128x32 halves; TMA loads use 112 registers capped or not, 127.0 against 127.8).
-# 128x32 w8 s3 capped at 128 registers runs two 8-warp programs per SM (N=512, pointer loads,
-# kernel only: 239.9 against 236.1 for 64x16 and 229.5 for 128x32 halves).
+# registers (no spills, with pointer or TMA loads), four programs share an SM and more loads
+# are in flight.
+# 128x32 w8 s3 capped at 128 registers runs two 8-warp programs per SM (medium lengths).
 # The backward tiles have no warp-specialized variant: Triton 3.6's automatic warp
 # specialization (``tl.range(..., warp_specialize=True)`` on the unmasked query loop of dK/dV
 # and key loop of dQ) fails its NVGPUWarpSpecialization pass for every 4-warp tile, and the
-# 8-warp tiles it compiles time like the same tiles without it (H200, torch 2.11, bf16,
-# B=512, H=4, A=V=128, whole backward, one run each; best of each kind at N=4096, pointer
-# loads: dK/dV 56.5 ms against 55.0 ms unspecialized, dQ 54.9 ms against 56.0 ms; TMA loads
-# 57.5 against 55.3 and 55.3 against 56.4; at N=256 every specialized tile was slower).
-# Explicit warpgroups in Gluon did not open a gap either: a probe of the causal dK/dV pass
-# (equal lengths N=4096, B=512, H=4, bf16; TMA ring of Q/dO tiles, four async wgmma per
-# block pair, SiLU derivative overlapping them, with or without a 1-warp TMA producer
-# partition) ran at 546 TFLOP/s of its four products against 527 for this kernel, 1.04x
-# (H200, triton 3.6, same run); warp specialization added nothing over the single pipeline.
+# 8-warp tiles it compiles time like the same tiles without it on long sequences and slower
+# on short ones. A Gluon probe of the causal dK/dV pass with explicit warpgroups was barely
+# faster than this kernel, and warp specialization added nothing to it.
 _CUDA: Dict[str, Sequence[Tuple[int, ...]]] = {
     FWD: (
         (128, 64, 8, 2),
@@ -160,10 +152,6 @@ def bench_candidate(kernel_call: Callable[[], Any], quantiles: Sequence[float]) 
 
 
 def autotuned(kernel: str, fn: Callable[..., Any], wide: bool = False) -> Any:
-    """``fn`` wrapped in ``triton.autotune`` with ``kernel``'s configs and key.
-
-    The one-pass backward adds dQ into ``DQ_ACC``: each timed candidate starts from zeros."""
-    key = {FWD: FWD_KEY, BWD_DKDV: DKDV_KEY}.get(kernel, KEY)
-    reset = ["DQ_ACC"] if kernel == BWD_DKDV else None
-    return triton.autotune(configs=configs(kernel, wide), key=key, reset_to_zero=reset,
+    """``fn`` wrapped in ``triton.autotune`` with ``kernel``'s configs and key."""
+    return triton.autotune(configs=configs(kernel, wide), key=FWD_KEY if kernel == FWD else KEY,
                            do_bench=bench_candidate)(fn)

@@ -24,7 +24,6 @@ Decisions:
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
@@ -45,6 +44,7 @@ from tzrec_ops.ops.utils import (
 )
 
 __all__ = [
+    "attention_kernels",
     "hstu_attention_fwd",
     "hstu_attention_bwd",
     "hstu_mha",
@@ -53,34 +53,45 @@ __all__ = [
     "delta_hstu_mha_tma",
 ]
 
-# one autotuner per kernel for head dims <= 128 and one for wider heads (smaller tiles),
+# The kernels, by the names the ``tzrec_ops_autotune_configs`` hook knows them by, in launch
+# order. Each has one autotuner for head dims <= 128 and one for wider heads (smaller tiles),
 # built on first use: building one asks the plugins for extra configs, which discovers them,
-# and importing this module (e.g. to load an exported program) must not
-_AUTOTUNERS = {
-    "_fwd_kernel": (autotune.FWD, kernels._hstu_attn_fwd_kernel, False),
-    "_bwd_dq_kernel": (autotune.BWD_DQ, kernels._hstu_attn_bwd_dq_kernel, False),
-    "_bwd_dkdv_kernel": (autotune.BWD_DKDV, kernels._hstu_attn_bwd_dkdv_kernel, False),
-    "_fwd_kernel_wide": (autotune.FWD, kernels._hstu_attn_fwd_kernel, True),
-    "_bwd_dq_kernel_wide": (autotune.BWD_DQ, kernels._hstu_attn_bwd_dq_kernel, True),
-    "_bwd_dkdv_kernel_wide": (autotune.BWD_DKDV, kernels._hstu_attn_bwd_dkdv_kernel, True),
+# and importing this module (e.g. to load an exported program) must not.
+_KERNELS = {
+    autotune.FWD: kernels._hstu_attn_fwd_kernel,
+    autotune.BWD_DKDV: kernels._hstu_attn_bwd_dkdv_kernel,
+    autotune.BWD_DQ: kernels._hstu_attn_bwd_dq_kernel,
 }
-_built: Dict[str, Any] = {}
+_built: Dict[Tuple[str, bool], Any] = {}
 
 
-def _tuned(name: str) -> Any:
-    """The autotuner ``name`` of :data:`_AUTOTUNERS`, built once."""
-    found = _built.get(name)
+def _tuned(kernel: str, wide: bool) -> Any:
+    """The autotuner of ``kernel`` (a key of :data:`_KERNELS`) for wide heads or not, built
+    once."""
+    found = _built.get((kernel, wide))
     if found is None:
-        kind, fn, wide = _AUTOTUNERS[name]
-        found = _built.setdefault(name, autotune.autotuned(kind, fn, wide))
+        tuner = autotune.autotuned(kernel, _KERNELS[kernel], wide)
+        found = _built.setdefault((kernel, wide), tuner)
     return found
 
 
-def __getattr__(name: str) -> Any:
-    # tests and the benchmark read the autotuners as module attributes
-    if name in _AUTOTUNERS:
-        return _tuned(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def attention_kernels(wide: bool = False) -> Dict[str, Any]:
+    """The autotuned attention kernels the launchers run, for inspection and tuning work.
+
+    Args:
+        wide: the kernels for head dims above 128 (``max(A, V) > 128``), which have their
+            own, smaller tiles; else those for head dims up to 128.
+
+    Returns:
+        ``{autotune.FWD: ..., autotune.BWD_DKDV: ..., autotune.BWD_DQ: ...}``
+        (``"hstu_attention_fwd"``, ``"hstu_attention_bwd_dkdv"``, ``"hstu_attention_bwd_dq"``,
+        the kernel names of the ``tzrec_ops_autotune_configs`` hook), in launch order, each a
+        ``triton.runtime.Autotuner``: ``.configs`` are its candidates, ``.best_config`` the
+        config chosen at the last tuned key (absent before the first launch), ``.cache`` the
+        choice per key. The same objects every call; building them the first time asks the
+        plugins for autotune configs.
+    """
+    return {kernel: _tuned(kernel, wide) for kernel in _KERNELS}
 
 
 def _block_d(dim: int) -> int:
@@ -140,30 +151,6 @@ def _sort_indices(seq_offsets: torch.Tensor, sort_by_length: bool) -> torch.Tens
     return length_order(seq_offsets) if sort_by_length else seq_offsets
 
 
-BACKWARD_ENV = "TZREC_OPS_TRITON_ATTENTION_BACKWARD"
-
-
-def _one_pass_backward() -> bool:
-    """Whether the backward adds dQ with atomics inside the dK/dV pass: only when
-    ``TZREC_OPS_TRITON_ATTENTION_BACKWARD=one_pass`` and deterministic algorithms are off.
-
-    The two-pass kernel is the default because it measured faster as well as reproducible
-    (H100, torch 2.11, triton 3.6, bf16, B=512, H=4, A=V=128, autotuned, same run: one-pass
-    0.80x the two-pass speed at N=256, 0.91x at 1024, 0.96x at 4096, with 28-39% more peak
-    memory for its fp32 dQ buffer; on an H200 earlier, 342 vs 359 TFLOP/s at N=4096).
-    Measured again on an H100 (2026-11-25, same versions and shapes): 0.80x / 0.96x / 0.97x
-    on ``triton``, 0.85x / 0.76x / 0.82x on ``triton_tma``. Neither adding the dQ tiles with
-    the copy engine's bulk reduction (a tensor descriptor's ``atomic_add``: same speed on
-    ``triton``, 0.92x / 0.88x / 0.85x on ``triton_tma``; not kept, the interpreter cannot
-    run it) nor, with it, nine more tiles (BLOCK_N 64-128 with BLOCK_M 16-128, 4-8 warps, 1-2
-    stages: 57.4 ms against 55.3 ms two-pass at N=4096) closed the gap: the one pass takes
-    about as long as the dK/dV and dQ passes together."""
-    choice = os.environ.get(BACKWARD_ENV, "two_pass")
-    if choice not in ("one_pass", "two_pass"):
-        raise ValueError(f"{BACKWARD_ENV} must be one_pass or two_pass, got {choice!r}")
-    return choice == "one_pass" and not torch.are_deterministic_algorithms_enabled()
-
-
 def _inv_scale(max_seq_len: int, scaling_seqlen: int) -> float:
     return 1.0 / (max_seq_len if scaling_seqlen == -1 else scaling_seqlen)
 
@@ -219,7 +206,7 @@ def hstu_attention_fwd(
     def grid(meta):
         return (cdiv(grid_rows, meta["BLOCK_M"]), batch * heads)
 
-    kernel = _tuned("_fwd_kernel_wide" if max(dim_q, dim_v) > 128 else "_fwd_kernel")
+    kernel = _tuned(autotune.FWD, max(dim_q, dim_v) > 128)
     # The split form reads every cached key once per query block of D rows: it is
     # memory-bound, so it always takes pointer loads (no per-sequence descriptors to build
     # for two sources), also on triton_tma.
@@ -262,10 +249,8 @@ def hstu_attention_bwd(
     tensors, or ``grads`` (views with unit last stride, e.g. column slices of one fused
     gradient buffer) written in place.
 
-    Two passes (the default): dK/dV, then a dQ pass without atomics, bitwise reproducible.
-    One pass (see :func:`_one_pass_backward`): the dK/dV programs also add dQ into an fp32
-    buffer of ``tokens x H x A`` with atomics, then dQ is scaled into the input dtype; the
-    order of the additions varies, so dQ may differ in the last bits from run to run."""
+    Two passes: dK/dV, then dQ, each accumulating in fp32 registers without atomics, so the
+    gradients are bitwise reproducible."""
     dout, q, k, v = (switch_to_contiguous_if_needed(t) for t in (dout, q, k, v))
     seq_offsets = seq_offsets.contiguous()
     total, heads, dim_q = q.shape
@@ -296,25 +281,13 @@ def hstu_attention_bwd(
         return (cdiv(max_seq_len, meta["BLOCK_M"]), batch * heads)
 
     wide = max(dim_q, dim_v) > 128
-    suffix = "_wide" if wide else ""
-    one_pass = _one_pass_backward()
-    # the two-pass kernel never reads DQ_ACC: dq stands in (the autotuner zeroes it between
-    # timed candidates, and the dQ pass then writes all of it)
-    dq_acc = dq
-    if one_pass:
-        dq_acc = torch.zeros((total, heads, dim_q), dtype=torch.float32, device=q.device)
-    launchable(_tuned("_bwd_dkdv_kernel" + suffix))[grid_n](
-        q, k, v, dout, dk, dv, dq_acc, seq_offsets, targets, sort_idx,
+    launchable(_tuned(autotune.BWD_DKDV, wide))[grid_n](
+        q, k, v, dout, dk, dv, seq_offsets, targets, sort_idx,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        dq_acc.stride(0), dq_acc.stride(1), *scalars, ATOMIC_DQ=one_pass, **flags,
+        *scalars, **flags,
     )
-    if one_pass:
-        # the kernels carry twice the SiLU derivative: halve once, with the other factors,
-        # reading the fp32 buffer once and writing dq in its dtype
-        torch.mul(dq_acc, 0.5 * float(alpha) * _inv_scale(max_seq_len, scaling_seqlen), out=dq)
-        return dq, dk, dv
-    launchable(_tuned("_bwd_dq_kernel" + suffix))[grid_m](
+    launchable(_tuned(autotune.BWD_DQ, wide))[grid_m](
         q, k, v, dout, dq, seq_offsets, targets, sort_idx,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1),

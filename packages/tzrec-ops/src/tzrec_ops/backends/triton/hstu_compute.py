@@ -14,18 +14,10 @@ Legend: L = tokens, E = embedding dim, H = heads, A = q/k dim per head, V = valu
   for it. Traced (``torch.compile``, export) the four gradients get buffers of their own and
   one concatenation: Inductor cannot take kernels writing column views of a buffer that an
   earlier launch wrote (see :func:`preprocess_and_attention_bwd_op`).
-* :func:`hstu_compute_output` (one op with one backward):
-  ``y = dropout([u | attn | u * Norm(attn)])``
-  from the fused norm-mul-dropout kernel, then ``out = x + y @ W`` as one GEMM whose epilogue
-  adds the residual (whose gradient is ``d_out`` itself, returned without a copy). With
-  ``recompute_y_in_backward`` y is not saved; the norm backward kernel rebuilds it (same
-  dropout seed) for ``dW = y^T @ d_out``.
-
-Why over 600 lines: the built-in backends mirror :mod:`tzrec_ops.ops` (an op lives in
-``backends/triton/<its OpSpec.module>.py``, :func:`tzrec_ops.contract.mirrored_op_table`), so
-this module holds every op of ``tzrec_ops.ops.hstu_compute``: the three STU blocks, each a
-``torch.library`` op with its autograd over the norm, GEMM and attention kernels. It is some
-30 lines over, so nothing is moved out as the norms' kernels were (``_norm_kernels``).
+* :func:`hstu_compute_output` (one op with one backward): the fused norm-mul-dropout of
+  ``[u | attn | u * Norm(attn)]``, then ``out = x + y @ W`` as one GEMM. It lives in
+  :mod:`._stu_output` and is re-exported here, where the registry looks for every op of
+  ``tzrec_ops.ops.hstu_compute`` (:func:`tzrec_ops.contract.mirrored_op_table`).
 """
 
 from __future__ import annotations
@@ -38,13 +30,15 @@ from torch.utils.checkpoint import checkpoint
 
 from tzrec_ops.backends.triton import hstu_attention as attention
 from tzrec_ops.backends.triton._eager import tracing, triton_library_op
-from tzrec_ops.backends.triton._kernel_utils import draw_seed
-from tzrec_ops.backends.triton._norm_kernels import MUL, PLAIN, norm_backward, norm_forward
+from tzrec_ops.backends.triton._norm_kernels import PLAIN, norm_backward, norm_forward
+from tzrec_ops.backends.triton._stu_output import hstu_compute_output
 from tzrec_ops.backends.triton.layer_norm import layer_norm_op
 from tzrec_ops.backends.triton.mm import addmm_fwd, matmul
 from tzrec_ops.backends.triton.refusals import raise_if_refused
 from tzrec_ops.backends.triton.silu import silu_backward
 from tzrec_ops.ops.utils import switch_to_contiguous_if_needed
+
+__all__ = ["hstu_compute_uqvk", "hstu_preprocess_and_attention", "hstu_compute_output"]
 
 Tensors4 = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -476,155 +470,3 @@ def hstu_preprocess_and_attention(
         int(scaling_seqlen),
     )
     return u, attn, None, None
-
-
-# --------------------------------------------------------------------------------------------
-# hstu_compute_output: one fused op
-
-
-@triton_library_op("tzrec_ops::hstu_compute_output_triton")
-def compute_output_op(
-    attn: torch.Tensor,
-    u: torch.Tensor,
-    x: torch.Tensor,
-    norm_weight: torch.Tensor,
-    norm_bias: torch.Tensor,
-    norm_eps: float,
-    output_weight: torch.Tensor,
-    num_heads: int,
-    group_norm: bool,
-    concat_ux: bool,
-    dropout_p: float,
-    seed: int,
-    recompute_y_in_backward: bool,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out [L, E], saved y (empty with recompute), mean, rstd)."""
-    y, mean, rstd = norm_forward(
-        attn,
-        u,
-        norm_weight,
-        norm_bias,
-        norm_eps,
-        num_heads if group_norm else 1,
-        group_norm,
-        False,
-        MUL,
-        concat_ux,
-        dropout_p,
-        seed,
-    )
-    out = torch.empty((x.shape[0], output_weight.shape[1]), dtype=x.dtype, device=x.device)
-    matmul(y, output_weight, out, bias=x)
-    return out, x.new_empty(0) if recompute_y_in_backward else y, mean, rstd
-
-
-@triton_library_op("tzrec_ops::hstu_compute_output_bwd_triton")
-def compute_output_bwd_op(
-    dout: torch.Tensor,
-    attn: torch.Tensor,
-    u: torch.Tensor,
-    norm_weight: torch.Tensor,
-    norm_bias: torch.Tensor,
-    output_weight: torch.Tensor,
-    saved_y: torch.Tensor,
-    mean: torch.Tensor,
-    rstd: torch.Tensor,
-    num_heads: int,
-    group_norm: bool,
-    concat_ux: bool,
-    dropout_p: float,
-    seed: int,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(d_attn, d_u, d_norm_weight, d_norm_bias, d_output_weight); the residual's d_x is
-    d_out itself, which the autograd formula returns without a copy."""
-    dy = torch.empty((dout.shape[0], output_weight.shape[0]), dtype=dout.dtype, device=dout.device)
-    matmul(dout, output_weight.t(), dy)
-    recompute = saved_y.numel() == 0 and dout.shape[0] > 0
-    d_attn, d_u, d_norm_weight, d_norm_bias, y = norm_backward(
-        dy,
-        attn,
-        u,
-        norm_weight,
-        norm_bias,
-        mean,
-        rstd,
-        num_heads if group_norm else 1,
-        group_norm,
-        False,
-        MUL,
-        concat_ux,
-        dropout_p,
-        seed,
-        recompute,
-    )
-    if not recompute:
-        y = saved_y.view(dy.shape)
-    d_output_weight = torch.empty_like(output_weight)
-    matmul(y.t(), dout, d_output_weight)
-    return d_attn, d_u, d_norm_weight, d_norm_bias, d_output_weight
-
-
-def _setup_output(ctx, inputs, output):  # type: ignore[no-untyped-def]
-    (
-        attn,
-        u,
-        _,
-        norm_weight,
-        norm_bias,
-        _,
-        output_weight,
-        num_heads,
-        group_norm,
-        concat_ux,
-        dropout_p,
-        seed,
-        _,
-    ) = inputs
-    _, saved_y, mean, rstd = output
-    ctx.save_for_backward(attn, u, norm_weight, norm_bias, output_weight, saved_y, mean, rstd)
-    ctx.options = (num_heads, group_norm, concat_ux, dropout_p, seed)
-
-
-def _output_backward(ctx, dout, *unused):  # type: ignore[no-untyped-def]
-    d_attn, d_u, dnw, dnb, dw = compute_output_bwd_op(
-        dout.contiguous(), *ctx.saved_tensors, *ctx.options
-    )
-    return (d_attn, d_u, dout, dnw, dnb, None, dw) + (None,) * 6
-
-
-compute_output_op.register_autograd(_output_backward, setup_context=_setup_output, grad_outputs=1)
-
-
-def hstu_compute_output(
-    attn: torch.Tensor,
-    u: torch.Tensor,
-    x: torch.Tensor,
-    norm_weight: torch.Tensor,
-    norm_bias: torch.Tensor,
-    norm_eps: float,
-    output_weight: torch.Tensor,
-    num_heads: int,
-    linear_dim: int,
-    dropout_ratio: float,
-    training: bool,
-    concat_ux: bool,
-    group_norm: bool,
-    recompute_y_in_backward: bool,
-) -> torch.Tensor:
-    """Triton backend of :func:`tzrec_ops.ops.hstu_compute.hstu_compute_output`."""
-    dropout = training and dropout_ratio > 0.0
-    return compute_output_op(
-        switch_to_contiguous_if_needed(attn),
-        switch_to_contiguous_if_needed(u),
-        switch_to_contiguous_if_needed(x),
-        norm_weight,
-        norm_bias,
-        float(norm_eps),
-        output_weight,
-        num_heads,
-        bool(group_norm),
-        bool(concat_ux),
-        float(dropout_ratio) if dropout else 0.0,
-        draw_seed() if dropout else 0,
-        bool(recompute_y_in_backward),
-    )[0]

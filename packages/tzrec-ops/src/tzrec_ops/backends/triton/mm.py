@@ -19,10 +19,8 @@ count does not trigger a new tuning run.
 
 On an NVIDIA GPU, bfloat16 and float16 products of at least :data:`CUBLAS_MIN_WORK`
 multiply-adds go to cuBLAS instead (``torch.addmm``, with ``db`` and the SiLU as separate
-passes), because it is faster at every STU-layer shape measured (H200, torch 2.11, triton
-3.6, M = 62,000 tokens, the Triton kernel autotuned, one run; cuBLAS time / Triton time:
-0.65 forward, 0.79 ``dx``, 0.54 ``dw`` + ``db`` for the 512 -> 2048 input projection,
-0.67 / 0.76 / 0.67 for 512 -> 512, 0.78 / 0.73 / 0.50 for 1536 -> 512). The Triton kernel
+passes), because it was faster at every STU-layer shape measured, forward and both
+backward products (figures in docs/tzrec-ops-measurements.md). The Triton kernel
 keeps float32, AMD GPUs, the interpreter, runs under ``torch.use_deterministic_algorithms``
 (its split along K adds in a fixed order; torch refuses cuBLAS there without a
 ``CUBLAS_WORKSPACE_CONFIG``) and smaller products: their time is the host's, and the fused
@@ -181,8 +179,8 @@ def _addmm_kernel(
 # could compile another variant mid-training; the size that bounds a unit-stride dimension of
 # ``a`` must be, or its loads are not vectorized. Row-major ``a`` (the forward and dx): M is
 # the token count, K a feature dim. Transposed ``a`` (dw = x^T dz, contiguous along M): K is
-# the token count and M a feature dim; an unspecialized M there cost 41% more time in the
-# addmm kernels of an STU layer's training step (H100, E=512, 4 heads, ~125k tokens).
+# the token count and M a feature dim, and an unspecialized M there makes the loads along M
+# scalar (a large slowdown of the training step's addmm kernels).
 _ROW_MAJOR_KERNEL = triton.jit(do_not_specialize=["M", "AUTOTUNE_M", "AUTOTUNE_K"])(_addmm_kernel)
 _TRANSPOSED_KERNEL = triton.jit(do_not_specialize=["K", "K_PER_SPLIT", "AUTOTUNE_M", "AUTOTUNE_K"])(
     _addmm_kernel

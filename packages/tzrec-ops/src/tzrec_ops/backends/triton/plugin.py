@@ -60,10 +60,9 @@ def tma_unavailable() -> Optional[str]:
 def tzrec_ops_register_backends() -> List[Backend]:
     ops = mirrored_op_table(_PACKAGE)
     tma_ops = {**ops, **{op: f"{_PACKAGE}.hstu_attention:{op}_tma" for op in TMA_OPS}}
-    # triton ranks above triton_tma: on an H200 (torch 2.11, triton 3.6; B=512, H=4, d=128,
-    # bf16; two runs of the hstu_attention benchmark) descriptor loads changed the forward by
-    # -1%..+4% and the backward by -8%..+4% at N >= 1024, about the run-to-run spread, but made
-    # the backward 18-28% slower at N <= 512.
+    # triton ranks above triton_tma: descriptor loads made the attention backward slower on
+    # short sequences and were within the run-to-run spread on long ones (figures in
+    # docs/tzrec-ops-measurements.md).
     return [
         Backend(
             name="triton",

@@ -2,7 +2,7 @@
 
 The fused STU backward writes the gradient of ``u`` straight into its column view of the
 ``duvqk`` buffer, a view with a row stride wider than its row; torch's ``silu_backward`` runs a
-generic strided kernel there (0.21 ms per call at 124k x 512 bf16 on an H100).
+slow generic strided kernel there.
 """
 
 from __future__ import annotations
