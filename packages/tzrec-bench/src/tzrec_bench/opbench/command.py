@@ -21,6 +21,7 @@ from tzrec_bench.opbench import report
 from tzrec_bench.opbench.cases import ATTENTION_OPS, CASES, FORWARD_ONLY, SDPA
 from tzrec_bench.opbench.sweep import Plan, Row, run
 from tzrec_bench.opbench.triton_configs import chosen_configs
+from tzrec_ops.devices import DeviceError, resolve_device
 from tzrec_ops.registry import BackendError, backends, get_backend
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -127,12 +128,10 @@ def _choice(option: str, value: str, choices: Sequence[str]) -> str:
 
 def _device(name: str) -> torch.device:
     _choice("--device", name, ("auto", "cpu", "cuda"))
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is visible (torch.cuda.is_available() "
-                         "is False)")
-    return torch.device(name)
+    try:
+        return resolve_device(name)
+    except DeviceError as exc:
+        raise UsageError(f"--device {exc}") from None
 
 
 def _backends(text: Optional[str]) -> List[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import importlib.metadata
+import importlib.util
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +30,10 @@ def device_name(device: torch.device) -> str:
 
 
 def triton_version() -> str:
+    """The installed triton's version (read without importing it), or "not installed" when
+    it cannot be imported."""
+    if importlib.util.find_spec("triton") is None:
+        return "not installed"
     try:
         return importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
