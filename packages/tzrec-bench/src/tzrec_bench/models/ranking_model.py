@@ -21,10 +21,8 @@ backward and optimizer) the device time of the kernels it launched, its span on 
 timeline and its host time, and the kernels with the most device time. ``--count-ops`` counts
 the aten ops of one training step per part (on any device: the CPU shows the op overhead
 around the STU layers as well as a GPU does). ``--compile`` also times the training step with
-the model under ``torch.compile`` (H200, torch 2.11, triton 3.6, triton backend, defaults,
-one call: 13.1 and 13.3 ms compiled in two runs, against 10.2 ms for the three STU layers
-alone in ``stu_stack --batch 32``; eager steps of the same runs took 18 to 39 ms, the host
-being their limit).
+the model under ``torch.compile``, which removes most of the host time between the
+eager step's small kernels.
 
 Each figure is a median in ms (:func:`tzrec_ops.measure.median_ms`: on a GPU
 ``triton.testing.do_bench``, warm-up 25 ms, rep 200 ms; on the CPU, calls timed one by one
