@@ -2,7 +2,8 @@
 
     python examples/ranking_serving.py
 
-Serving encodes the user's history once (``prefill``, anchored at the request time) and
+Serving (a ``RankingServer`` over the trained model) encodes the user's history once
+(``prefill``, anchored at the request time) and
 scores any number of candidate sets against it (``score``), each equal to the full forward
 over history + candidates. A model built with ``use_time_encoding=False`` can also append
 new events to the cache (``extend``); with time encoding the history is prefilled again.
@@ -16,6 +17,7 @@ from typing import Dict
 import torch
 
 from tzrec_gr.models import HSTURanking
+from tzrec_gr.serving import RankingServer
 
 NUM_ITEMS, MAX_UIH_LEN, MAX_TARGETS = 100, 24, 4
 CLICK, LIKE = 1, 2
@@ -69,19 +71,19 @@ for step in range(30):
         print(f"step {step:2d}  loss {loss.item():.3f}")
 
 # -- serve one user: one cache, two candidate sets -----------------------------------------
-model.eval()
+server = RankingServer(model.eval())
 user = synthetic_batch(1)
 user.pop("labels")
 history = {k: v for k, v in user.items() if k.startswith("uih")}
 now = user["candidate_timestamp.sequence"][:1]  # the request time anchors every time gap
-cache = model.prefill(history, query_time=now)
+cache = server.prefill(history, query_time=now)
 for cand_ids in (torch.tensor([2, 3, 40]), torch.tensor([71, 60])):
     candidates = {
         "candidate.item_id": cand_ids,
         "candidate.sequence_length": torch.tensor([cand_ids.shape[0]]),
         "candidate_timestamp.sequence": now.expand(cand_ids.shape[0]),
     }
-    logits = model.score(cache, candidates)
+    logits = server.score(cache, candidates)
     full = model({**history, **candidates, "query_time": now})
     gap = (logits - full).abs().max().item()
     assert gap < 1e-4, gap
@@ -93,16 +95,18 @@ for cand_ids in (torch.tensor([2, 3, 40]), torch.tensor([71, 60])):
 
 # -- appending events needs forward positions: use_time_encoding=False ---------------------
 plain = build(use_time_encoding=False).eval()
-cache = plain.prefill(history)
+plain_server = RankingServer(plain)
+cache = plain_server.prefill(history)
 event = {
     "uih.item_id": torch.tensor([8]),
     "uih.sequence_length": torch.tensor([1]),
     "uih_action.sequence": torch.tensor([CLICK]),
     "uih_timestamp.sequence": now,
 }
-cache = plain.extend(cache, event)
+cache = plain_server.extend(cache, event)
 longer = {k: torch.cat([history[k], event[k]]) for k in history if k != "uih.sequence_length"}
 longer["uih.sequence_length"] = history["uih.sequence_length"] + 1
-gap = (plain.score(cache, candidates) - plain({**longer, **candidates})).abs().max().item()
+logits = plain_server.score(cache, candidates)
+gap = (logits - plain({**longer, **candidates})).abs().max().item()
 assert gap < 1e-4, gap
 print(f"appended one event without re-encoding the history (cached vs full: {gap:.1e})")

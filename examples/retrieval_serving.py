@@ -2,7 +2,8 @@
 
     python examples/retrieval_serving.py
 
-Serving keeps the user's history as a KV cache (``prefill``), appends each new event in
+Serving (a ``RetrievalServer`` over the trained model) keeps the user's history as a KV
+cache (``prefill``), appends each new event in
 O(new events) instead of re-encoding the history (``extend``), and ranks the catalogue
 by cosine with the current user embedding (``score``). Each step is checked against the
 full forward over everything seen so far. Runs on the CPU in a few seconds.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from tzrec_gr.models import HSTURetrieval
+from tzrec_gr.serving import RetrievalServer
 
 NUM_ITEMS, MAX_SEQ_LEN = 200, 32
 torch.manual_seed(0)
@@ -49,16 +51,16 @@ for step in range(30):
         print(f"step {step:2d}  loss {loss.item():.3f}")
 
 # -- serve one user: prefill 10 events, then append events one and two at a time ----------
-model.eval()
+server = RetrievalServer(model.eval())
 item_ids, _, timestamps = synthetic_batch(1)
-cache = model.prefill(item_ids[:10], torch.tensor([10]), timestamps[:10])
+cache = server.prefill(item_ids[:10], torch.tensor([10]), timestamps[:10])
 seen = 10
 for new in (1, 2, 1):
     rows = slice(seen, seen + new)
-    _, cache = model.extend(cache, item_ids[rows], torch.tensor([new]), timestamps[rows])
+    _, cache = server.extend(cache, item_ids[rows], torch.tensor([new]), timestamps[rows])
     seen += new
     full = model.user_embedding(item_ids[:seen], torch.tensor([seen]), timestamps[:seen])
     gap = (cache.user_embeddings - full).abs().max().item()
     assert gap < 1e-4, gap
-    top = model.score(cache, torch.arange(NUM_ITEMS)).topk(5).indices[0].tolist()
+    top = server.score(cache, torch.arange(NUM_ITEMS)).topk(5).indices[0].tolist()
     print(f"after {seen} events: next-item top-5 {top} (cached vs full forward: {gap:.1e})")

@@ -13,6 +13,7 @@ import torch
 from _models import ranking, retrieval
 
 from tzrec_acc import aot, gr
+from tzrec_gr.serving import RankingServer, RetrievalServer
 
 
 @pytest.mark.parametrize("build", [ranking, retrieval], ids=["ranking", "retrieval"])
@@ -29,12 +30,13 @@ def test_ranking_serving_step_equals_score_and_exports():
     model = ranking()
     step, args, shapes = gr.serving_step(model, history=8, new=4, batch=3)
     ks, vs, offsets, lengths, query_time, contextual, candidates = args
-    # the step is the model's own score() against the same cache
+    # the step is the server's own score() against the same cache
     (features,) = gr.sample_inputs(model, 3, 8, 4, seed=0)
     history = {k: v for k, v in features.items() if not k.startswith("candidate")}
-    cache = model.prefill(history, query_time)
+    server = RankingServer(model)
+    cache = server.prefill(history, query_time)
     with torch.no_grad():
-        torch.testing.assert_close(step(*args), model.score(cache, candidates))
+        torch.testing.assert_close(step(*args), server.score(cache, candidates))
         # and forward() of history + candidates, with the same query time
         full = model({**features, **candidates, "query_time": query_time})
         torch.testing.assert_close(step(*args), full)
@@ -49,8 +51,9 @@ def test_retrieval_serving_step_equals_extend_and_exports():
     step, args, shapes = gr.serving_step(model, history=6, new=3, batch=3)
     ks, vs, offsets, lengths, ids, new_lengths, timestamps = args
     cache_args = gr.sample_inputs(model, 3, 6, seed=0)
-    cache = model.prefill(*cache_args)
-    want, _ = model.extend(cache, ids, new_lengths, timestamps, update_cache=False)
+    server = RetrievalServer(model)
+    cache = server.prefill(*cache_args)
+    want, _ = server.extend(cache, ids, new_lengths, timestamps, update_cache=False)
     with torch.no_grad():
         torch.testing.assert_close(step(*args), want)
     program = aot.export(step, args, shapes)

@@ -116,7 +116,7 @@ def test_unsupported_and_old_checkpoints(tmp_path):
         load_model(tmp_path / "old.pt")
     older = {k: v for k, v in payload.items() if k != "model_config"}
     torch.save(older, tmp_path / "older.pt")
-    with pytest.raises(ValueError, match=r"has no model_config .* \(--config\)"):
+    with pytest.raises(ValueError, match=r"has no model_config: .* \(--config\)"):
         load_model(tmp_path / "older.pt")
     state = {k: v for k, v in payload["model"].items() if k != "_task_bits"}
     torch.save({**payload, "model": state}, tmp_path / "cut.pt")

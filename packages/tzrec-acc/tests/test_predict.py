@@ -214,13 +214,13 @@ def test_ranking_package_predicts_what_its_checkpoint_does(tmp_path, capsys, mon
 @pytest.mark.parametrize(
     "served, message",
     [
-        ({"model": "retrieval", "form": "full"}, "a retrieval package exported by an older "
-         "tzrec-acc, without the item table that top-K needs"),
+        ({"model": "retrieval", "form": "full"}, "is a retrieval package without the item "
+         "table that top-K needs"),
         ({"model": "ranking", "form": "serving"}, "--form serving package: it scores against "
          "a cache that only the model's prefill makes"),
         ({"model": "ranking", "form": "full", "dynamic": []}, "--dynamic none: it takes the "
          "sample batch's shapes only"),
-        (None, "exported by an older tzrec-acc"),
+        (None, "does not describe the model (no 'served' entry)"),
     ],
 )
 def test_packages_predict_cannot_serve_are_refused(tmp_path, capsys, served, message):

@@ -22,6 +22,7 @@ from torch import nn
 from tzrec_gr import EmbeddingTable, TorchrecEmbeddingTable, embedding_table
 from tzrec_gr.embeddings import init_rows_
 from tzrec_gr.models import HSTURanking, HSTURetrieval
+from tzrec_gr.serving import RetrievalServer
 
 needs_torchrec = pytest.mark.skipif(
     importlib.util.find_spec("torchrec") is None,
@@ -142,7 +143,8 @@ def test_retrieval_with_torchrec_table_equals_plain():
     _assert_same_grads(plain, rec)
     with torch.no_grad():
         candidates = torch.randint(0, NUM_ITEMS, (3, 4))
-        scores = [m.score(m.prefill(*batch), candidates) for m in (plain, rec)]
+        servers = [RetrievalServer(m) for m in (plain, rec)]
+        scores = [s.score(s.prefill(*batch), candidates) for s in servers]
     assert torch.equal(scores[1], scores[0])
 
 

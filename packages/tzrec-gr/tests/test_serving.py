@@ -1,4 +1,5 @@
-"""The models' serving API: prefill once, then score candidates and append events.
+"""The servers' API (``RetrievalServer``, ``RankingServer``): prefill once, then score
+candidates and append events.
 
 What each model guarantees (eval mode, same weights, up to rounding):
 
@@ -23,6 +24,8 @@ from _models import (
 )
 
 from tzrec_gr import HSTUPositionalEncoder, STULayer, STUStack
+from tzrec_gr.serving import Candidates, Histories, RankingServer, RetrievalServer, server_for
+from tzrec_gr.serving import transducer as serving_transducer
 from tzrec_ops.jagged import offsets_from_lengths
 from tzrec_ops.testing.tolerances import assert_close
 
@@ -53,12 +56,12 @@ def _retrieval_steps(backend: str, device: str, dtype: torch.dtype, steps=STEPS)
             for b, u in enumerate(users)
         ]
 
-    cache = model.prefill(*retrieval_batch(upto(seen), device))
+    cache = server_for(model).prefill(*retrieval_batch(upto(seen), device))
     for step in steps:
         after = [s + d for s, d in zip(seen, step)]
         ids, lengths, ts = retrieval_batch(upto(after, seen), device)
-        what_if, none = model.extend(cache, ids, lengths, ts, update_cache=False)
-        out, cache = model.extend(cache, ids, lengths, ts)
+        what_if, none = server_for(model).extend(cache, ids, lengths, ts, update_cache=False)
+        out, cache = server_for(model).extend(cache, ids, lengths, ts)
         full = model(*retrieval_batch(upto(after), device))
         rows = torch.cat(
             [torch.arange(sum(after[:b]) + seen[b], sum(after[:b]) + after[b]) for b in range(3)]
@@ -68,7 +71,7 @@ def _retrieval_steps(backend: str, device: str, dtype: torch.dtype, steps=STEPS)
         users_now = full[[sum(after[: b + 1]) - 1 for b in range(3)]]  # all have events
         assert_close(cache.user_embeddings, users_now.double(), dtype, name="user embeddings")
         seen = after
-    fresh = model.prefill(*retrieval_batch(upto(seen), device))
+    fresh = server_for(model).prefill(*retrieval_batch(upto(seen), device))
     assert cache.offsets.tolist() == fresh.offsets.tolist()
     for old_k, old_v, new_k, new_v in zip(cache.keys, cache.values, fresh.keys, fresh.values):
         assert_close(old_k, new_k.double(), dtype, name="cached keys")
@@ -76,7 +79,7 @@ def _retrieval_steps(backend: str, device: str, dtype: torch.dtype, steps=STEPS)
     candidates = torch.randint(0, 40, (3, 5), device=device)
     items = model.item_embedding(candidates)
     expected = torch.einsum("be,bte->bt", users_now.double(), items.double())
-    assert_close(model.score(cache, candidates), expected, dtype, name="scores")
+    assert_close(server_for(model).score(cache, candidates), expected, dtype, name="scores")
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -92,10 +95,10 @@ def test_retrieval_serving_in_float64():
 def test_retrieval_score_takes_shared_candidates():
     model = retrieval_model()
     ids, lengths, ts = retrieval_batch([history_user(4), history_user(2)])
-    cache = model.prefill(ids, lengths, ts)
+    cache = server_for(model).prefill(ids, lengths, ts)
     shared = torch.tensor([1, 5, 9])
     expected = model.user_embedding(ids, lengths, ts) @ model.item_embedding(shared).t()
-    torch.testing.assert_close(model.score(cache, shared), expected)
+    torch.testing.assert_close(server_for(model).score(cache, shared), expected)
 
 
 # -- ranking --------------------------------------------------------------------------------
@@ -111,12 +114,13 @@ def _ranking_scores(backend: str, device: str, dtype: torch.dtype, **kw) -> None
     keys = [*HISTORY, "uih.sequence_length", "contextual"]
     history = ranking_batch(users, keys, device)
     query_time = ranking_batch(users, ["query_time"], device)["query_time"]
-    cache = model.prefill(history, query_time)
+    cache = server_for(model).prefill(history, query_time)
     for counts in ([2, 1, 4], [3, 0, 1]):
         picked = [{**u, **_slice(u, CANDIDATES, 0, n)} for u, n in zip(users, counts)]
         candidates = ranking_batch(picked, [*CANDIDATES, "candidate.sequence_length"], device)
         expected = model(ranking_batch(picked, device=device))
-        assert_close(model.score(cache, candidates), expected.double(), dtype, name=f"{counts}")
+        got = server_for(model).score(cache, candidates)
+        assert_close(got, expected.double(), dtype, name=f"{counts}")
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -151,16 +155,17 @@ def test_ranking_without_time_encoding_appends_events_exactly(interleave):
     def events(start, stop):
         return [_slice(u, HISTORY, a, b) for u, a, b in zip(users, start, stop)]
 
-    cache = model.prefill(ranking_batch(events([0, 0], seen), history_keys))
+    cache = server_for(model).prefill(ranking_batch(events([0, 0], seen), history_keys))
     candidates = ranking_batch(users, [*CANDIDATES, "candidate.sequence_length"])
     for step in ([3, 1], [0, 2], [3, 1]):
         after = [s + d for s, d in zip(seen, step)]
-        cache = model.extend(cache, ranking_batch(events(seen, after), history_keys))
+        new = ranking_batch(events(seen, after), history_keys)
+        cache = server_for(model).extend(cache, new)
         full = [{**u, **_slice(u, HISTORY, 0, n)} for u, n in zip(users, after)]
         expected = model(ranking_batch(full))
-        assert_close(model.score(cache, candidates), expected.double(), torch.float32)
+        assert_close(server_for(model).score(cache, candidates), expected.double(), torch.float32)
         seen = after
-    fresh = model.prefill(ranking_batch(events([0, 0], seen), history_keys))
+    fresh = server_for(model).prefill(ranking_batch(events([0, 0], seen), history_keys))
     assert cache.lengths.tolist() == fresh.lengths.tolist()
 
 
@@ -169,11 +174,12 @@ def test_ranking_extend_with_time_encoding_or_context_raises():
     keys = [*HISTORY, "uih.sequence_length", "contextual"]
     for kw in ({}, {"use_time_encoding": False}):
         model = ranking_model(**kw)
-        cache = model.prefill(ranking_batch(users, keys), torch.tensor([9000, 9000]))
+        query_time = torch.tensor([9000, 9000])
+        cache = server_for(model).prefill(ranking_batch(users, keys), query_time)
         with pytest.raises(NotImplementedError, match="prefill the longer history instead"):
-            model.extend(cache, ranking_batch(users, keys))
+            server_for(model).extend(cache, ranking_batch(users, keys))
     with pytest.raises(ValueError, match="query_time is required"):
-        ranking_model().prefill(ranking_batch(users, keys))
+        server_for(ranking_model()).prefill(ranking_batch(users, keys))
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -182,38 +188,38 @@ def test_ranking_extend_with_time_encoding_or_context_raises():
 def test_serving_rejects_a_cache_from_another_model_or_batch():
     model, other = retrieval_model(), retrieval_model()
     ids, lengths, ts = retrieval_batch([history_user(3), history_user(4)])
-    cache = model.prefill(ids, lengths, ts)
+    cache = server_for(model).prefill(ids, lengths, ts)
     with pytest.raises(ValueError, match="cache was built by another model's prefill"):
-        other.extend(cache, ids, lengths, ts)
+        server_for(other).extend(cache, ids, lengths, ts)
     with pytest.raises(ValueError, match="cache was built by another model's prefill"):
-        other.score(cache, torch.tensor([1, 2]))
+        server_for(other).score(cache, torch.tensor([1, 2]))
     with pytest.raises(ValueError, match=r"lengths has B = 1 users but the cache has 2"):
-        model.extend(cache, ids[:3], lengths[:1], ts[:3])
+        server_for(model).extend(cache, ids[:3], lengths[:1], ts[:3])
     with pytest.raises(ValueError, match=r"candidate_ids has B = 3 users but the cache has 2"):
-        model.score(cache, torch.zeros(3, 2, dtype=torch.int64))
+        server_for(model).score(cache, torch.zeros(3, 2, dtype=torch.int64))
     ranking = ranking_model()
     with pytest.raises(ValueError, match="cache was built by another model's prefill"):
-        ranking.score(cache, ranking_batch([ranking_user(1, 1)] * 2, CANDIDATES))
+        RankingServer(ranking).score(cache, ranking_batch([ranking_user(1, 1)] * 2, CANDIDATES))
     users = [ranking_user(2, 2), ranking_user(1, 1)]
-    rcache = ranking.prefill(
+    rcache = server_for(ranking).prefill(
         ranking_batch(users, [*HISTORY, "uih.sequence_length", "contextual"]),
         torch.tensor([1, 2]),
     )
     wrong = ranking_batch(users[:1], [*CANDIDATES, "candidate.sequence_length"])
     with pytest.raises(ValueError, match=r"has B = 1 users but the history has 2"):
-        ranking.score(rcache, wrong)
+        server_for(ranking).score(rcache, wrong)
 
 
 def test_serving_needs_eval_mode_and_stays_within_the_bound():
     model = retrieval_model(max_seq_len=6)
     ids, lengths, ts = retrieval_batch([history_user(4), history_user(2)])
-    cache = model.prefill(ids, lengths, ts)
+    cache = server_for(model).prefill(ids, lengths, ts)
     more_ids, more_ts = torch.tensor([1, 2, 3]), torch.arange(3)
     with pytest.raises(ValueError, match=r"user 0 has 4 cached events plus lengths\[0\] = 3 new"):
-        model.extend(cache, more_ids, torch.tensor([3, 0]), more_ts)
+        server_for(model).extend(cache, more_ids, torch.tensor([3, 0]), more_ts)
     model.train()
     with pytest.raises(RuntimeError, match=r"serving runs in eval mode"):
-        model.prefill(ids, lengths, ts)
+        server_for(model).prefill(ids, lengths, ts)
 
 
 # -- the pieces -----------------------------------------------------------------------------
@@ -258,4 +264,24 @@ def test_transducer_prefill_needs_a_fixed_divisor():
     transducer = model.transducer
     transducer.stu = STUStack([STULayer(16, 2, 8, 8, backend="pytorch")])
     with pytest.raises(ValueError, match="serving needs a fixed attention divisor"):
-        transducer.prefill({})
+        serving_transducer.prefill(transducer, {})
+
+
+def test_a_non_tensor_is_a_type_error_naming_the_argument_at_every_door():
+    """The models, the servers and the session's inputs share one integer-tensor check."""
+    model = retrieval_model()
+    ids, lengths, ts = retrieval_batch([history_user(3)])
+    with pytest.raises(TypeError, match=r"item_ids must be a torch.Tensor, got list"):
+        model(ids.tolist(), lengths, ts)
+    server = RetrievalServer(model)
+    cache = server.prefill(ids, lengths, ts)
+    with pytest.raises(TypeError, match=r"candidate_ids must be a torch.Tensor, got list"):
+        server.score(cache, [1, 2])
+    with pytest.raises(TypeError, match=r"histories.lengths must be a torch.Tensor, got list"):
+        Histories(ids, [3], ts)
+    with pytest.raises(TypeError, match=r"candidates.item_ids must be a torch.Tensor, got tuple"):
+        Candidates((1, 2), torch.tensor([2]))
+    with pytest.raises(TypeError, match=r"histories.contextual must be a torch.Tensor, got list"):
+        Histories(ids, lengths, ts, contextual=[[0.0]])
+    with pytest.raises(ValueError, match=r"histories.item_ids must be an integer tensor"):
+        Histories(ids.float(), lengths, ts)

@@ -23,7 +23,13 @@ import torch
 from _models import NUM_ITEMS, history_user, ranking_model, ranking_user, retrieval_model
 
 from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
-from tzrec_gr.serving import Candidates, Histories, ServingSession, catalogue_topk
+from tzrec_gr.serving import (
+    Candidates,
+    Histories,
+    RankingServer,
+    ServingSession,
+    catalogue_topk,
+)
 from tzrec_gr.serving._graphs import GraphPool, GraphSet
 from tzrec_gr.serving._recommend_graphs import RecommendGraphs
 from tzrec_gr.serving._score_graphs import ScoreGraphs, static_cache
@@ -85,7 +91,7 @@ def test_static_cache_has_the_layout_of_a_real_cache(dtype, timed):
     session = ServingSession(model)
     session.open(["a", "b"], _ranking_histories(users))
     real = session._assemble(["a", "b"], session._users.states("users", ["a", "b"]))
-    fake, lengths_host = static_cache(model, 4, 16, torch.device("cpu"))
+    fake, lengths_host = static_cache(session.server, 4, 16, torch.device("cpu"))
     assert len(fake.keys) == len(real.keys) and len(fake.values) == len(real.values)
     for got, want in zip(fake.keys + fake.values, real.keys + real.values):
         assert got.shape == (4 * 16, want.shape[1])
@@ -111,7 +117,8 @@ def test_padded_score_step_run_eagerly_equals_score(batch):
     cands = Candidates.from_lists([[1, 2, 3], [4], [5, 6]][:batch])
     lengths = cands.lengths
     ts = torch.stack([u["query_time"] for u in users]).repeat_interleave(lengths)
-    graphs = ScoreGraphs(model, torch.device("cpu"), GraphPool(), (4,), (32,), (4,), 8)
+    server = RankingServer(model)
+    graphs = ScoreGraphs(server, torch.device("cpu"), GraphPool(), (4,), (32,), (4,), 8)
     bucket = graphs.bucket(batch, int(cache.lengths.max()), int(lengths.max()))
     assert bucket == (4, 32, 4)
     entry = graphs.new_entry(bucket)
@@ -120,7 +127,7 @@ def test_padded_score_step_run_eagerly_equals_score(batch):
     graphs.load_cache(entry, cache)
     slots = graphs.load_candidates(entry, cands.item_ids, lengths, ts)
     got = graphs.step(entry).index_select(0, slots)
-    want = model.score(
+    want = session.server.score(
         cache,
         {CANDIDATE_ITEM_ID: cands.item_ids, CANDIDATE_LENGTHS: lengths, CANDIDATE_TIMESTAMPS: ts},
     )
@@ -129,7 +136,8 @@ def test_padded_score_step_run_eagerly_equals_score(batch):
 
 def test_score_buckets_and_warm_up_buckets():
     model = ranking_model()
-    graphs = ScoreGraphs(model, torch.device("cpu"), GraphPool(), (1, 4), (16, 32), (2, 4), 8)
+    server = RankingServer(model)
+    graphs = ScoreGraphs(server, torch.device("cpu"), GraphPool(), (1, 4), (16, 32), (2, 4), 8)
     assert graphs.bucket(3, 17, 0) == (4, 32, 2)
     assert graphs.bucket(5, 1, 1) is None and graphs.bucket(1, 33, 1) is None
     sizes = {"batch_sizes": [3, 4], "lengths": None, "candidates": [1], "k": None}
@@ -142,7 +150,8 @@ def test_score_buckets_and_warm_up_buckets():
 def test_warm_up_bookkeeping_with_an_eager_stand_in(monkeypatch):
     monkeypatch.setattr(GraphSet, "_capture", _eager_capture)
     model = ranking_model()
-    graphs = ScoreGraphs(model, torch.device("cpu"), GraphPool(), (1, 4), (16, 32), (2,), 3)
+    server = RankingServer(model)
+    graphs = ScoreGraphs(server, torch.device("cpu"), GraphPool(), (1, 4), (16, 32), (2,), 3)
     report = graphs.warm_up(
         graphs.warm_up_buckets(dict.fromkeys(("batch_sizes", "lengths", "candidates", "k")), True),
         strict=False,

@@ -1,5 +1,4 @@
-"""The models' pure serving steps: functions of a cache (a pytree) that ``torch.export``
-records.
+"""The servers' pure steps: functions of a cache (a pytree) that ``torch.export`` records.
 
 ``score`` / ``extend`` over a ``ServingCache`` check their inputs and call the steps, so the
 steps at the models' bounds (the defaults, which an exported graph uses: new tokens padded
@@ -28,7 +27,7 @@ from _models import (
 from torch.export import Dim
 
 from tzrec_gr.models import HSTURanking, HSTURetrieval
-from tzrec_gr.serving import ServingCache
+from tzrec_gr.serving import RankingServer, RetrievalServer, ServingCache, server_for
 from tzrec_ops.testing.tolerances import assert_close
 
 HISTORY = ("uih.item_id", "uih_action.sequence", "uih_timestamp.sequence")
@@ -85,7 +84,7 @@ def _ranking_request(
     if model.contextual_seq_len:
         keys.append("contextual")
     query_time = ranking_batch(users, ["query_time"], device)["query_time"]
-    cache = model.prefill(ranking_batch(users, keys, device), query_time)
+    cache = server_for(model).prefill(ranking_batch(users, keys, device), query_time)
     full = ranking_batch(users, [*keys, *CANDIDATES, "query_time"], device)
     return cache, ranking_batch(users, CANDIDATES, device), full
 
@@ -96,9 +95,9 @@ def test_ranking_score_step_equals_score_and_forward(kw):
     cache, candidates, full = _ranking_request(model, [5, 0, 9], [2, 1, 4], torch.float64)
     with torch.no_grad():
         # at the model's bounds (max_targets, max_cached_len), as an exported step runs
-        got = model.score_step(_as_exported(cache), candidates)
+        got = server_for(model).score_step(_as_exported(cache), candidates)
         expected = model(full)
-    assert_close(got, model.score(cache, candidates), torch.float64, name="score")
+    assert_close(got, server_for(model).score(cache, candidates), torch.float64, name="score")
     assert_close(got, expected, torch.float64, name="forward")
 
 
@@ -114,11 +113,11 @@ def test_ranking_extend_step_equals_extend(interleave):
     keys = [*HISTORY, "uih.sequence_length"]
     history = ranking_batch([{k: u[k][:4] for k in HISTORY} for u in users], keys)
     events = ranking_batch([{k: u[k][4:] for k in HISTORY} for u in users], keys)
-    cache = model.prefill(history)
+    cache = server_for(model).prefill(history)
     before = [t.clone() for t in (cache.lengths, *cache.keys)]
     with torch.no_grad():
-        got = model.extend_step(_as_exported(cache), events)
-    _assert_same_cache(got, model.extend(cache, events), torch.float64)
+        got = server_for(model).extend_step(_as_exported(cache), events)
+    _assert_same_cache(got, server_for(model).extend(cache, events), torch.float64)
     # the given cache is a value: the step changed none of its tensors
     for old, now in zip(before, (cache.lengths, *cache.keys)):
         assert torch.equal(old, now)
@@ -130,27 +129,30 @@ def test_ranking_score_step_on_gpu_equals_score_and_forward(backend):
     model = ranking_model(backend, "cuda")
     cache, candidates, full = _ranking_request(model, [5, 0, 9], [2, 1, 4], torch.float32, "cuda")
     with torch.no_grad():
-        got = model.score_step(_as_exported(cache), candidates)
+        got = server_for(model).score_step(_as_exported(cache), candidates)
         expected = model(full)
-    assert_close(got, model.score(cache, candidates).double(), torch.float32, name="score")
+    want = server_for(model).score(cache, candidates)
+    assert_close(got, want.double(), torch.float32, name="score")
     assert_close(got, expected.double(), torch.float32, name="forward")
 
 
 def test_ranking_extend_step_refuses_time_encoding():
     model = ranking_model()
     with pytest.raises(NotImplementedError, match="use_time_encoding=False"):
-        model.extend_step(ServingCache((), (), torch.zeros(1), torch.zeros(0)), {})
+        empty = ServingCache((), (), torch.zeros(1), torch.zeros(0))
+        RankingServer(model).extend_step(empty, {})
 
 
 class _Score(torch.nn.Module):
-    """``HSTURanking.score_step`` as a module's forward (what torch.export takes)."""
+    """``RankingServer.score_step`` as a module's forward (what torch.export takes)."""
 
     def __init__(self, model: HSTURanking) -> None:
         super().__init__()
         self.model = model
+        self.server = RankingServer(model)
 
     def forward(self, cache, candidates):
-        return self.model.score_step(cache, candidates)
+        return self.server.score_step(cache, candidates)
 
 
 def _dynamic_cache_shapes(
@@ -186,7 +188,7 @@ def test_ranking_score_step_exports_with_dynamic_users_and_tokens():
         other, other_candidates, _ = _ranking_request(model, histories, counts, torch.float32)
         with torch.no_grad():
             got = program.module()(other, other_candidates)
-        torch.testing.assert_close(got, model.score(other, other_candidates))
+        torch.testing.assert_close(got, server_for(model).score(other, other_candidates))
 
 
 # -- retrieval ------------------------------------------------------------------------------
@@ -199,47 +201,49 @@ def _retrieval_request(
     users = [history_user(h + n) for h, n in zip(histories, new)]
     old = [{k: v[:h] for k, v in u.items()} for u, h in zip(users, histories)]
     events = [{k: v[h:] for k, v in u.items()} for u, h in zip(users, histories)]
-    return model.prefill(*retrieval_batch(old)), retrieval_batch(events)
+    return server_for(model).prefill(*retrieval_batch(old)), retrieval_batch(events)
 
 
 def test_retrieval_steps_equal_extend_and_score():
     model = retrieval_model().double()
     cache, events = _retrieval_request(model, [3, 0, 5], [2, 1, 0])
     candidate_ids = torch.randint(0, model.num_items, (3, 4))
+    server = RetrievalServer(model)
     with torch.no_grad():
-        rows = model.event_embeddings_step(_as_exported(cache), *events)
-        got_rows, extended = model.extend_step(_as_exported(cache), *events)
-        scores = model.score_step(_as_exported(cache), candidate_ids)
-    want_rows, want = model.extend(cache, *events)
+        rows = server.event_embeddings_step(_as_exported(cache), *events)
+        got_rows, extended = server.extend_step(_as_exported(cache), *events)
+        scores = server.score_step(_as_exported(cache), candidate_ids)
+    want_rows, want = server.extend(cache, *events)
     assert_close(rows, want_rows, torch.float64, name="event_embeddings_step")
     assert_close(got_rows, want_rows, torch.float64, name="extend_step rows")
     _assert_same_cache(extended, want, torch.float64)
     assert_close(
         extended.user_embeddings, want.user_embeddings, torch.float64, name="user embeddings"
     )
-    assert_close(scores, model.score(cache, candidate_ids), torch.float64, name="score_step")
+    assert_close(scores, server.score(cache, candidate_ids), torch.float64, name="score_step")
 
 
 class _EventEmbeddings(torch.nn.Module):
-    """``HSTURetrieval.event_embeddings_step`` with at most ``max_events`` new events per
+    """``RetrievalServer.event_embeddings_step`` with at most ``max_events`` new events per
     user, as a module's forward."""
 
     def __init__(self, model: HSTURetrieval, max_events: int) -> None:
         super().__init__()
         self.model = model
+        self.server = RetrievalServer(model)
         self.max_events = max_events
 
     def forward(self, cache, item_ids, new_lengths, timestamps):
-        return self.model.event_embeddings_step(
+        return self.server.event_embeddings_step(
             cache, item_ids, new_lengths, timestamps, self.max_events
         )
 
 
 class _Extend(_EventEmbeddings):
-    """``HSTURetrieval.extend_step`` likewise: the extended cache comes back whole."""
+    """``RetrievalServer.extend_step`` likewise: the extended cache comes back whole."""
 
     def forward(self, cache, item_ids, new_lengths, timestamps):
-        return self.model.extend_step(cache, item_ids, new_lengths, timestamps, self.max_events)
+        return self.server.extend_step(cache, item_ids, new_lengths, timestamps, self.max_events)
 
 
 def test_retrieval_event_embeddings_step_exports_with_dynamic_users_and_tokens():
@@ -260,7 +264,7 @@ def test_retrieval_event_embeddings_step_exports_with_dynamic_users_and_tokens()
         )
     for histories, counts in (([4, 1, 7, 2, 0], [3, 1, 2, 0, 3]), ([6], [1])):
         other, other_events = _retrieval_request(model, histories, counts)
-        want, _ = model.extend(other, *other_events, update_cache=False)
+        want, _ = server_for(model).extend(other, *other_events, update_cache=False)
         with torch.no_grad():
             got = program.module()(other, *other_events)
         torch.testing.assert_close(got, want)
@@ -282,7 +286,7 @@ def test_retrieval_extend_step_exports_with_dynamic_users_and_tokens():
         program = torch.export.export(_Extend(model, 3), (cache, *events), dynamic_shapes=shapes)
     for histories, counts in (([4, 1, 7, 2, 0], [3, 1, 2, 0, 3]), ([6], [2])):
         other, other_events = _retrieval_request(model, histories, counts)
-        want_rows, want = model.extend(other, *other_events)
+        want_rows, want = server_for(model).extend(other, *other_events)
         with torch.no_grad():
             rows, got = program.module()(other, *other_events)
         torch.testing.assert_close(rows, want_rows)
@@ -299,4 +303,4 @@ def test_cache_tensors_are_checked():
         ServingCache(keys, values, torch.cat([offsets, offsets[-1:]]), lengths)
     one_layer = ServingCache(keys[:1], values, offsets, lengths, user_embeddings=torch.zeros(2, 16))
     with pytest.raises(ValueError, match=r"one tensor per STU layer \(2\), got 1 and 2"):
-        model.event_embeddings_step(one_layer, *events)
+        server_for(model).event_embeddings_step(one_layer, *events)

@@ -28,6 +28,7 @@ from tzrec_gr import (
     STULayer,
     STUStack,
 )
+from tzrec_gr.serving import RankingServer, RetrievalServer
 from tzrec_ops.jagged import known_host_copy, offsets_from_lengths, remember_host_copy, to_device
 from tzrec_ops.ops import host_copies, validation
 
@@ -301,14 +302,16 @@ def _model_inputs(device: str, known: bool):
 def _serving_step(retrieval_model, ranking_model, retrieval, ranking):
     """Prefill, then one retrieval extend and one ranking score; returns the steady step."""
     ids, lengths, ts = retrieval
-    cache = retrieval_model.prefill(ids, lengths, ts)
+    retrieval_server = RetrievalServer(retrieval_model)
+    ranking_server = RankingServer(ranking_model)
+    cache = retrieval_server.prefill(ids, lengths, ts)
     history = {k: v for k, v in ranking.items() if not k.startswith("candidate")}
     candidates = {k: v for k, v in ranking.items() if k.startswith("candidate")}
-    ranking_cache = ranking_model.prefill(history, history.pop("query_time"))
+    ranking_cache = ranking_server.prefill(history, history.pop("query_time"))
 
     def step():
-        retrieval_model.extend(cache, ids, lengths, ts)
-        ranking_model.score(ranking_cache, candidates)
+        retrieval_server.extend(cache, ids, lengths, ts)
+        ranking_server.score(ranking_cache, candidates)
 
     return step
 

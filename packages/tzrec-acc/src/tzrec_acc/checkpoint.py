@@ -108,7 +108,7 @@ def load_checkpoint(
 ) -> Tuple[nn.Module, Any]:
     """The model saved at ``path``, in eval mode on the CPU, and the id vocabularies the
     checkpoint carries (a :class:`tzrec_gr.vocabulary.IdVocabularies`; None for a plain
-    state dict or a checkpoint written before checkpoints held one).
+    state dict or a checkpoint without one).
 
     Args:
         path: a tzrec-bench checkpoint or run folder, or a state dict file when ``config``
@@ -153,8 +153,8 @@ def load_checkpoint(
         spec = payload.get("model_config")
         if not isinstance(spec, dict):
             raise ValueError(
-                f"{path} has no model_config (written by an older tzrec-bench): save its "
-                "'model' state dict and pass a model config (--config)"
+                f"{path} has no model_config: save its 'model' state dict and pass a model "
+                "config (--config)"
             )
         state = payload["model"]
         model = model_from_config(spec, backend)

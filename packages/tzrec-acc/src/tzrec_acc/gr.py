@@ -9,11 +9,12 @@ Legend: B = users, T = cached tokens, L_u / L_t = history / candidate tokens.
 * :func:`item_table` is a retrieval model's catalogue as its top-K scores it (the
   L2-normalized item embeddings), which ``export`` writes beside a retrieval package;
 * :class:`RankingServingStep` / :class:`RetrievalServingStep` are the cached serving forms
-  (``HSTURanking.score`` / ``HSTURetrieval.extend(update_cache=False)``) as modules, so
-  that they export: their ``forward`` puts the cache back together from its tensors and
-  calls the model's pure step (``HSTURanking.score_step``,
-  ``HSTURetrieval.event_embeddings_step``) at the model's bounds, where the methods over a
-  ``ServingCache`` read the new tokens' longest length on the host (the new tokens are
+  (``RankingServer.score`` / ``RetrievalServer.extend(update_cache=False)`` of
+  :mod:`tzrec_gr.serving`) as modules, so that they export: their ``forward`` puts the
+  cache back together from its tensors and calls the server's pure step
+  (``RankingServer.score_step``, ``RetrievalServer.event_embeddings_step``) at the model's
+  bounds, where the methods over a ``ServingCache`` read the new tokens' longest length on
+  the host (the new tokens are
   padded to the bound inside the graph, which changes no output). The exported call takes
   the cache's tensors rather than the ``ServingCache`` pytree, so that a package runs where
   tzrec-gr is not imported.
@@ -49,6 +50,11 @@ Args = Tuple[Any, ...]
 
 def _models() -> Any:
     return require("tzrec_gr.models", "tzrec-acc[gr]", "exporting tzrec-gr models")
+
+
+def _serving() -> Any:
+    """:mod:`tzrec_gr.serving`, the servers and the cache."""
+    return require("tzrec_gr.serving", "tzrec-acc[gr]", "exporting tzrec-gr models")
 
 
 def _keys() -> Any:
@@ -230,10 +236,10 @@ def dynamic_shapes(model: nn.Module, args: Args, max_batch: int = 256) -> Any:
 
 
 class _ServingStep(nn.Module):
-    """A model's pure serving step as a module (what ``torch.export`` takes), over the
-    cache's tensors.
+    """A server's pure step as a module (what ``torch.export`` takes), over the cache's
+    tensors.
 
-    The models' steps take a ``tzrec_gr.serving.ServingCache`` whole (a pytree), but an
+    The servers' steps take a ``tzrec_gr.serving.ServingCache`` whole (a pytree), but an
     AOTInductor package whose inputs hold one can only be called where tzrec-gr is
     imported (its input spec names the class), so the exported call takes the cache as
     :data:`CACHE_FIELDS` tensors: :meth:`cache_arguments` and :meth:`cache` are the one
@@ -247,7 +253,8 @@ class _ServingStep(nn.Module):
         super().__init__()
         if model.training:
             raise ValueError("model must be in eval mode for serving; call model.eval() first")
-        self.model = model
+        self.model = model  # the weights the step reads, registered for export
+        self.server = _serving().server_for(model)
         self.eval()
 
     @classmethod
@@ -259,13 +266,12 @@ class _ServingStep(nn.Module):
     def cache(cls, *tensors: Any) -> Any:
         """The ``ServingCache`` of the call's cache arguments (its ``max_len`` None: the
         model's ``max_cached_len`` bounds it, as an exported step needs)."""
-        serving = require("tzrec_gr.serving", "tzrec-acc[gr]", "exporting tzrec-gr models")
-        return serving.ServingCache(**dict(zip(cls.CACHE_FIELDS, tensors, strict=True)))
+        return _serving().ServingCache(**dict(zip(cls.CACHE_FIELDS, tensors, strict=True)))
 
 
 class RankingServingStep(_ServingStep):
-    """``HSTURanking.score(cache, candidates)`` over plain tensors
-    (``HSTURanking.score_step`` with the candidates padded to ``max_targets``).
+    """``RankingServer.score(cache, candidates)`` over plain tensors
+    (``RankingServer.score_step`` with the candidates padded to ``max_targets``).
 
     Call Args:
         keys, values (Tuple[torch.Tensor, ...]): each STU layer's cached keys / values
@@ -298,12 +304,12 @@ class RankingServingStep(_ServingStep):
         candidates: Dict[str, torch.Tensor],
     ) -> torch.Tensor:
         cache = self.cache(keys, values, offsets, lengths, query_time, contextual)
-        return self.model.score_step(cache, candidates)
+        return self.server.score_step(cache, candidates)
 
 
 class RetrievalServingStep(_ServingStep):
-    """``HSTURetrieval.extend(cache, ..., update_cache=False)[0]`` over plain tensors
-    (``HSTURetrieval.event_embeddings_step`` with the new events padded to ``max_new``):
+    """``RetrievalServer.extend(cache, ..., update_cache=False)[0]`` over plain tensors
+    (``RetrievalServer.event_embeddings_step`` with the new events padded to ``max_new``):
     the user embedding after each new event, the cache unchanged.
 
     Call Args:
@@ -339,7 +345,7 @@ class RetrievalServingStep(_ServingStep):
         timestamps: torch.Tensor,
     ) -> torch.Tensor:
         cache = self.cache(keys, values, offsets, lengths)
-        return self.model.event_embeddings_step(
+        return self.server.event_embeddings_step(
             cache, item_ids, new_lengths, timestamps, self.max_new
         )
 
@@ -354,7 +360,7 @@ def _ranking_request(
     history = {k: v for k, v in features.items() if k in (*_history_keys(), keys.CONTEXTUAL)}
     batch = features[keys.UIH_LENGTHS].shape[0]
     query_time = features[keys.CANDIDATE_TIMESTAMPS].max().repeat(batch)
-    cache = model.prefill(history, query_time)
+    cache = _serving().RankingServer(model).prefill(history, query_time)
     request = {k: features[k] for k in _candidate_keys()}
     shapes = (
         None if cache.query_time is None else {0: users},
@@ -370,7 +376,7 @@ def _retrieval_request(
     """(step, cache of the sample's histories, ``new`` events per user at most, their dims)
     for retrieval."""
     ids, lengths, timestamps = args
-    cache = model.prefill(ids, lengths, timestamps)
+    cache = _serving().RetrievalServer(model).prefill(ids, lengths, timestamps)
     gen = torch.Generator().manual_seed(seed + 1)
     new_lengths = _new_lengths(lengths.shape[0], new, gen)
     total = int(new_lengths.sum())
@@ -385,9 +391,9 @@ def serving_step(
 ) -> Tuple[nn.Module, Args, Any]:
     """The cached serving form of ``model``, call arguments for it and their dynamic shapes.
 
-    The cache holds ``history``-event histories (``model.prefill`` of a sample batch); the
-    step scores ``new`` candidates per user (ranking) or runs ``new`` appended events per
-    user (retrieval).
+    The cache holds ``history``-event histories (the server's ``prefill`` of a sample
+    batch); the step scores ``new`` candidates per user (ranking) or runs ``new`` appended
+    events per user (retrieval).
 
     Returns:
         (the step module, its call arguments, ``dynamic_shapes`` for ``torch.export``).

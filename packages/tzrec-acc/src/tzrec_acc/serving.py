@@ -27,7 +27,7 @@ embeddings, :func:`tzrec_acc.gr.item_table`, in the exported model's dtype), and
 
 Ids: both sessions take and return the model's item ids (rows ``0..N-1``) and carry the
 training data's :class:`tzrec_gr.vocabulary.IdVocabularies` as ``session.vocabularies``
-(None for a file written before checkpoints held one): the checkpoint's, or for a package
+(None for a checkpoint without one): the checkpoint's, or for a package
 the one ``export`` stored in its sample file. Raw ids go through it at the door::
 
     histories = Histories.from_raw(session.vocabularies, [["sku-3", "sku-5"]], [[10, 20]])
@@ -166,14 +166,14 @@ class PackageSession:
             program: ``fx`` or ``trt``).
         vocabularies (tzrec_gr.vocabulary.IdVocabularies | None): the raw ids of the
             model's training data, stored by ``export`` in the sample file (None: exported
-            from a checkpoint without one, or by an older tzrec-acc).
+            from a checkpoint without one).
 
     Raises:
         FileNotFoundError: no package or sample file.
         ValueError: a package that cannot serve, named why: a ``--form serving`` package
-            (it needs a prefill cache), one exported with static dims, by an older
-            tzrec-acc, a retrieval package without its catalogue, a device other than the
-            package's, a bad ``chunk_size``.
+            (it needs a prefill cache), one exported with static dims, a sample file that
+            does not describe the model, a retrieval package without its catalogue, a
+            device other than the package's, a bad ``chunk_size``.
     """
 
     def __init__(self, path: PathLike, *, device: Device = None, chunk_size: int = 65536) -> None:
@@ -193,8 +193,9 @@ class PackageSession:
         served = sample.get("served")
         if served is None:
             raise ValueError(
-                f"{path} was exported by an older tzrec-acc (its sample file does not "
-                "describe the model); export it again, or serve the checkpoint"
+                f"{sample_file} does not describe the model (no 'served' entry): it is not "
+                "the sample file of a package export wrote; export it again, or serve the "
+                "checkpoint"
             )
         if served["form"] != "full":
             raise ValueError(
@@ -213,10 +214,9 @@ class PackageSession:
         if self.kind == "retrieval":
             if "items" not in served:
                 raise ValueError(
-                    f"{path} is a retrieval package exported by an older tzrec-acc, without "
-                    "the item table that top-K needs (it holds the user tower only); export "
-                    "it again (export now writes PACKAGE.items.pt), or serve the checkpoint "
-                    "(load_session('best.pt'))"
+                    f"{path} is a retrieval package without the item table that top-K "
+                    "needs (its sample file names no PACKAGE.items.pt); export it again, or "
+                    "serve the checkpoint (load_session('best.pt'))"
                 )
             self.limits = files.Limits("retrieval", served["num_items"], served["max_events"])
         else:

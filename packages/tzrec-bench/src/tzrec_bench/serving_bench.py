@@ -1,7 +1,7 @@
-"""What ``tzrec_gr.serving.ServingSession`` costs per ranking request, beside the model's own
-calls and a hand-captured CUDA graph (issue 37's figures).
+"""What ``tzrec_gr.serving.ServingSession`` costs per ranking request, beside the server's
+own calls and a hand-captured CUDA graph.
 
-    python -m tzrec_bench.serving_bench                     # the issue's shapes, on CUDA
+    python -m tzrec_bench.serving_bench                     # the default shapes, on CUDA
     python -m tzrec_bench.serving_bench --device cpu --users 4 --history 64 --dim 64
 
 HSTURanking (E = ``--dim``, ``--heads`` heads of ``dim / heads``, ``--layers`` layers) scores
@@ -9,14 +9,15 @@ HSTURanking (E = ``--dim``, ``--heads`` heads of ``dim / heads``, ``--layers`` l
 histories, weights in ``--dtype``. Timed, median ms per call (``tzrec_ops.measure``):
 
 1. the full forward over history + candidates (what a server without a cache runs);
-2. ``model.score`` on the cache that ``model.prefill`` built (eager: host launch cost);
+2. ``RankingServer.score`` on the cache that its ``prefill`` built (eager: host launch
+   cost);
 3. ``session.score`` of the opened users (the API a server calls; CUDA graphs inside);
 4. the same session with ``cuda_graphs="off"``;
-5. ``model.score_step`` replayed from a graph captured by hand (the floor for 3).
+5. ``RankingServer.score_step`` replayed from a graph captured by hand (the floor for 3).
 
-Then ratios: full forward / session (the issue's goal: >= 10x) and hand-captured / session
-(>= 0.9x), the session's capture time and graph memory, and the largest difference between
-the session's probabilities and the eager model's.
+Then ratios: full forward / session and hand-captured / session, the session's capture
+time and graph memory, and the largest difference between the session's probabilities and
+the eager server's.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from tzrec_gr.features import (
     UIH_TIMESTAMPS,
 )
 from tzrec_gr.models import HSTURanking
-from tzrec_gr.serving import Candidates, Histories, ServingSession
+from tzrec_gr.serving import Candidates, Histories, RankingServer, ServingSession
 from tzrec_ops.measure import cuda_graph_replay, median_ms
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -96,19 +97,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     session.open(users, histories)
     eager_session = ServingSession(model, device=device, cuda_graphs="off")
     eager_session.open(users, histories)
+    server = RankingServer(model)
     with torch.no_grad():
-        cache = model.prefill(history, query.to(device))
-        want = torch.sigmoid(model.score(cache, cands).float())
+        cache = server.prefill(history, query.to(device))
+        want = torch.sigmoid(server.score(cache, cands).float())
         got = session.score(users, candidates).float()
         rows = [
             ("1. full forward (eager)", median_ms(lambda: model(full), device)),
-            ("2. model.score (eager)", median_ms(lambda: model.score(cache, cands), device)),
+            ("2. server.score (eager)", median_ms(lambda: server.score(cache, cands), device)),
             ("3. session.score", median_ms(lambda: session.score(users, candidates), device)),
             ("4. session.score, cuda_graphs=off",
              median_ms(lambda: eager_session.score(users, candidates), device)),
         ]
         if device.type == "cuda":
-            replay = cuda_graph_replay(lambda: model.score_step(cache, cands, t))
+            replay = cuda_graph_replay(lambda: server.score_step(cache, cands, t))
             rows.append(("5. score_step, graph captured by hand", median_ms(replay, device)))
     print(f"HSTURanking E={args.dim}, {args.heads} heads, {args.layers} layers, {args.dtype}, "
           f"{b} users x {t} candidates against {n}-event caches, {device}"
@@ -124,7 +126,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"  hand-captured graph / session.score: {hand / session_ms:.2f}x")
     stats = session.graph_stats()
     print(f"  session graphs: {stats}")
-    print(f"  max |session - model.score| (probabilities): {(got - want).abs().max().item():.3g}")
+    print(f"  max |session - server.score| (probabilities): {(got - want).abs().max().item():.3g}")
     return 0
 
 

@@ -1,13 +1,13 @@
 """tzrec-gr: HSTU generative-recommender modules over tzrec-ops.
 
-STU layers and stacks with a functional KV cache, the HSTU transducer (with a serving
-cache for prefill / score / extend), its input
-preprocessors, positional encoder, content/action encoders, contextualized MLPs, output
-postprocessors, two end-to-end models (retrieval and ranking) and their losses
-(:mod:`tzrec_gr.losses`), whose id tables sit behind one interface
+STU layers and stacks with a functional KV cache (and the serving cache built on it), the
+HSTU transducer, its input preprocessors, positional encoder, content/action encoders,
+contextualized MLPs, output postprocessors, two end-to-end models (retrieval and ranking)
+and their losses (:mod:`tzrec_gr.losses`), whose id tables sit behind one interface
 (:mod:`tzrec_gr.embeddings`: ``nn.Embedding`` or a torchrec ``EmbeddingCollection``).
 Inputs are plain jagged tensors (values + offsets); torchrec inputs go through
-:mod:`tzrec_gr.torchrec_adapters`.
+:mod:`tzrec_gr.torchrec_adapters`. Serving (:mod:`tzrec_gr.serving`) stands on the models and
+is imported on its own; importing the models never imports it.
 """
 
 from tzrec_gr.action_encoder import SimpleActionEncoder
@@ -40,8 +40,15 @@ from tzrec_gr.preprocessors import (
     PreprocessorOutput,
     UIHPreprocessor,
 )
-from tzrec_gr.serving import ServingCache
-from tzrec_gr.stu import STU, KVCache, STULayer, STUOutput, STUStack, STUStackOutput
+from tzrec_gr.stu import (
+    STU,
+    KVCache,
+    ServingCache,
+    STULayer,
+    STUOutput,
+    STUStack,
+    STUStackOutput,
+)
 
 __version__ = "0.1.0"
 

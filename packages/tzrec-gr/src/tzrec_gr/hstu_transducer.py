@@ -15,9 +15,8 @@ from tzrec_gr._backend import BackendArg, resolve_module_backend
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
 from tzrec_gr.postprocessors import OutputPostprocessor
 from tzrec_gr.preprocessors import InputPreprocessor, PreprocessorOutput
-from tzrec_gr.serving import transducer as serving
-from tzrec_gr.serving.cache import ServingCache, new_owner_id
 from tzrec_gr.stu import STUStack
+from tzrec_gr.stu.serving_cache import new_owner_id
 from tzrec_ops import split_2D_jagged
 from tzrec_ops.jagged import (
     lengths_from_offsets,
@@ -67,10 +66,10 @@ class HSTUTransducer(nn.Module):
             attention by ``max_seq_len = input_preprocessor.max_output_len(max_uih_len,
             max_targets)``, the longest token sequence of these bounds (C prefix, interleaved
             pairs and candidates included), so a sample's output depends neither on the
-            call's bounds nor on the rest of the batch, and the serving methods give what
-            ``forward`` gives. The call bounds then default to these and may not exceed them.
-            None: the caller passes bounds to every call and the layers keep their scaling.
-            Default: None.
+            call's bounds nor on the rest of the batch, and serving (:mod:`tzrec_gr.serving`)
+            gives what ``forward`` gives. The call bounds then default to these and may not
+            exceed them. None: the caller passes bounds to every call and the layers keep
+            their scaling. Default: None.
         max_targets (int): the most candidates per sample (used with ``max_uih_len``).
             Default: 0.
 
@@ -92,9 +91,10 @@ class HSTUTransducer(nn.Module):
         TransducerOutput: ``candidate_embeddings [sum T_b, E]``, ``full_embeddings`` or None,
         ``seq_offsets [B + 1]``.
 
-    Serving (eval mode, no gradients; :mod:`tzrec_gr.serving.transducer`): :meth:`prefill`
-    encodes histories and returns a :class:`~tzrec_gr.serving.ServingCache`;
-    :meth:`cached_forward` runs only new tokens (candidates, or appended events) against it.
+    Serving (:mod:`tzrec_gr.serving.transducer`) runs the steps of ``forward`` one by one
+    through the public pieces: :meth:`call_bounds`, :meth:`resolve_query_time`,
+    :meth:`encode`, the ``stu`` stack, :meth:`compose_output` and :meth:`postprocess`;
+    :attr:`owner_id` marks the caches built from this transducer.
     """
 
     def __init__(
@@ -167,10 +167,26 @@ class HSTUTransducer(nn.Module):
                 layer.scaling_seqlen = bound
         return bound
 
-    def _call_bounds(
+    @property
+    def owner_id(self) -> int:
+        """Identifies this transducer: the ``owner`` of the serving caches built from it."""
+        return self._owner
+
+    @property
+    def time_encoded(self) -> bool:
+        """Whether the positional encoder encodes time (anchored at a query time)."""
+        encoder = self.positional_encoder
+        return encoder is not None and encoder.use_time_encoding
+
+    def call_bounds(
         self, max_uih_len: Optional[int], max_targets: Optional[int]
     ) -> Tuple[int, int]:
-        """The call's bounds: the given ones, checked against the constructor's, or those."""
+        """A call's ``(max_uih_len, max_targets)``: the given ones, checked against the
+        constructor's, or the constructor's where None.
+
+        Raises:
+            ValueError: a bound above the constructor's, or no ``max_uih_len`` at all.
+        """
         if self.max_uih_len is None:
             if max_uih_len is None:
                 raise ValueError(
@@ -190,28 +206,42 @@ class HSTUTransducer(nn.Module):
                 )
         return uih, targets
 
-    def _postprocess(self, emb: torch.Tensor, ts: torch.Tensor) -> torch.Tensor:
+    def postprocess(self, emb: torch.Tensor, ts: torch.Tensor) -> torch.Tensor:
+        """The output postprocessor over rows ``emb`` [N, E] with timestamps ``ts`` [N]
+        (``emb`` itself without a postprocessor)."""
         if self.output_postprocessor is None:
             return emb
         return self.output_postprocessor(emb, ts)
 
-    def _query_time(
+    def resolve_query_time(
         self, features: Features, query_time: Optional[torch.Tensor]
     ) -> Optional[torch.Tensor]:
+        """The [B] time anchor of a call: ``query_time`` when given, else the
+        ``query_time_key`` feature when that key is set, else None (each sample's last
+        timestamp).
+
+        Raises:
+            KeyError: ``query_time_key`` is set but the feature is missing.
+        """
         if query_time is not None or not self.query_time_key:
             return query_time
         if self.query_time_key not in features:
             raise KeyError(f"missing feature {self.query_time_key!r} (query_time_key)")
         return features[self.query_time_key]
 
-    def _encode(
+    def encode(
         self,
         features: Features,
         max_uih_len: int,
         max_targets: int,
         query_time: Optional[torch.Tensor],
     ) -> Tuple[PreprocessorOutput, torch.Tensor]:
-        """Preprocessor, positional encoder and input dropout: (tokens, their embeddings)."""
+        """Preprocessor, positional encoder and input dropout.
+
+        Returns:
+            (PreprocessorOutput, torch.Tensor): the tokens and their encoded embeddings
+            [L, E], ready for the STU stack.
+        """
         pre: PreprocessorOutput = self.input_preprocessor(features, max_uih_len, max_targets)
         x = pre.seq_embeddings
         if self.positional_encoder is not None:
@@ -236,9 +266,9 @@ class HSTUTransducer(nn.Module):
         *,
         query_time: Optional[torch.Tensor] = None,
     ) -> TransducerOutput:
-        max_uih_len, max_targets = self._call_bounds(max_uih_len, max_targets)
-        query_time = self._query_time(features, query_time)
-        pre, x = self._encode(features, max_uih_len, max_targets, query_time)
+        max_uih_len, max_targets = self.call_bounds(max_uih_len, max_targets)
+        query_time = self.resolve_query_time(features, query_time)
+        pre, x = self.encode(features, max_uih_len, max_targets, query_time)
         out = self.stu(
             x,
             pre.seq_offsets,
@@ -252,7 +282,7 @@ class HSTUTransducer(nn.Module):
             lengths = mirror(lengths_from_offsets, out.x_offsets)
             timestamps = self._replay_on_timestamps(pre, out.x_offsets, out.x.shape[0])
             total_uih = out.x.shape[0] - pre.total_targets
-        return self._compose(
+        return self.compose_output(
             out.x,
             out.x_offsets,
             out.max_seq_len,
@@ -263,51 +293,6 @@ class HSTUTransducer(nn.Module):
             pre.total_targets,
             target_offsets=pre.target_offsets,
             target_timestamps=pre.target_timestamps,
-        )
-
-    # -- serving (tzrec_gr.serving.transducer) ---------------------------------------------
-
-    @property
-    def owner_id(self) -> int:
-        """Identifies this transducer: the ``owner`` of the caches its :meth:`prefill` builds."""
-        return self._owner
-
-    def check_cache(self, cache: Optional[ServingCache]) -> None:
-        """Serving needs eval mode, and a cache this transducer built (None: no cache; a
-        cache without an owner is not checked)."""
-        serving.check_cache(self, cache)
-
-    def prefill(
-        self,
-        features: Features,
-        max_uih_len: Optional[int] = None,
-        *,
-        query_time: Optional[torch.Tensor] = None,
-    ) -> Tuple[TransducerOutput, ServingCache]:
-        """Encode histories (no candidates) and cache every token of every layer:
-        :func:`tzrec_gr.serving.transducer.prefill`."""
-        return serving.prefill(self, features, max_uih_len, query_time=query_time)
-
-    def cached_forward(
-        self,
-        features: Features,
-        cache: ServingCache,
-        max_new: int,
-        *,
-        targets: bool,
-        update_cache: bool = False,
-        max_cached_len: Optional[int] = None,
-    ) -> Tuple[torch.Tensor, torch.Tensor, Optional[ServingCache]]:
-        """Run only the new tokens of each sample against ``cache``:
-        :func:`tzrec_gr.serving.transducer.cached_forward`."""
-        return serving.cached_forward(
-            self,
-            features,
-            cache,
-            max_new,
-            targets=targets,
-            update_cache=update_cache,
-            max_cached_len=max_cached_len,
         )
 
     def _replay_on_timestamps(
@@ -322,7 +307,7 @@ class HSTUTransducer(nn.Module):
         source = pre.seq_offsets[sample] + pos + (pos >= c).to(torch.int64) * dropped[sample]
         return pre.seq_timestamps.index_select(0, source)
 
-    def _compose(
+    def compose_output(
         self,
         encoded: torch.Tensor,
         offsets: torch.Tensor,
@@ -335,13 +320,14 @@ class HSTUTransducer(nn.Module):
         target_offsets: Optional[torch.Tensor] = None,
         target_timestamps: Optional[torch.Tensor] = None,
     ) -> TransducerOutput:
-        """The candidates' rows of the encoded tokens, postprocessed (every row with full
-        embeddings). ``target_offsets`` (the offsets of ``num_targets``) and
+        """The transducer's output from the stack's rows ``encoded`` [L, E]: the
+        candidates' rows, postprocessed (every row too with full embeddings).
+        ``target_offsets`` (the offsets of ``num_targets``) and
         ``target_timestamps`` (the candidate rows' timestamps): the preprocessor's when it
         gives them, else derived here."""
         full = None
         if self.return_full_embeddings:
-            encoded = self._postprocess(encoded, timestamps)
+            encoded = self.postprocess(encoded, timestamps)
             full = encoded
         if total_targets == 0:
             # no candidate rows (history only): empty slices, no split
@@ -370,5 +356,5 @@ class HSTUTransducer(nn.Module):
             cand = cand.view(-1, 2, cand.shape[-1])[:, 0]
             cand_ts = cand_ts.view(-1, 2)[:, 0]
         if not self.return_full_embeddings:
-            cand = self._postprocess(cand, cand_ts)
+            cand = self.postprocess(cand, cand_ts)
         return TransducerOutput(cand, full, offsets)

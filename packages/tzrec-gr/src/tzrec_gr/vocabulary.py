@@ -249,7 +249,7 @@ class IdVocabularies:
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any], what: str) -> Optional["IdVocabularies"]:
         """The vocabularies a checkpoint or package ``payload`` holds, or None when it has
-        none (files written before vocabularies were saved)."""
+        none (a plain state dict, or a checkpoint saved without one)."""
         state = payload.get(VOCABULARY_KEY)
         return None if state is None else cls.from_state(state, what)
 

@@ -52,6 +52,7 @@ from tzrec_gr.features import (
     UIH_TIMESTAMPS,
 )
 from tzrec_gr.models import HSTURanking
+from tzrec_gr.serving import RankingServer
 from tzrec_ops.jagged import to_device
 from tzrec_ops.measure import cuda_graph_replay, median_ms
 
@@ -371,13 +372,15 @@ def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
     result: Dict[str, float] = {}
     with torch.inference_mode():
         scorer = build_model(provider, args, device).eval().to(dtype)
-        cache = scorer.prefill(hist, query_time=query_time)
+        score_server = RankingServer(scorer)
+        cache = score_server.prefill(hist, query_time=query_time)
         appender = build_model(provider, args, device, use_time_encoding=False).eval().to(dtype)
-        plain_cache = appender.prefill(hist)
+        extend_server = RankingServer(appender)
+        plain_cache = extend_server.prefill(hist)
         steps: Dict[str, Callable[[], object]] = {
             "full": lambda: scorer(full_batch),
-            "score": lambda: scorer.score(cache, cands),
-            "extend": lambda: appender.extend(plain_cache, events),
+            "score": lambda: score_server.score(cache, cands),
+            "extend": lambda: extend_server.extend(plain_cache, events),
         }
         for name, fn in steps.items():
             result[f"{name}_ms"] = median_ms(fn, device)

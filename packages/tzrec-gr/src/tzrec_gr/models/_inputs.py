@@ -1,4 +1,5 @@
-"""The models' input checks, with errors in the models' own argument names.
+"""The models' input checks, with errors in the models' own argument names. Serving's door
+(:mod:`tzrec_gr.serving.inputs`) shares :func:`check_int_tensor`.
 
 Shapes and dtypes are checked on every call. Values are checked without reading the device
 in a steady step:
@@ -17,21 +18,29 @@ skipped while ``torch.compile`` / ``torch.export`` trace the model.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, TypeVar
 
 import torch
 
 from tzrec_ops.jagged import check_once, first_true, value_checks_enabled
 
+T = TypeVar("T")
 
-def check_int_tensor(name: str, t: object, ndim: int = 1) -> None:
-    """``t`` is an integer tensor of rank ``ndim``."""
+
+def check_int_tensor(name: str, t: T, ndim: int = 1) -> T:
+    """``t`` is an integer tensor of rank ``ndim``; returns it.
+
+    Raises:
+        TypeError: ``t`` is not a tensor (as ``tzrec_ops``' checks). ValueError: another
+            rank, or a float, complex or bool dtype.
+    """
     if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+    return t
 
 
 def check_rows(name: str, t: torch.Tensor, rows: int, other: str) -> None:

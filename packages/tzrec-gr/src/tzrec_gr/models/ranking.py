@@ -44,8 +44,6 @@ from tzrec_gr.models._inputs import (
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
 from tzrec_gr.postprocessors import TimestampLayerNormPostprocessor
 from tzrec_gr.preprocessors import ContextualInterleavePreprocessor
-from tzrec_gr.serving import ranking as serving
-from tzrec_gr.serving.cache import ServingCache
 from tzrec_gr.stu import STULayer, STUStack
 
 Batch = Dict[str, torch.Tensor]
@@ -89,10 +87,11 @@ class HSTURanking(nn.Module):
         max_targets (int): the most candidates per user (keyword only). Attention divides
             by ``C + max_uih_len + max_targets`` (twice the events with interleaving), so a
             user's logits depend neither on a call's bounds nor on the other users of the
-            batch, and the serving methods give what ``forward`` gives. Default: 128.
+            batch, and serving gives what ``forward`` gives. Default: 128.
         use_time_encoding (bool): time-aware positions (counted back from the newest event)
             plus time-gap buckets; False: positions counted forward, no time buckets, which
-            :meth:`extend` needs. Keyword only. Default: True.
+            appending events to a serving cache needs (``RankingServer.extend``). Keyword
+            only. Default: True.
         validate_inputs (bool): also check item ids that are on a GPU (one device read per
             call; ids on the CPU are always checked) and that ``contextual`` holds no NaN or
             inf. Keyword only. Default: False.
@@ -127,17 +126,11 @@ class HSTURanking(nn.Module):
     A NaN in ``contextual`` makes that user's logits NaN (users never mix) unless
     ``validate_inputs`` rejects it.
 
-    Serving (eval mode; see :meth:`prefill`, :meth:`score`, :meth:`extend`)::
-
-        cache = model.prefill(history, query_time)     # histories, once
-        logits = model.score(cache, candidates)        # any number of candidate sets
-
-    :meth:`score_step` and :meth:`extend_step` are the same steps as pure functions of the
-    cache (a pytree) and the new tokens, which ``torch.export`` can record (``score`` and
-    ``extend`` check their inputs and call them). The serving code lives in
-    :mod:`tzrec_gr.serving.ranking`; these methods call it. The public pieces of the model:
-    :meth:`embed_features` (item ids to embeddings), ``transducer`` and :meth:`head`
-    (candidate logits).
+    Serving lives above the model, in :class:`tzrec_gr.serving.RankingServer` (``prefill``,
+    ``score``, ``extend`` and their pure steps), built on the model's public pieces:
+    :meth:`check_history`, :meth:`check_candidates` and :meth:`check_query_time` (the input
+    checks of ``forward``), :meth:`embed_features` (item ids to embeddings), ``transducer``
+    and :meth:`head` (candidate logits).
     """
 
     def __init__(
@@ -267,8 +260,21 @@ class HSTURanking(nn.Module):
             raise KeyError(f"{arg} is missing {key!r}; it has: {', '.join(sorted(batch))}")
         return batch[key]
 
-    def _check_history(self, arg: str, batch: Batch, max_uih_len: int, contextual: bool) -> int:
-        """Checks the history features of ``batch`` (the argument ``arg``); returns B."""
+    def check_history(self, arg: str, batch: Batch, max_uih_len: int, contextual: bool) -> int:
+        """Check the history features of ``batch`` as ``forward`` does.
+
+        Args:
+            arg (str): the argument's name in error messages (``"batch"``, ``"history"``).
+            batch (Dict[str, torch.Tensor]): holds the ``uih.*`` features.
+            max_uih_len (int): the most events per user.
+            contextual (bool): also check ``contextual`` (when the model has C > 0).
+
+        Returns:
+            int: B, the number of users.
+
+        Raises:
+            KeyError: a missing feature. ValueError: a bad one (named).
+        """
         ids = self._get(arg, batch, UIH_ITEM_ID)
         lengths = self._get(arg, batch, UIH_LENGTHS)
         ids_name = f"{arg}[{UIH_ITEM_ID!r}]"
@@ -296,8 +302,13 @@ class HSTURanking(nn.Module):
             check_finite(f"{arg}[{CONTEXTUAL!r}]", ctx, self.validate_inputs)
         return lengths.shape[0]
 
-    def _check_candidates(self, arg: str, batch: Batch, max_targets: int, users: int) -> None:
-        """Checks the candidate features of ``batch`` for ``users`` users."""
+    def check_candidates(self, arg: str, batch: Batch, max_targets: int, users: int) -> None:
+        """Check the ``candidate.*`` features of ``batch`` (the argument ``arg``) for
+        ``users`` users, at most ``max_targets`` each, as ``forward`` does.
+
+        Raises:
+            KeyError: a missing feature. ValueError: a bad one (named).
+        """
         ids = self._get(arg, batch, CANDIDATE_ITEM_ID)
         lengths = self._get(arg, batch, CANDIDATE_LENGTHS)
         ts = self._get(arg, batch, CANDIDATE_TIMESTAMPS)
@@ -312,7 +323,13 @@ class HSTURanking(nn.Module):
         check_item_ids(ids_name, ids, self.num_items, self.validate_inputs)
 
     @staticmethod
-    def _check_query_time(name: str, query_time: Optional[torch.Tensor], users: int) -> None:
+    def check_query_time(name: str, query_time: Optional[torch.Tensor], users: int) -> None:
+        """``query_time`` (the argument ``name``) is None or a [B = ``users``] integer
+        tensor.
+
+        Raises:
+            TypeError: not a tensor. ValueError: a wrong dtype, rank or size.
+        """
         if query_time is None:
             return
         check_int_tensor(name, query_time)
@@ -350,10 +367,10 @@ class HSTURanking(nn.Module):
     ) -> torch.Tensor:
         max_uih_len = check_bound("max_uih_len", max_uih_len, self.max_uih_len)
         max_targets = check_bound("max_targets", max_targets, self.max_targets)
-        users = self._check_history("batch", batch, max_uih_len, contextual=True)
-        self._check_candidates("batch", batch, max_targets, users)
+        users = self.check_history("batch", batch, max_uih_len, contextual=True)
+        self.check_candidates("batch", batch, max_targets, users)
         query_time = batch.get(QUERY_TIME)
-        self._check_query_time(f"batch[{QUERY_TIME!r}]", query_time, users)
+        self.check_query_time(f"batch[{QUERY_TIME!r}]", query_time, users)
         features, cand = self.embed_features(batch)
         out = self.transducer(features, max_uih_len, max_targets, query_time=query_time)
         return self.head(out.candidate_embeddings, cand)
@@ -370,55 +387,3 @@ class HSTURanking(nn.Module):
             torch.Tensor: scalar.
         """
         return multitask_bce_loss(logits, labels, self._task_bits, self._task_weights)
-
-    # -- serving (tzrec_gr.serving.ranking) -----------------------------------------------
-
-    def prefill(
-        self,
-        history: Batch,
-        query_time: Optional[torch.Tensor] = None,
-        max_uih_len: Optional[int] = None,
-    ) -> ServingCache:
-        """Encode B users' histories once and cache every layer's keys and values
-        (:func:`tzrec_gr.serving.ranking.prefill`).
-
-        Args:
-            history (Dict[str, torch.Tensor]): the ``uih.*`` features of ``forward`` (and
-                ``contextual`` with C > 0); no candidates.
-            query_time (torch.Tensor | None): [B] integer request time of each user, the
-                anchor of every time gap (required with time encoding).
-            max_uih_len (int | None): as in ``forward``.
-
-        Returns:
-            ServingCache: for :meth:`score` (and :meth:`extend`) of this model.
-        """
-        return serving.prefill(self, history, query_time, max_uih_len)
-
-    def score(self, cache: ServingCache, candidates: Batch) -> torch.Tensor:
-        """[L_t, K] logits of ``candidates`` (``candidate.*`` features) against the cached
-        histories, equal to ``forward(history + candidates)`` with prefill's ``query_time``;
-        the cache is unchanged (:func:`tzrec_gr.serving.ranking.score`)."""
-        return serving.score(self, cache, candidates)
-
-    def score_step(
-        self, cache: ServingCache, candidates: Batch, max_candidates: Optional[int] = None
-    ) -> torch.Tensor:
-        """:meth:`score` as a pure function of the cache and the candidates, padded to
-        ``max_candidates`` (default ``max_targets``), which ``torch.export`` can record
-        (:func:`tzrec_gr.serving.ranking.score_step`)."""
-        return serving.score_step(self, cache, candidates, max_candidates)
-
-    def extend(self, cache: ServingCache, events: Batch) -> ServingCache:
-        """The cache with ``events`` (``uih.*`` features) appended, equal to
-        :meth:`prefill` of the longer history; only with ``use_time_encoding=False`` and no
-        contextual features, ``NotImplementedError`` otherwise
-        (:func:`tzrec_gr.serving.ranking.extend`)."""
-        return serving.extend(self, cache, events)
-
-    def extend_step(
-        self, cache: ServingCache, events: Batch, max_events: Optional[int] = None
-    ) -> ServingCache:
-        """:meth:`extend` as a pure function of the cache and the events, padded to
-        ``max_events`` (default ``max_uih_len``), which ``torch.export`` can record
-        (:func:`tzrec_gr.serving.ranking.extend_step`)."""
-        return serving.extend_step(self, cache, events, max_events)

@@ -6,7 +6,7 @@ T = candidates per user.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Optional, Union
 
 import torch
 from torch import nn
@@ -30,8 +30,6 @@ from tzrec_gr.models._inputs import (
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
 from tzrec_gr.postprocessors import L2NormPostprocessor
 from tzrec_gr.preprocessors import UIHPreprocessor
-from tzrec_gr.serving import retrieval as serving
-from tzrec_gr.serving.cache import ServingCache
 from tzrec_gr.stu import STULayer, STUStack
 from tzrec_ops.jagged import mirror, offsets_from_lengths
 
@@ -62,8 +60,8 @@ class HSTURetrieval(nn.Module):
         device (torch.device | None): parameter device. Default: None.
         max_seq_len (int): the longest history the model takes (keyword only). Attention
             divides by it, so a user's embeddings depend neither on a call's
-            ``max_seq_len`` nor on the other users of the batch, and the serving methods
-            give what ``forward`` gives. Default: 512.
+            ``max_seq_len`` nor on the other users of the batch, and serving gives what
+            ``forward`` gives. Default: 512.
         validate_inputs (bool): also check item ids that are on a GPU (one device read per
             call; ids on the CPU are always checked). Keyword only. Default: False.
         embedding_tables (str | TableFactory): the item table's implementation
@@ -88,16 +86,10 @@ class HSTURetrieval(nn.Module):
     ``item_ids.shape[0]``, an item id outside ``[0, num_items)`` (see ``validate_inputs``),
     a call bound above the constructor's. Every input is an integer, so no NaN can enter.
 
-    Serving (eval mode; see :meth:`prefill`, :meth:`extend`, :meth:`score`)::
-
-        cache = model.prefill(item_ids, lengths, timestamps)      # histories, once
-        scores = model.score(cache, candidate_ids)                # [B, T] cosines
-        new_rows, cache = model.extend(cache, new_ids, new_lengths, new_timestamps)
-
-    :meth:`extend_step`, :meth:`event_embeddings_step` and :meth:`score_step` are the same
-    steps as pure functions of the cache (a pytree) and the new tokens, which
-    ``torch.export`` can record (the methods over a cache check their inputs and call them).
-    The serving code lives in :mod:`tzrec_gr.serving.retrieval`; these methods call it.
+    Serving lives above the model, in :class:`tzrec_gr.serving.RetrievalServer`
+    (``prefill``, ``extend``, ``score`` and their pure steps), built on the model's public
+    pieces: :meth:`check_history` (the input check of ``forward``), :meth:`embed_features`,
+    ``transducer``, :meth:`last_rows` and :meth:`item_embedding`.
     """
 
     def __init__(
@@ -173,14 +165,19 @@ class HSTURetrieval(nn.Module):
         emb = self.item_embeddings(item_ids)
         return emb / torch.linalg.vector_norm(emb, dim=-1, keepdim=True).clamp(min=1e-6)
 
-    def _check_history(
+    def check_history(
         self,
         item_ids: torch.Tensor,
         lengths: torch.Tensor,
         timestamps: torch.Tensor,
         max_seq_len: int,
     ) -> None:
-        """Checks a history (or new events) with at most ``max_seq_len`` events per user."""
+        """Check a history (or new events) with at most ``max_seq_len`` events per user, as
+        ``forward`` does (errors name ``item_ids``, ``lengths``, ``timestamps``).
+
+        Raises:
+            TypeError: an argument is not a tensor. ValueError: a bad one (named).
+        """
         check_int_tensor("item_ids", item_ids)
         check_int_tensor("timestamps", timestamps)
         check_rows("timestamps", timestamps, item_ids.shape[0], "item_ids")
@@ -206,7 +203,7 @@ class HSTURetrieval(nn.Module):
         max_seq_len: Optional[int] = None,
     ) -> torch.Tensor:
         max_seq_len = check_bound("max_seq_len", max_seq_len, self.max_seq_len)
-        self._check_history(item_ids, lengths, timestamps, max_seq_len)
+        self.check_history(item_ids, lengths, timestamps, max_seq_len)
         features = self.embed_features(item_ids, lengths, timestamps)
         out = self.transducer(features, max_seq_len)
         if out.full_embeddings is None:
@@ -214,8 +211,9 @@ class HSTURetrieval(nn.Module):
         return out.full_embeddings
 
     @staticmethod
-    def _last_rows(full: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """[B, E] each user's last row of ``full`` (zeros for users without rows)."""
+    def last_rows(full: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """[B, E] each user's last row of the jagged rows ``full`` [sum_b lengths[b], E]
+        (zeros for a user without rows): the user embedding after the newest event."""
         if full.shape[0] == 0:
             return full.new_zeros(lengths.shape[0], full.shape[1])
         last = (mirror(offsets_from_lengths, lengths)[1:] - 1).clamp(min=0)
@@ -229,7 +227,7 @@ class HSTURetrieval(nn.Module):
         max_seq_len: Optional[int] = None,
     ) -> torch.Tensor:
         """[B, E] the embedding after each user's last token (zeros for empty histories)."""
-        return self._last_rows(self.forward(item_ids, lengths, timestamps, max_seq_len), lengths)
+        return self.last_rows(self.forward(item_ids, lengths, timestamps, max_seq_len), lengths)
 
     def loss(
         self,
@@ -259,68 +257,3 @@ class HSTURetrieval(nn.Module):
         return sampled_softmax_loss(
             user, item_ids, lengths, self.item_embedding, negatives, self.temperature
         )
-
-    # -- serving (tzrec_gr.serving.retrieval) ---------------------------------------------
-
-    def prefill(
-        self,
-        item_ids: torch.Tensor,
-        lengths: torch.Tensor,
-        timestamps: torch.Tensor,
-        max_seq_len: Optional[int] = None,
-    ) -> ServingCache:
-        """Encode B users' histories once and cache every layer's keys and values
-        (arguments as in ``forward``; :func:`tzrec_gr.serving.retrieval.prefill`).
-        ``cache.user_embeddings`` is ``user_embedding(item_ids, lengths, timestamps)``."""
-        return serving.prefill(self, item_ids, lengths, timestamps, max_seq_len)
-
-    def extend(
-        self,
-        cache: ServingCache,
-        item_ids: torch.Tensor,
-        lengths: torch.Tensor,
-        timestamps: torch.Tensor,
-        update_cache: bool = True,
-    ) -> Tuple[torch.Tensor, Optional[ServingCache]]:
-        """Append ``lengths[b]`` new events to user b's cached history: (the user embedding
-        after each new event [L', E], the extended cache, or None with
-        ``update_cache=False``), exactly ``forward`` / ``prefill`` of the longer history
-        (:func:`tzrec_gr.serving.retrieval.extend`)."""
-        return serving.extend(self, cache, item_ids, lengths, timestamps, update_cache)
-
-    def event_embeddings_step(
-        self,
-        cache: ServingCache,
-        item_ids: torch.Tensor,
-        new_lengths: torch.Tensor,
-        timestamps: torch.Tensor,
-        max_events: Optional[int] = None,
-    ) -> torch.Tensor:
-        """``extend(cache, ..., update_cache=False)[0]`` as a pure function of the cache and
-        the new events, padded to ``max_events`` (default ``max_seq_len``), which
-        ``torch.export`` can record (:func:`tzrec_gr.serving.retrieval.event_embeddings_step`)."""
-        return serving.event_embeddings_step(
-            self, cache, item_ids, new_lengths, timestamps, max_events
-        )
-
-    def extend_step(
-        self,
-        cache: ServingCache,
-        item_ids: torch.Tensor,
-        new_lengths: torch.Tensor,
-        timestamps: torch.Tensor,
-        max_events: Optional[int] = None,
-    ) -> Tuple[torch.Tensor, ServingCache]:
-        """:meth:`extend` as a pure function: (rows [L', E], the extended cache)
-        (:func:`tzrec_gr.serving.retrieval.extend_step`)."""
-        return serving.extend_step(self, cache, item_ids, new_lengths, timestamps, max_events)
-
-    def score(self, cache: ServingCache, candidate_ids: torch.Tensor) -> torch.Tensor:
-        """[B, T] cosines of each user's embedding with ``candidate_ids`` ([B, T], or [T]
-        shared by all) (:func:`tzrec_gr.serving.retrieval.score`)."""
-        return serving.score(self, cache, candidate_ids)
-
-    def score_step(self, cache: ServingCache, candidate_ids: torch.Tensor) -> torch.Tensor:
-        """:meth:`score` as a pure function, unchecked
-        (:func:`tzrec_gr.serving.retrieval.score_step`)."""
-        return serving.score_step(self, cache, candidate_ids)

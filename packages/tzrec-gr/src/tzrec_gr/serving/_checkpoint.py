@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import nn
 
+from tzrec_gr.models import build_from_config
 from tzrec_gr.vocabulary import IdVocabularies
 
 __all__ = ["BEST", "CHECKPOINT", "load_model", "read_checkpoint", "resolve_checkpoint"]
@@ -64,13 +65,13 @@ def load_model(
     path: Union[str, pathlib.Path], backend: Optional[str], expected_format: int
 ) -> Tuple[nn.Module, Optional[IdVocabularies]]:
     """The model of the checkpoint at ``path`` (a file or a run's folder), its weights
-    loaded (on the CPU), and the id vocabularies it carries (None for a file written before
-    checkpoints held them).
+    loaded (on the CPU), and the id vocabularies it carries (None for a file without
+    them).
 
     Args:
         path: a ``torch.save`` dict with ``format``, ``model_config``
             (``{"model": class name, "kwargs": constructor args}``), ``model`` (the
-            state dict) and, from tzrec-bench 0.x on, ``vocabulary``
+            state dict) and, optionally, ``vocabulary``
             (:meth:`IdVocabularies.state <tzrec_gr.vocabulary.IdVocabularies.state>`).
         backend (str | None): the ops backend to build the model with; None: the saved one.
         expected_format (int): the ``format`` this reader understands.
@@ -80,8 +81,6 @@ def load_model(
         ValueError: the file is not such a checkpoint, its state dict does not fit, or its
             vocabulary cannot be read (a :class:`~tzrec_gr.vocabulary.VocabularyError`).
     """
-    from tzrec_gr.models import build_from_config  # (tzrec_gr.models imports serving)
-
     file, payload = read_checkpoint(path, expected_format)
     vocabularies = IdVocabularies.from_payload(payload, str(file))
     model = build_from_config(payload["model_config"], backend)

@@ -1,4 +1,5 @@
-"""CUDA graphs of a ranking model's ``score_step``, one per padded bucket of request shapes.
+"""CUDA graphs of a :class:`~tzrec_gr.serving.RankingServer`'s ``score_step``, one per padded
+bucket of request shapes.
 
 Legend: B = users, n_b = cached tokens of user b, T = candidates per user, K = tasks; a bucket
 (Bb, Lb, Tb) holds up to Bb users of at most Lb cached tokens and Tb candidates each.
@@ -23,28 +24,29 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
-from torch import nn
 
 from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
 from tzrec_gr.serving._graphs import Bucket, Entry, GraphPool, GraphSet, fit, fit_sizes, product
-from tzrec_gr.serving._requests import contextual_width, timed
-from tzrec_gr.serving.cache import ServingCache
+from tzrec_gr.stu import ServingCache
 from tzrec_ops.jagged import host_copy, offsets_from_lengths, remember_host_copy
+
+if TYPE_CHECKING:  # the server builds these graphs: its module imports this one
+    from tzrec_gr.serving.ranking import RankingServer
 
 __all__ = ["ScoreGraphs", "static_cache"]
 
 
 def static_cache(
-    model: nn.Module, batch: int, length: int, device: torch.device
+    server: RankingServer, batch: int, length: int, device: torch.device
 ) -> Tuple[ServingCache, torch.Tensor]:
     """A zeroed cache of ``batch`` users in the padded layout of ``length`` rows each, with
-    the dtypes and widths of what the model's ``prefill`` builds (no request needed).
+    the dtypes and widths of what the server's ``prefill`` builds (no request needed).
 
     Args:
-        model (HSTURanking): the model.
+        server (RankingServer): the model's server.
         batch (int): Bb, users.
         length (int): Lb, rows per user.
         device (torch.device): where the buffers live.
@@ -55,7 +57,7 @@ def static_cache(
     """
     rows = batch * length
     keys, values = [], []
-    for layer in model.transducer.stu.stu_layers:
+    for layer in server.model.transducer.stu.stu_layers:
         dtype = next(layer.parameters()).dtype
         heads = layer.num_heads
         keys.append(torch.zeros(rows, heads * layer.attention_dim, dtype=dtype, device=device))
@@ -63,17 +65,19 @@ def static_cache(
     offsets_host = torch.arange(batch + 1, dtype=torch.int64) * length
     offsets = remember_host_copy(offsets_host.to(device), offsets_host)
     lengths = torch.zeros(batch, dtype=torch.int64, device=device)
-    width = contextual_width(model, "ranking")
-    dtype = next(model.parameters()).dtype
+    width = server.contextual_width
+    dtype = server.dtype
     cache = ServingCache(
         keys=tuple(keys),
         values=tuple(values),
         offsets=offsets,
         lengths=lengths,
-        query_time=(torch.zeros(batch, dtype=torch.int64, device=device) if timed(model) else None),
+        query_time=(
+            torch.zeros(batch, dtype=torch.int64, device=device) if server.time_encoded else None
+        ),
         contextual=(torch.zeros(batch, width, dtype=dtype, device=device) if width > 0 else None),
         max_len=length,
-        owner=model.transducer.owner_id,
+        owner=server.owner_id,
     )
     return cache, torch.zeros(batch, dtype=torch.int64)
 
@@ -90,10 +94,10 @@ class _ScoreEntry(Entry):
 
 
 class ScoreGraphs(GraphSet):
-    """The captured graphs of one ranking model's ``score_step`` (see the module docstring).
+    """The captured graphs of one ranking server's ``score_step`` (see the module docstring).
 
     Args:
-        model (HSTURanking): the model, on ``device``.
+        server (RankingServer): the model's server, the model on ``device``.
         device (torch.device): where the buffers live.
         pool (GraphPool): the session's graph memory pool.
         batch_buckets, length_buckets, candidate_buckets: Bb, Lb and Tb values.
@@ -105,7 +109,7 @@ class ScoreGraphs(GraphSet):
 
     def __init__(
         self,
-        model: nn.Module,
+        server: RankingServer,
         device: torch.device,
         pool: GraphPool,
         batch_buckets: Sequence[int],
@@ -114,7 +118,7 @@ class ScoreGraphs(GraphSet):
         max_graphs: int,
     ) -> None:
         super().__init__(pool, max_graphs)
-        self.model = model
+        self.server = server
         self.device = device
         self.batch_buckets = tuple(sorted(batch_buckets))
         self.length_buckets = tuple(sorted(length_buckets))
@@ -144,7 +148,7 @@ class ScoreGraphs(GraphSet):
     def new_entry(self, bucket: Bucket) -> _ScoreEntry:
         bb, lb, tb = bucket
         device = self.device
-        cache, lengths_host = static_cache(self.model, bb, lb, device)
+        cache, lengths_host = static_cache(self.server, bb, lb, device)
         cand_lengths_host = torch.full((bb,), tb, dtype=torch.int64)
         cand_lengths = remember_host_copy(cand_lengths_host.to(device), cand_lengths_host)
         ids = torch.zeros(bb * tb, dtype=torch.int64, device=device)
@@ -163,7 +167,7 @@ class ScoreGraphs(GraphSet):
         keys, values and times, item 0 as every candidate: valid inputs to capture on."""
         assert isinstance(entry, _ScoreEntry) and entry.cache is not None
         bb, lb, _ = entry.bucket
-        full = torch.full((bb,), min(lb, self.model.max_cached_len), dtype=torch.int64)
+        full = torch.full((bb,), min(lb, self.server.model.max_cached_len), dtype=torch.int64)
         entry.cache.lengths.copy_(full.to(self.device))
         entry.lengths_host = full
         entry.resident = None
@@ -230,15 +234,13 @@ class ScoreGraphs(GraphSet):
 
     def step(self, entry: Entry) -> torch.Tensor:
         """[Bb * Tb, K] logits of every slot, from the buffers (what is captured)."""
-        from tzrec_gr.serving.ranking import score_step
-
         assert isinstance(entry, _ScoreEntry) and entry.cache is not None
         candidates = {
             CANDIDATE_ITEM_ID: entry.cand_ids,
             CANDIDATE_LENGTHS: entry.cand_lengths,
             CANDIDATE_TIMESTAMPS: entry.cand_ts,
         }
-        return score_step(self.model, entry.cache, candidates, entry.bucket[2])
+        return self.server.score_step(entry.cache, candidates, entry.bucket[2])
 
     def before_capture(self, entry: Entry) -> None:
         # the index tensors' host copies, for the ops' value checks during the capture

@@ -20,8 +20,8 @@ from typing import Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, Un
 
 import torch
 
-from tzrec_gr.serving.cache import ServingCache
 from tzrec_gr.serving.inputs import Histories
+from tzrec_gr.stu import ServingCache
 from tzrec_ops.jagged import host_copy, mirror, offsets_from_lengths, to_device
 
 __all__ = ["UserIds", "UserState", "UserStore", "joined", "longer_histories", "user_list"]
@@ -78,13 +78,21 @@ def joined(
 
 
 def longer_histories(
-    states: List[UserState], events: Histories, bound: int, *, ranking: bool
+    states: List[UserState],
+    events: Histories,
+    bound: int,
+    *,
+    actions: bool,
+    query_time: bool,
 ) -> Histories:
     """The users' kept events followed by their new ``events`` (row b for ``states[b]``),
     each cut to its newest ``bound``, as one CPU :class:`Histories`.
 
-    The query time (ranking) is the events' own, else each user's newest event's time (or
-    the kept request time of a user without new events).
+    Args:
+        actions (bool): keep the action bitmasks (the server's ``needs_actions``).
+        query_time (bool): set the query time (the server's ``keeps_query_time``): the
+            events' own, else each user's newest event's time (or the kept request time of
+            a user without new events).
     """
     offsets = events.offsets
     longer = [
@@ -99,9 +107,9 @@ def longer_histories(
         for b, s in enumerate(states)
     ]
     if events.query_time is not None:
-        query_time = events.query_time.detach().cpu()
+        times = events.query_time.detach().cpu()
     else:
-        query_time = torch.tensor(
+        times = torch.tensor(
             [
                 int(ts[-1])
                 if ts.numel()  # type: ignore[union-attr]
@@ -115,13 +123,13 @@ def longer_histories(
         item_ids=torch.cat([h[0] for h in longer]),  # type: ignore[misc]
         lengths=torch.tensor([h[0].numel() for h in longer], dtype=torch.int64),  # type: ignore[union-attr]
         timestamps=torch.cat([h[1] for h in longer]),  # type: ignore[misc]
-        actions=torch.cat([h[2] for h in longer]) if ranking else None,  # type: ignore[misc]
+        actions=torch.cat([h[2] for h in longer]) if actions else None,  # type: ignore[misc]
         contextual=(
             None
             if states[0].contextual is None
             else torch.stack([s.contextual for s in states]).cpu()  # type: ignore[misc]
         ),
-        query_time=query_time if ranking else None,
+        query_time=times if query_time else None,
     )
 
 

@@ -41,8 +41,8 @@ read with the vocabulary's ``parse``; in JSONL and Parquet ``"12"`` and ``12`` a
 id), mapped to the model's rows on the host; an id the vocabulary does not hold is a bad
 row. Raw integer ids are never read as the model's rows, even when they fall inside
 ``0..N-1``. The model's own ids ``[0, num_items)`` are read and written only with
-``--ids model`` (``items=None``), and by a file written before checkpoints carried a
-vocabulary (the commands print a note).
+``--ids model`` (``items=None``), and by a file that carries no vocabulary (the commands
+print a note).
 
 Seen items (retrieval): kept by default, as tzrec-bench's trainer ranks them
 (``TrainConfig.exclude_seen`` is False); ``--exclude-seen`` leaves the user's own items
@@ -152,19 +152,16 @@ def session_limits(session: Any, tasks: Optional[Sequence[str]] = None) -> Limit
         tasks: ranking: a name per task for the output columns. Default: ``task_0``,
             ``task_1``, ...
     """
-    model = session.model
-    if session.kind == "retrieval":
-        return Limits("retrieval", model.num_items, model.max_seq_len)
-    width = 0
-    if model.contextual_seq_len > 0:
-        pre = model.transducer.input_preprocessor
-        width = pre.contextual_seq_len() * pre.contextual_feature_dim
+    model, server = session.model, session.server
+    if server.kind == "retrieval":
+        return Limits(server.kind, model.num_items, server.max_events)
+    width = server.contextual_width
     names = (
         tuple(tasks) if tasks is not None else tuple(f"task_{i}" for i in range(model.num_tasks))
     )
     if len(names) != model.num_tasks:
         raise ValueError(f"tasks has {len(names)} names but the model has {model.num_tasks} tasks")
-    return Limits("ranking", model.num_items, model.max_uih_len, model.max_targets, width, names)
+    return Limits(server.kind, model.num_items, server.max_events, model.max_targets, width, names)
 
 
 def item_vocabulary(
@@ -189,14 +186,14 @@ def item_vocabulary(
     if vocabularies is None:
         if ids == "raw":
             raise PredictError(
-                f"--ids raw: {what} holds no id vocabulary (written before checkpoints "
-                "carried one, or a plain state dict), so it knows only the model's item "
-                "ids; pass --ids model to read and write those, or train it again"
+                f"--ids raw: {what} holds no id vocabulary (a checkpoint without one, or a "
+                "plain state dict), so it knows only the model's item ids; pass --ids "
+                "model to read and write those, or train it again"
             )
         return None, (
-            f"note: {what} holds no id vocabulary (written before checkpoints carried "
-            "one, or a plain state dict): item ids are the model's rows 0..N-1 (tzrec-bench "
-            "numbers items in the order of their raw ids)"
+            f"note: {what} holds no id vocabulary (a checkpoint without one, or a plain "
+            "state dict): item ids are the model's rows 0..N-1 (tzrec-bench numbers items "
+            "in the order of their raw ids)"
         )
     items = vocabularies.items
     source = f" of {vocabularies.source}" if vocabularies.source else ""
@@ -516,8 +513,8 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="item ids of item_ids, candidates and the output: raw (the ids of the event "
         "log the model was trained on, through the vocabulary its file carries: the "
-        "default) or model (the model's rows 0..N-1); a file written before checkpoints "
-        "carried a vocabulary reads model ids, with a note (--ids raw: an error)",
+        "default) or model (the model's rows 0..N-1); a file without a vocabulary reads "
+        "model ids, with a note (--ids raw: an error)",
     )
     parser.add_argument(
         "--batch-size", type=int, default=64, metavar="B", help="users per model call"

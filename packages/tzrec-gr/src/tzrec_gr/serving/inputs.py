@@ -11,6 +11,11 @@ lookup per batch; an unknown raw id is a ValueError naming the user and the id).
 on the CPU: the session checks their values there (naming the argument and the user's row)
 before any kernel runs, then moves them to the model's device without reading the device
 back.
+
+This module is serving's one door: a request is checked here (shapes and dtypes when built,
+values against the model in ``check``) and the servers encode it without checking it again.
+The integer-tensor check is the models' own (:func:`tzrec_gr.models._inputs.check_int_tensor`):
+a non-tensor is a TypeError naming the argument, a wrong rank or dtype a ValueError.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any, List, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from tzrec_gr.models._inputs import check_int_tensor
 from tzrec_gr.vocabulary import IdVocabularies, Vocabulary
 from tzrec_ops.jagged import first_true, offsets_from_lengths
 
@@ -43,8 +49,7 @@ def _item_vocabulary(vocabulary: Any) -> Vocabulary:
     if vocabulary is None:
         raise ValueError(
             "from_raw needs the model's item vocabulary, got None: the checkpoint holds no "
-            "vocabulary (written before checkpoints carried one); give model ids to "
-            "from_lists"
+            "vocabulary; give model ids to from_lists"
         )
     raise TypeError(
         f"vocabulary must be an IdVocabularies or a Vocabulary, got {type(vocabulary).__name__}"
@@ -89,16 +94,6 @@ def _raw_rows(
 
 def _cat(rows: List[torch.Tensor]) -> torch.Tensor:
     return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64)
-
-
-def _check_int(name: str, t: object, ndim: int = 1) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
-    return t
 
 
 def _user_of(offsets: torch.Tensor, row: int) -> int:
@@ -147,6 +142,7 @@ class Histories:
             user's newest timestamp.
 
     Raises:
+        TypeError: an argument is not a tensor (named).
         ValueError: shapes, dtypes or lengths that do not fit together, naming the argument.
             Values against a model (ids in the catalogue, sorted timestamps, no empty
             history) are checked by :meth:`check`, which the session calls.
@@ -160,13 +156,13 @@ class Histories:
     query_time: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
-        ids = _check_int("histories.item_ids", self.item_ids)
-        lengths = _check_int("histories.lengths", self.lengths)
+        ids = check_int_tensor("histories.item_ids", self.item_ids)
+        lengths = check_int_tensor("histories.lengths", self.lengths)
         for name in ("timestamps", "actions"):
             t = getattr(self, name)
             if t is None and name == "actions":
                 continue
-            _check_int(f"histories.{name}", t)
+            check_int_tensor(f"histories.{name}", t)
             if t.shape[0] != ids.shape[0]:
                 raise ValueError(
                     f"histories.{name} has {t.shape[0]} rows but histories.item_ids has "
@@ -174,7 +170,11 @@ class Histories:
                 )
         if self.contextual is not None:
             ctx = self.contextual
-            if not isinstance(ctx, torch.Tensor) or ctx.dim() != 2 or not ctx.is_floating_point():
+            if not isinstance(ctx, torch.Tensor):
+                raise TypeError(
+                    f"histories.contextual must be a torch.Tensor, got {type(ctx).__name__}"
+                )
+            if ctx.dim() != 2 or not ctx.is_floating_point():
                 raise ValueError(
                     "histories.contextual must be a [B, C * Fc] float tensor, got "
                     f"{getattr(ctx, 'dtype', type(ctx).__name__)} "
@@ -186,7 +186,7 @@ class Histories:
                     f"B = {lengths.shape[0]} users; they must match"
                 )
         if self.query_time is not None:
-            _check_int("histories.query_time", self.query_time)
+            check_int_tensor("histories.query_time", self.query_time)
             if self.query_time.shape[0] != lengths.shape[0]:
                 raise ValueError(
                     f"histories.query_time has {self.query_time.shape[0]} entries but "
@@ -281,6 +281,7 @@ class Histories:
         needs_actions: bool = False,
         contextual_width: int = 0,
         after: Optional[Sequence[Optional[int]]] = None,
+        max_events: Optional[int] = None,
     ) -> None:
         """Check the values against a model (one read of the values if they are not on the
         CPU).
@@ -293,13 +294,22 @@ class Histories:
                 Default: 0.
             after (Sequence[int | None] | None): each user's newest timestamp so far (for
                 appended events, which must not be older). Default: None.
+            max_events (int | None): the most events of one user (the model's bound).
+                Default: None, no bound.
 
         Raises:
             ValueError: naming the argument and the user's row: an unknown item id,
-                timestamps that go back in time, an empty history, a missing feature.
+                timestamps that go back in time, an empty history, a missing feature, a
+                history longer than ``max_events``.
         """
         offsets = self.offsets
         lengths = offsets[1:] - offsets[:-1]
+        if max_events is not None and bool((lengths > max_events).any()):
+            b = first_true(lengths > max_events)
+            raise ValueError(
+                f"histories of user {b} has {int(lengths[b])} events, more than the "
+                f"model takes ({max_events}); keep the newest {max_events}"
+            )
         if not allow_empty and bool((lengths == 0).any()):
             b = first_true(lengths == 0)
             raise ValueError(f"histories of user {b} is empty: every user needs at least one event")
@@ -344,6 +354,12 @@ class Histories:
                 row = first_true((~torch.isfinite(self.contextual.cpu())).any(dim=1))
                 raise ValueError(f"histories.contextual of user {row} has a NaN or inf")
 
+    def query_times(self) -> torch.Tensor:
+        """[B] int64 CPU: ``query_time`` when given, else each user's newest timestamp."""
+        if self.query_time is not None:
+            return self.query_time.detach().cpu().to(torch.int64)
+        return self.newest_timestamps()
+
     def newest_timestamps(self) -> torch.Tensor:
         """[B] int64 each user's newest timestamp (0 for a user without events), CPU."""
         ts = self.timestamps.detach().cpu().to(torch.int64)
@@ -369,10 +385,10 @@ class Candidates:
     timestamps: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
-        ids = _check_int("candidates.item_ids", self.item_ids)
-        lengths = _check_int("candidates.lengths", self.lengths)
+        ids = check_int_tensor("candidates.item_ids", self.item_ids)
+        lengths = check_int_tensor("candidates.lengths", self.lengths)
         if self.timestamps is not None:
-            _check_int("candidates.timestamps", self.timestamps)
+            check_int_tensor("candidates.timestamps", self.timestamps)
             if self.timestamps.shape[0] != ids.shape[0]:
                 raise ValueError(
                     f"candidates.timestamps has {self.timestamps.shape[0]} rows but "
@@ -420,7 +436,7 @@ class Candidates:
     @classmethod
     def from_dense(cls, item_ids: torch.Tensor) -> Candidates:
         """From a [B, T] integer tensor: T candidates per user."""
-        _check_int("candidates", item_ids, 2)
+        check_int_tensor("candidates", item_ids, 2)
         lengths = torch.full((item_ids.shape[0],), item_ids.shape[1], dtype=torch.int64)
         return cls(item_ids.reshape(-1), lengths)
 

@@ -1,12 +1,11 @@
-""":class:`~tzrec_gr.models.HSTURanking`'s serving: prefill histories, score candidates,
-append events. The model's ``prefill``, ``score``, ``score_step``, ``extend`` and
-``extend_step`` methods call these.
+""":class:`RankingServer`: the serving of an :class:`~tzrec_gr.models.HSTURanking`: prefill
+histories, score candidates, append events.
 
 Legend: B = users, L_t = candidate tokens, K = tasks.
 
 ``score`` and ``extend`` check their inputs, read the new tokens' longest length on the host
 and call the pure steps ``score_step`` and ``extend_step``: functions of a
-:class:`~tzrec_gr.serving.ServingCache` and plain tensors that check nothing, read nothing
+:class:`~tzrec_gr.stu.ServingCache` and plain tensors that check nothing, read nothing
 on the host and change nothing, which ``torch.export`` records (the new tokens padded to the
 model's bound, which changes no output).
 """
@@ -14,7 +13,7 @@ model's bound, which changes no output).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -22,20 +21,327 @@ from tzrec_gr.features import (
     CANDIDATE_ITEM_ID,
     CANDIDATE_LENGTHS,
     CANDIDATE_TIMESTAMPS,
+    CONTEXTUAL,
     UIH_ACTIONS,
     UIH_ITEM_ID,
     UIH_LENGTHS,
     UIH_TIMESTAMPS,
 )
+from tzrec_gr.models import HSTURanking
 from tzrec_gr.models._inputs import check_appended, check_batch, check_bound
-from tzrec_gr.serving.cache import ServingCache, constant_lengths, longest
-
-if TYPE_CHECKING:
-    from tzrec_gr.models.ranking import HSTURanking
+from tzrec_gr.serving import transducer as cached
+from tzrec_gr.serving._graphs import GraphPool, GraphSet, powers_of_two_up_to
+from tzrec_gr.serving._score_graphs import ScoreGraphs
+from tzrec_gr.serving.inputs import Histories
+from tzrec_gr.serving.server import Features, ModelServer
+from tzrec_gr.stu import ServingCache
+from tzrec_gr.stu.serving_cache import constant_lengths, longest
 
 Batch = Dict[str, torch.Tensor]
 
-__all__ = ["extend", "extend_step", "prefill", "score", "score_step"]
+__all__ = ["RankingServer"]
+
+
+class RankingServer(ModelServer):
+    """Serves an :class:`~tzrec_gr.models.HSTURanking`: per-task logits of candidates
+    against cached histories.
+
+    Args:
+        model (HSTURanking): the trained model, in eval mode when serving.
+
+    Example::
+
+        server = RankingServer(model.eval())
+        cache = server.prefill(history, query_time)     # histories, once
+        logits = server.score(cache, candidates)        # any number of candidate sets
+
+    :meth:`score_step` and :meth:`extend_step` are the same steps as pure functions of the
+    cache (a pytree) and the new tokens, which ``torch.export`` can record (:meth:`score`
+    and :meth:`extend` check their inputs and call them).
+
+    Raises:
+        TypeError: ``model`` is not an HSTURanking.
+    """
+
+    kind = "ranking"
+    model_name = "HSTURanking"
+    call = "score"
+    answers = "score(users, candidates)"
+    request_size = "candidates"
+    needs_actions = True
+    keeps_query_time = True
+
+    def __init__(self, model: HSTURanking) -> None:
+        if not isinstance(model, HSTURanking):
+            raise TypeError(f"model must be an HSTURanking, got {type(model).__name__}")
+        super().__init__(model)
+
+    # -- the tensor API -------------------------------------------------------------------
+
+    @torch.no_grad()
+    def prefill(
+        self,
+        history: Batch,
+        query_time: Optional[torch.Tensor] = None,
+        max_uih_len: Optional[int] = None,
+    ) -> ServingCache:
+        """Encode B users' histories once and cache every layer's keys and values.
+
+        Args:
+            history (Dict[str, torch.Tensor]): the ``uih.*`` features of the model's
+                ``forward`` (and ``contextual`` with C > 0); no candidates.
+            query_time (torch.Tensor | None): [B] integer request time of each user, the
+                anchor of every time gap (required with time encoding; candidates scored
+                against this cache are measured from it too).
+            max_uih_len (int | None): as in ``forward``.
+
+        Returns:
+            ServingCache: for :meth:`score` (and :meth:`extend`) of this model.
+        """
+        model = self.model
+        max_uih_len = check_bound("max_uih_len", max_uih_len, model.max_uih_len)
+        self.check_cache(None)
+        users = model.check_history("history", history, max_uih_len, contextual=True)
+        if model.use_time_encoding and query_time is None:
+            raise ValueError(
+                "query_time is required: the time gaps of the cached history and of the "
+                "candidates scored against it are measured from it"
+            )
+        model.check_query_time("query_time", query_time, users)
+        return self._prefill(history, query_time, max_uih_len)
+
+    @torch.no_grad()
+    def score(self, cache: ServingCache, candidates: Batch) -> torch.Tensor:
+        """Logits of candidates against cached histories; the cache is unchanged.
+
+        Exact: equals the model's ``forward(history + candidates)`` with ``query_time`` =
+        the one given to :meth:`prefill` (up to rounding), because targets attend to the
+        history and themselves only, and the divisor is fixed. Call it any number of times
+        with the same cache.
+
+        Args:
+            cache (ServingCache): from :meth:`prefill` (or :meth:`extend`) of this model.
+            candidates (Dict[str, torch.Tensor]): ``candidate.item_id`` [L_t],
+                ``candidate.sequence_length`` [B] (at most ``max_targets`` each),
+                ``candidate_timestamp.sequence`` [L_t].
+
+        Returns:
+            torch.Tensor: [L_t, K] logits, candidates in input order.
+        """
+        self.check_cache(cache)
+        self.model.check_candidates(
+            "candidates", candidates, self.model.max_targets, cache.batch_size
+        )
+        return self.score_step(cache, candidates, longest(candidates[CANDIDATE_LENGTHS]))
+
+    def score_step(
+        self,
+        cache: ServingCache,
+        candidates: Batch,
+        max_candidates: Optional[int] = None,
+    ) -> torch.Tensor:
+        """:meth:`score` as a pure function, which ``torch.export`` can record (the cache a
+        pytree argument): nothing is checked, nothing read on the host and nothing changed.
+
+        Args:
+            cache (ServingCache): the users' cache; its ``max_len`` (None: the model's
+                ``max_cached_len``) bounds its lengths.
+            candidates (Dict[str, torch.Tensor]): as for :meth:`score`.
+            max_candidates (int | None): an upper bound on candidates per user; each user's
+                are padded to it (which changes no output). Default: ``max_targets``.
+
+        Returns:
+            torch.Tensor: [L_t, K] logits, candidates in input order.
+        """
+        model = self.model
+        like = candidates[CANDIDATE_LENGTHS]
+        features, cand = model.embed_features(
+            {**_no_history(cache.batch_size, like), **candidates}
+        )
+        max_new = model.max_targets if max_candidates is None else max_candidates
+        user, _, _ = cached.cached_forward(
+            model.transducer, features, cache, max_new, targets=True
+        )
+        return model.head(user, cand)
+
+    @torch.no_grad()
+    def extend(self, cache: ServingCache, events: Batch) -> ServingCache:
+        """Append ``events['uih.sequence_length'][b]`` new events to user b's history.
+
+        Exact (the result equals :meth:`prefill` of the longer history, up to rounding) only
+        for a model built with ``use_time_encoding=False`` and no contextual features:
+        otherwise ``NotImplementedError``, because positions counted back from the newest
+        event and time gaps to the query time change for every cached token, and the
+        contextual tokens attend to every history token. Prefill the longer history then.
+
+        Args:
+            cache (ServingCache): from :meth:`prefill` or :meth:`extend` of this model.
+            events (Dict[str, torch.Tensor]): the new events as ``uih.*`` features; a
+                user's cached and new events together stay within ``max_uih_len``.
+
+        Returns:
+            ServingCache: the extended cache (the given one is unchanged).
+        """
+        model = self.model
+        self.check_cache(cache)
+        self._check_extendable()
+        model.check_history("events", events, model.max_uih_len, contextual=False)
+        lengths = events[UIH_LENGTHS]
+        check_batch(f"events[{UIH_LENGTHS!r}]", lengths, cache.batch_size, "the cache")
+        check_appended(
+            f"events[{UIH_LENGTHS!r}]",
+            cache.lengths,
+            lengths,
+            self._tokens_per_event(),
+            model.max_uih_len,
+            "max_uih_len",
+        )
+        return self._extend(cache, events)
+
+    def extend_step(
+        self,
+        cache: ServingCache,
+        events: Batch,
+        max_events: Optional[int] = None,
+    ) -> ServingCache:
+        """:meth:`extend` as a pure function, which ``torch.export`` can record: the cache
+        goes in whole and the extended one comes back; nothing is checked, read on the host
+        or changed in place.
+
+        Args:
+            cache (ServingCache): as for :meth:`score_step`.
+            events (Dict[str, torch.Tensor]): as for :meth:`extend`.
+            max_events (int | None): an upper bound on new events per user. Default:
+                ``max_uih_len``.
+
+        Returns:
+            ServingCache: the extended cache; its ``max_len`` bounds the new lengths.
+
+        Raises:
+            NotImplementedError: the model encodes time or has contextual features.
+        """
+        model = self.model
+        self._check_extendable()
+        before = model.max_cached_len if cache.max_len is None else cache.max_len
+        max_new = model.max_uih_len if max_events is None else max_events
+        after = min(before + self._tokens_per_event() * max_new, model.max_cached_len)
+        like = events[UIH_LENGTHS]
+        features, _ = model.embed_features({**events, **_no_candidates(cache.batch_size, like)})
+        _, _, new = cached.cached_forward(
+            model.transducer,
+            features,
+            cache,
+            max_new,
+            targets=False,
+            update_cache=True,
+            max_cached_len=after,
+        )
+        if new is None:
+            raise RuntimeError("the transducer returned no cache with update_cache=True")
+        return new
+
+    # -- the session's protocol -----------------------------------------------------------
+
+    @property
+    def max_events(self) -> int:
+        return self.model.max_uih_len
+
+    @property
+    def contextual_width(self) -> int:
+        if self.model.contextual_seq_len == 0:
+            return 0
+        pre = self.model.transducer.input_preprocessor
+        return pre.contextual_seq_len() * pre.contextual_feature_dim
+
+    @property
+    def extends_incrementally(self) -> bool:
+        return not self.model.use_time_encoding and self.model.contextual_seq_len == 0
+
+    def history_features(self, histories: Histories, device: torch.device) -> Features:
+        out = super().history_features(histories, device)
+        if histories.actions is not None:
+            out[UIH_ACTIONS] = histories.actions.to(device)
+        return out
+
+    @torch.no_grad()
+    def prefill_histories(self, histories: Histories, device: torch.device) -> ServingCache:
+        features = self.history_features(histories, device)
+        if self.model.contextual_seq_len > 0 and histories.contextual is not None:
+            features[CONTEXTUAL] = histories.contextual.to(device, self.dtype)
+        query_time = histories.query_times().to(device)
+        return self._prefill(features, query_time, self.model.max_uih_len)
+
+    @torch.no_grad()
+    def extend_histories(
+        self, cache: ServingCache, events: Histories, device: torch.device
+    ) -> ServingCache:
+        return self._extend(cache, self.history_features(events, device))
+
+    def cuda_graphs(
+        self,
+        *,
+        device: torch.device,
+        pool: GraphPool,
+        batch_buckets: Sequence[int],
+        length_buckets: Optional[Sequence[int]],
+        candidate_buckets: Optional[Sequence[int]],
+        max_graphs: int,
+        chunk_size: int,
+        catalogue: Callable[[], torch.Tensor],
+        strict: bool,
+    ) -> Tuple[Optional[GraphSet], str]:
+        model = self.model
+        windowed = [
+            i
+            for i, layer in enumerate(model.transducer.stu.stu_layers)
+            if getattr(layer, "max_attn_len", 0)
+        ]
+        if windowed:  # the padded cache would move the window
+            if strict:
+                raise ValueError(
+                    f"cuda_graphs='on' needs STU layers without max_attn_len; layer "
+                    f"{windowed[0]} has one"
+                )
+            return None, f"STU layer {windowed[0]} has max_attn_len (a sliding window)"
+        graphs = ScoreGraphs(
+            self,
+            device,
+            pool,
+            batch_buckets,
+            length_buckets or powers_of_two_up_to(model.max_cached_len, 64),
+            candidate_buckets or powers_of_two_up_to(model.max_targets),
+            max_graphs,
+        )
+        return graphs, ""
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _prefill(
+        self, history: Batch, query_time: Optional[torch.Tensor], max_uih_len: int
+    ) -> ServingCache:
+        users = history[UIH_LENGTHS].shape[0]
+        lengths = history[UIH_LENGTHS]
+        features, _ = self.model.embed_features({**history, **_no_candidates(users, lengths)})
+        _, cache = cached.prefill(
+            self.model.transducer, features, max_uih_len, query_time=query_time
+        )
+        return cache
+
+    def _extend(self, cache: ServingCache, events: Batch) -> ServingCache:
+        new = self.extend_step(cache, events, longest(events[UIH_LENGTHS]))
+        return dataclasses.replace(new, max_len=longest(new.lengths))
+
+    def _tokens_per_event(self) -> int:
+        return 2 if self.model.transducer.input_preprocessor.enable_interleaving else 1
+
+    def _check_extendable(self) -> None:
+        if self.model.use_time_encoding or self.model.contextual_seq_len > 0:
+            raise NotImplementedError(
+                "RankingServer.extend needs use_time_encoding=False and no contextual "
+                "features: positions counted back from the newest event, time gaps to the "
+                "query time and contextual tokens (which attend to all history) change for "
+                "every cached token when history grows; prefill the longer history instead"
+            )
 
 
 def _empty(keys: Sequence[str], users: int, like: torch.Tensor) -> Batch:
@@ -51,174 +357,3 @@ def _no_candidates(users: int, like: torch.Tensor) -> Batch:
 
 def _no_history(users: int, like: torch.Tensor) -> Batch:
     return _empty((UIH_ITEM_ID, UIH_LENGTHS, UIH_ACTIONS, UIH_TIMESTAMPS), users, like)
-
-
-def _tokens_per_event(model: HSTURanking) -> int:
-    return 2 if model.transducer.input_preprocessor.enable_interleaving else 1
-
-
-def _check_extendable(model: HSTURanking) -> None:
-    if model.use_time_encoding or model.contextual_seq_len > 0:
-        raise NotImplementedError(
-            "HSTURanking.extend needs use_time_encoding=False and no contextual features: "
-            "positions counted back from the newest event, time gaps to the query time "
-            "and contextual tokens (which attend to all history) change for every cached "
-            "token when history grows; prefill the longer history instead"
-        )
-
-
-@torch.no_grad()
-def prefill(
-    model: HSTURanking,
-    history: Batch,
-    query_time: Optional[torch.Tensor] = None,
-    max_uih_len: Optional[int] = None,
-) -> ServingCache:
-    """Encode B users' histories once and cache every layer's keys and values.
-
-    Args:
-        model (HSTURanking): in eval mode.
-        history (Dict[str, torch.Tensor]): the ``uih.*`` features of ``forward`` (and
-            ``contextual`` with C > 0); no candidates.
-        query_time (torch.Tensor | None): [B] integer request time of each user, the
-            anchor of every time gap (required with time encoding; candidates scored
-            against this cache are measured from it too).
-        max_uih_len (int | None): as in ``forward``.
-
-    Returns:
-        ServingCache: for :func:`score` (and :func:`extend`) of this model.
-    """
-    max_uih_len = check_bound("max_uih_len", max_uih_len, model.max_uih_len)
-    model.transducer.check_cache(None)
-    users = model._check_history("history", history, max_uih_len, contextual=True)
-    if model.use_time_encoding and query_time is None:
-        raise ValueError(
-            "query_time is required: the time gaps of the cached history and of the "
-            "candidates scored against it are measured from it"
-        )
-    model._check_query_time("query_time", query_time, users)
-    lengths = history[UIH_LENGTHS]
-    features, _ = model.embed_features({**history, **_no_candidates(users, lengths)})
-    _, cache = model.transducer.prefill(features, max_uih_len, query_time=query_time)
-    return cache
-
-
-@torch.no_grad()
-def score(model: HSTURanking, cache: ServingCache, candidates: Batch) -> torch.Tensor:
-    """Logits of candidates against cached histories; the cache is unchanged.
-
-    Exact: equals ``forward(history + candidates)`` with ``query_time`` = the one given to
-    :func:`prefill` (up to rounding), because targets attend to the history and themselves
-    only, and the divisor is fixed. Call it any number of times with the same cache.
-
-    Args:
-        model (HSTURanking): in eval mode.
-        cache (ServingCache): from :func:`prefill` (or :func:`extend`) of this model.
-        candidates (Dict[str, torch.Tensor]): ``candidate.item_id`` [L_t],
-            ``candidate.sequence_length`` [B] (at most ``max_targets`` each),
-            ``candidate_timestamp.sequence`` [L_t].
-
-    Returns:
-        torch.Tensor: [L_t, K] logits, candidates in input order.
-    """
-    model.transducer.check_cache(cache)
-    model._check_candidates("candidates", candidates, model.max_targets, cache.batch_size)
-    return score_step(model, cache, candidates, longest(candidates[CANDIDATE_LENGTHS]))
-
-
-def score_step(
-    model: HSTURanking,
-    cache: ServingCache,
-    candidates: Batch,
-    max_candidates: Optional[int] = None,
-) -> torch.Tensor:
-    """:func:`score` as a pure function, which ``torch.export`` can record (the cache a
-    pytree argument): nothing is checked, nothing read on the host and nothing changed.
-
-    Args:
-        model (HSTURanking): in eval mode.
-        cache (ServingCache): the users' cache; its ``max_len`` (None: the model's
-            ``max_cached_len``) bounds its lengths.
-        candidates (Dict[str, torch.Tensor]): as for :func:`score`.
-        max_candidates (int | None): an upper bound on candidates per user; each user's
-            are padded to it (which changes no output). Default: ``max_targets``.
-
-    Returns:
-        torch.Tensor: [L_t, K] logits, candidates in input order.
-    """
-    like = candidates[CANDIDATE_LENGTHS]
-    features, cand = model.embed_features({**_no_history(cache.batch_size, like), **candidates})
-    max_new = model.max_targets if max_candidates is None else max_candidates
-    user, _, _ = model.transducer.cached_forward(features, cache, max_new, targets=True)
-    return model.head(user, cand)
-
-
-@torch.no_grad()
-def extend(model: HSTURanking, cache: ServingCache, events: Batch) -> ServingCache:
-    """Append ``events['uih.sequence_length'][b]`` new events to user b's history.
-
-    Exact (the result equals :func:`prefill` of the longer history, up to rounding) only for
-    a model built with ``use_time_encoding=False`` and no contextual features: otherwise
-    ``NotImplementedError``, because positions counted back from the newest event and time
-    gaps to the query time change for every cached token, and the contextual tokens attend
-    to every history token. Prefill the longer history then.
-
-    Args:
-        model (HSTURanking): in eval mode.
-        cache (ServingCache): from :func:`prefill` or :func:`extend` of this model.
-        events (Dict[str, torch.Tensor]): the new events as ``uih.*`` features; a user's
-            cached and new events together stay within ``max_uih_len``.
-
-    Returns:
-        ServingCache: the extended cache (the given one is unchanged).
-    """
-    model.transducer.check_cache(cache)
-    _check_extendable(model)
-    model._check_history("events", events, model.max_uih_len, contextual=False)
-    lengths = events[UIH_LENGTHS]
-    check_batch(f"events[{UIH_LENGTHS!r}]", lengths, cache.batch_size, "the cache")
-    check_appended(
-        f"events[{UIH_LENGTHS!r}]",
-        cache.lengths,
-        lengths,
-        _tokens_per_event(model),
-        model.max_uih_len,
-        "max_uih_len",
-    )
-    new = extend_step(model, cache, events, longest(lengths))
-    return dataclasses.replace(new, max_len=longest(new.lengths))
-
-
-def extend_step(
-    model: HSTURanking,
-    cache: ServingCache,
-    events: Batch,
-    max_events: Optional[int] = None,
-) -> ServingCache:
-    """:func:`extend` as a pure function, which ``torch.export`` can record: the cache goes
-    in whole and the extended one comes back; nothing is checked, read on the host or
-    changed in place.
-
-    Args:
-        model (HSTURanking): in eval mode, built with ``use_time_encoding=False`` and no
-            contextual features.
-        cache (ServingCache): as for :func:`score_step`.
-        events (Dict[str, torch.Tensor]): as for :func:`extend`.
-        max_events (int | None): an upper bound on new events per user. Default:
-            ``max_uih_len``.
-
-    Returns:
-        ServingCache: the extended cache; its ``max_len`` bounds the new lengths.
-    """
-    _check_extendable(model)
-    before = model.max_cached_len if cache.max_len is None else cache.max_len
-    max_new = model.max_uih_len if max_events is None else max_events
-    after = min(before + _tokens_per_event(model) * max_new, model.max_cached_len)
-    like = events[UIH_LENGTHS]
-    features, _ = model.embed_features({**events, **_no_candidates(cache.batch_size, like)})
-    _, _, new = model.transducer.cached_forward(
-        features, cache, max_new, targets=False, update_cache=True, max_cached_len=after
-    )
-    if new is None:
-        raise RuntimeError("the transducer returned no cache with update_cache=True")
-    return new

@@ -26,53 +26,55 @@ items, :mod:`~tzrec_gr.serving._recommend_graphs`). A bucket's graph is captured
 requests outside every bucket run eager. ``graph_stats()`` reports the captures, their
 time and memory, and the replays.
 
-The session's parts live beside it: the opened users' state (:mod:`._users`), a request's
-checks and encoding (:mod:`._requests`), the graphs (:mod:`._graphs` and the two above)
-and the checkpoint reader (:mod:`._checkpoint`).
+The session's parts live beside it: the model's server (:class:`~.ranking.RankingServer` or
+:class:`~.retrieval.RetrievalServer`, whose common protocol, :class:`~.server.ModelServer`,
+checks and encodes a request's histories), the opened users' state (:mod:`._users`), the
+graphs (:mod:`._graphs` and the two above) and the checkpoint reader (:mod:`._checkpoint`).
 """
 
 from __future__ import annotations
 
 import pathlib
 import time
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Union
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Type, Union
 
 import torch
 from torch import nn
 
-from tzrec_gr.features import (
-    CANDIDATE_ITEM_ID,
-    CANDIDATE_LENGTHS,
-    CANDIDATE_TIMESTAMPS,
-    UIH_ITEM_ID,
-    UIH_LENGTHS,
-    UIH_TIMESTAMPS,
-)
-from tzrec_gr.serving import _requests as req
+from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
+from tzrec_gr.models import HSTURanking, HSTURetrieval
 from tzrec_gr.serving._checkpoint import check_vocabulary_fits, load_model
-from tzrec_gr.serving._graphs import (
-    GraphPool,
-    GraphSet,
-    check_buckets,
-    powers_of_two_up_to,
-)
+from tzrec_gr.serving._graphs import GraphPool, GraphSet, check_buckets
 from tzrec_gr.serving._recommend_graphs import RecommendGraphs
 from tzrec_gr.serving._score_graphs import ScoreGraphs
 from tzrec_gr.serving._users import UserIds, UserStore, longer_histories, user_list
-from tzrec_gr.serving.cache import ServingCache
 from tzrec_gr.serving.inputs import Candidates, Histories
+from tzrec_gr.serving.ranking import RankingServer
+from tzrec_gr.serving.retrieval import RetrievalServer
+from tzrec_gr.serving.server import ModelServer
 from tzrec_gr.serving.topk import TopK, catalogue_topk
+from tzrec_gr.stu import ServingCache
+from tzrec_gr.stu.serving_cache import longest
 from tzrec_gr.vocabulary import IdVocabularies
 from tzrec_ops.jagged import host_copy, offsets_from_lengths, to_device
 
-__all__ = ["CHECKPOINT_FORMAT", "ServingSession"]
+__all__ = ["CHECKPOINT_FORMAT", "ServingSession", "server_for"]
 
 
-def _models() -> Any:
-    # imported on use: tzrec_gr.models imports the serving modules
-    import tzrec_gr.models
+def server_for(model: nn.Module) -> ModelServer:
+    """The server of ``model``'s kind: a :class:`RetrievalServer` or a
+    :class:`RankingServer`.
 
-    return tzrec_gr.models
+    Raises:
+        TypeError: ``model`` is neither an HSTURetrieval nor an HSTURanking.
+    """
+    if isinstance(model, HSTURetrieval):
+        return RetrievalServer(model)
+    if isinstance(model, HSTURanking):
+        return RankingServer(model)
+    raise TypeError(
+        f"model must be an HSTURetrieval or an HSTURanking, got {type(model).__name__}"
+    )
 
 
 #: the ``format`` of tzrec-bench's checkpoints that :meth:`ServingSession.from_checkpoint` reads
@@ -106,6 +108,8 @@ class ServingSession:
             None: the session knows model ids only. Default: None.
 
     Attributes:
+        model (HSTURetrieval | HSTURanking): the model, on ``device``, in eval mode.
+        server (RetrievalServer | RankingServer): its server (:func:`server_for`).
         vocabularies (IdVocabularies | None): as given (None: no raw ids known).
 
     Ids: every call takes and returns the model's item ids (rows ``0..num_items-1``), the
@@ -142,10 +146,7 @@ class ServingSession:
         chunk_size: int = 65536,
         vocabularies: Optional[IdVocabularies] = None,
     ) -> None:
-        if not isinstance(model, (_models().HSTURetrieval, _models().HSTURanking)):
-            raise TypeError(
-                f"model must be an HSTURetrieval or an HSTURanking, got {type(model).__name__}"
-            )
+        server = server_for(model)  # a TypeError for any other model, before anything moves
         if cuda_graphs not in ("auto", "on", "off"):
             raise ValueError(f"cuda_graphs must be 'auto', 'on' or 'off', got {cuda_graphs!r}")
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
@@ -153,8 +154,8 @@ class ServingSession:
         if device is None:
             device = next(model.parameters()).device
         self.device = torch.device(device)
-        self.model = model.to(self.device).eval()
-        self.kind = "retrieval" if isinstance(model, _models().HSTURetrieval) else "ranking"
+        self.model = model.to(self.device).eval()  # in place: the server's model
+        self.server = server
         self.chunk_size = chunk_size
         if vocabularies is not None and not isinstance(vocabularies, IdVocabularies):
             raise TypeError(
@@ -181,53 +182,24 @@ class ServingSession:
             raise ValueError(f"cuda_graphs='on' needs a CUDA device, got {self.device}")
         self._no_graphs = f"cuda_graphs={cuda_graphs!r} on device {self.device}"
         if cuda and cuda_graphs != "off":
-            self._graphs = self._graph_set(
-                batch_buckets, length_buckets, candidate_buckets, max_graphs
+            self._graphs, why_not = self.server.cuda_graphs(
+                device=self.device,
+                pool=self._pool,
+                batch_buckets=batch_buckets,
+                length_buckets=length_buckets,
+                candidate_buckets=candidate_buckets,
+                max_graphs=max_graphs,
+                chunk_size=chunk_size,
+                catalogue=self._items,
+                strict=self._strict_graphs,
             )
+            if self._graphs is None:
+                self._no_graphs = why_not
 
-    def _graph_set(
-        self,
-        batch_buckets: Sequence[int],
-        length_buckets: Optional[Sequence[int]],
-        candidate_buckets: Optional[Sequence[int]],
-        max_graphs: int,
-    ) -> Optional[GraphSet]:
-        model = self.model
-        if self.kind == "retrieval":
-            return RecommendGraphs(
-                self._items,
-                model.num_items,
-                model.embedding_dim,
-                next(model.parameters()).dtype,
-                self.device,
-                self._pool,
-                batch_buckets,
-                length_buckets or powers_of_two_up_to(model.max_seq_len, 64),
-                self.chunk_size,
-                max_graphs,
-            )
-        windowed = [
-            i
-            for i, layer in enumerate(model.transducer.stu.stu_layers)
-            if getattr(layer, "max_attn_len", 0)
-        ]
-        if windowed:  # the padded cache would move the window
-            if self._strict_graphs:
-                raise ValueError(
-                    f"cuda_graphs='on' needs STU layers without max_attn_len; layer "
-                    f"{windowed[0]} has one"
-                )
-            self._no_graphs = f"STU layer {windowed[0]} has max_attn_len (a sliding window)"
-            return None
-        return ScoreGraphs(
-            model,
-            self.device,
-            self._pool,
-            batch_buckets,
-            length_buckets or powers_of_two_up_to(model.max_cached_len, 64),
-            candidate_buckets or powers_of_two_up_to(model.max_targets),
-            max_graphs,
-        )
+    @property
+    def kind(self) -> str:
+        """``"retrieval"`` or ``"ranking"``: the server's label (for messages and files)."""
+        return self.server.kind
 
     @classmethod
     def from_checkpoint(
@@ -239,8 +211,8 @@ class ServingSession:
         **kwargs: Any,
     ) -> ServingSession:
         """A session over the model of a tzrec-bench checkpoint (``best.pt``), with the
-        checkpoint's id vocabularies (:attr:`vocabularies`; None for a file written before
-        checkpoints held them).
+        checkpoint's id vocabularies (:attr:`vocabularies`; None for a checkpoint without
+        them).
 
         Args:
             path: a run's folder (its ``best.pt``, else ``checkpoint.pt``:
@@ -285,7 +257,7 @@ class ServingSession:
             TypeError: the model is a ranking model.
             ValueError: a bad history (named, with the user's row) or an unknown user id.
         """
-        self._require("retrieval", "recommend", "score(users, candidates)")
+        self._require(RetrievalServer, "recommend")
         if isinstance(users, Histories):
             self._check(users)
             cache = self._prefill(users)
@@ -330,7 +302,7 @@ class ServingSession:
             ValueError: a bad history or candidate (named, with the user's row), a
                 different number of users in the two, or an unknown user id.
         """
-        self._require("ranking", "score", "recommend(users, k)")
+        self._require(RankingServer, "score")
         model = self.model
         dense = isinstance(candidates, torch.Tensor)
         if isinstance(candidates, Candidates):
@@ -342,7 +314,7 @@ class ServingSession:
         if isinstance(users, Histories):
             self._check(users)
             cache = self._prefill(users)
-            query_time = req.query_times(users)
+            query_time = users.query_times()
         else:
             states = self._users.states("users", users)
             cache = self._assemble(users, states)  # type: ignore[arg-type]
@@ -409,26 +381,22 @@ class ServingSession:
             contextual=False,
             after=[int(s.timestamps[-1]) if s.timestamps.numel() else None for s in states],
         )
-        bound = req.max_events(self.model, self.kind)
-        history = longer_histories(states, events, bound, ranking=self.kind == "ranking")
+        server = self.server
+        bound = server.max_events
+        history = longer_histories(
+            states,
+            events,
+            bound,
+            actions=server.needs_actions,
+            query_time=server.keeps_query_time,
+        )
         lengths = events.offsets[1:] - events.offsets[:-1]
         fits = all(s.item_ids.numel() + int(n) <= bound for s, n in zip(states, lengths))
-        incremental = fits and (
-            self.kind == "retrieval"
-            or (not self.model.use_time_encoding and self.model.contextual_seq_len == 0)
-        )
         with torch.no_grad():
-            if not incremental:
-                cache = self._prefill(history)
+            if fits and server.extends_incrementally:
+                cache = server.extend_histories(self._assemble(ids, states), events, self.device)
             else:
-                cache = self._assemble(ids, states)
-                dev = req.on_device(events, self.kind, self.device)
-                if self.kind == "retrieval":
-                    _, cache = self.model.extend(
-                        cache, dev[UIH_ITEM_ID], dev[UIH_LENGTHS], dev[UIH_TIMESTAMPS]
-                    )
-                else:
-                    cache = self.model.extend(cache, dev)
+                cache = self._prefill(history)
         self._store(ids, history, cache)
 
     def close(self, user_ids: UserIds) -> None:
@@ -451,7 +419,7 @@ class ServingSession:
         in place: captured graphs read it); call it after changing the model's weights,
         and ``open`` the users again."""
         if self._catalogue is not None:
-            req.catalogue(self.model, self.device, self.chunk_size, out=self._catalogue)
+            self._retrieval().catalogue(self.device, self.chunk_size, out=self._catalogue)
         self._users.forget_batch()
 
     def warm_up(
@@ -500,10 +468,12 @@ class ServingSession:
         sizes = {"batch_sizes": batch_sizes, "lengths": lengths, "candidates": candidates, "k": k}
         for name, values in sizes.items():
             check_buckets(name, values)
-        other = "k" if self.kind == "ranking" else "candidates"
-        if sizes[other] is not None:
-            call = "recommend (retrieval)" if other == "k" else "score (ranking)"
-            raise ValueError(f"{other} is for {call}; this session serves {self.kind}")
+        for server in (RetrievalServer, RankingServer):
+            name = server.request_size
+            if name != self.server.request_size and sizes[name] is not None:
+                raise ValueError(
+                    f"{name} is for {server.call} ({server.kind}); this session serves {self.kind}"
+                )
         graphs = self._graphs
         if graphs is None:
             report = {**GraphSet.no_report(), "reason": f"no CUDA graphs here ({self._no_graphs})"}
@@ -528,37 +498,36 @@ class ServingSession:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _require(self, kind: str, call: str, other: str) -> None:
-        if self.kind != kind:
+    def _require(self, server: Type[ModelServer], call: str) -> None:
+        if not isinstance(self.server, server):
             raise TypeError(
-                f"{call} needs an HSTU{kind.capitalize()} model; this session serves an "
-                f"{type(self.model).__name__}, which answers {other}"
+                f"{call} needs an {server.model_name} model; this session serves an "
+                f"{type(self.model).__name__}, which answers {self.server.answers}"
             )
 
+    def _retrieval(self) -> RetrievalServer:
+        assert isinstance(self.server, RetrievalServer)
+        return self.server
+
     def _check(self, histories: Histories, **kwargs: Any) -> None:
-        req.check_histories(self.model, self.kind, histories, **kwargs)
+        self.server.check_histories(histories, **kwargs)
 
     def _prefill(self, h: Histories) -> ServingCache:
-        return req.prefill(self.model, self.kind, self.device, h)
+        return self.server.prefill_histories(h, self.device)
 
     def _store(self, ids: List[Hashable], h: Histories, cache: ServingCache) -> None:
-        request_time = req.query_times(h) if self.kind == "ranking" else None
-        self._users.store(ids, h, cache, request_time)
+        self._users.store(ids, h, cache, self.server.request_times(h))
 
     def _assemble(self, users: UserIds, states: List[Any]) -> ServingCache:
         return self._users.assemble(
-            users, states, timed=self.model_timed(), owner=self.model.transducer.owner_id
+            users, states, timed=self.server.time_encoded, owner=self.server.owner_id
         )
 
     def _items(self) -> torch.Tensor:
         """[I, E] the model's normalized item embeddings, computed once."""
         if self._catalogue is None:
-            self._catalogue = req.catalogue(self.model, self.device, self.chunk_size)
+            self._catalogue = self._retrieval().catalogue(self.device, self.chunk_size)
         return self._catalogue
-
-    def model_timed(self) -> bool:
-        """Whether the model encodes time (the cache then holds each user's query time)."""
-        return req.timed(self.model)
 
     def _recommend_graph(
         self, embeddings: torch.Tensor, seen: Optional[List[torch.Tensor]], k: int
@@ -606,4 +575,6 @@ class ServingSession:
             CANDIDATE_LENGTHS: to_device(lengths, self.device),
             CANDIDATE_TIMESTAMPS: timestamps,
         }
-        return self.model.score(cache, candidates)
+        server = self.server
+        assert isinstance(server, RankingServer)
+        return server.score_step(cache, candidates, longest(candidates[CANDIDATE_LENGTHS]))

@@ -1,5 +1,7 @@
 """An :class:`~tzrec_gr.HSTUTransducer`'s serving: prefill histories, run new tokens against a
-cache. :meth:`HSTUTransducer.prefill`, ``.cached_forward`` and ``.check_cache`` call these.
+cache. The servers (:mod:`.ranking`, :mod:`.retrieval`) call these; they use the
+transducer's public pieces only (``call_bounds``, ``resolve_query_time``, ``encode``, its
+``stu``, ``compose_output``, ``postprocess``).
 
 Legend: B = batch, E = embedding width, C = contextual prefix length, N = new tokens of a
 serving call, Δ = new tokens per sample after padding.
@@ -8,17 +10,15 @@ serving call, Δ = new tokens per sample after padding.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from tzrec_gr.hstu_transducer import HSTUTransducer, TransducerOutput
 from tzrec_gr.preprocessors import PreprocessorOutput
-from tzrec_gr.serving.cache import ServingCache, constant_lengths, longest
-from tzrec_gr.stu import KVCache
+from tzrec_gr.stu import KVCache, ServingCache
+from tzrec_gr.stu.serving_cache import constant_lengths, longest
 from tzrec_ops.jagged import mirror, offsets_from_lengths, row_positions, select_jagged_rows
-
-if TYPE_CHECKING:
-    from tzrec_gr.hstu_transducer import HSTUTransducer, TransducerOutput
 
 Features = Dict[str, torch.Tensor]
 
@@ -70,16 +70,15 @@ def prefill(
             "forward's: build the transducer with max_uih_len (or the STU layers with "
             "scaling_seqlen)"
         )
-    max_uih_len, _ = transducer._call_bounds(max_uih_len, 0)
-    query_time = transducer._query_time(features, query_time)
-    encoder = transducer.positional_encoder
-    timed = encoder is not None and encoder.use_time_encoding
+    max_uih_len, _ = transducer.call_bounds(max_uih_len, 0)
+    query_time = transducer.resolve_query_time(features, query_time)
+    timed = transducer.time_encoded
     if timed and query_time is None:
         raise ValueError(
             "query_time is required to prefill with time encoding: it anchors the time "
             "buckets of every cached token and of the candidates scored later"
         )
-    pre, x = transducer._encode(features, max_uih_len, 0, query_time)
+    pre, x = transducer.encode(features, max_uih_len, 0, query_time)
     out = transducer.stu(
         x,
         pre.seq_offsets,
@@ -89,7 +88,7 @@ def prefill(
         max_kv_caching_len=pre.max_seq_len,
         total_kv_caching_len=x.shape[0],
     )
-    composed = transducer._compose(
+    composed = transducer.compose_output(
         out.x,
         out.x_offsets,
         out.max_seq_len,
@@ -201,7 +200,7 @@ def cached_forward(
     out, new_caches = _run_cached(
         transducer, x, new_offsets, kv_caches, delta, targets, lengths, max_cached_len
     )
-    out = transducer._postprocess(out, timestamps)
+    out = transducer.postprocess(out, timestamps)
     if new_caches is None:
         return out, new_offsets, None
     new_cache = dataclasses.replace(

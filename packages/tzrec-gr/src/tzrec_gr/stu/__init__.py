@@ -21,6 +21,9 @@ One module per idea, all re-exported here:
 * :mod:`tzrec_gr.stu.interface`: the :class:`STU` contract and :class:`STUOutput`;
 * :mod:`tzrec_gr.stu.kv_cache`: :class:`KVCache` and the jagged cuts that build one (a
   prefix of a forward's keys/values, a cache with new rows appended);
+* :mod:`tzrec_gr.stu.serving_cache`: :class:`ServingCache`, every layer's cache for a batch of
+  users plus what serving keeps beside it (a pytree, the value the servers of
+  :mod:`tzrec_gr.serving` take and return);
 * :mod:`tzrec_gr.stu.layer`: :class:`STULayer` (full, truncated and cached forwards);
 * :mod:`tzrec_gr.stu.stack`: :class:`STUStack` and :class:`STUStackOutput`.
 """
@@ -28,6 +31,15 @@ One module per idea, all re-exported here:
 from tzrec_gr.stu.interface import STU, STUOutput
 from tzrec_gr.stu.kv_cache import KVCache
 from tzrec_gr.stu.layer import STULayer
+from tzrec_gr.stu.serving_cache import ServingCache
 from tzrec_gr.stu.stack import STUStack, STUStackOutput
 
-__all__ = ["KVCache", "STU", "STULayer", "STUOutput", "STUStack", "STUStackOutput"]
+__all__ = [
+    "KVCache",
+    "STU",
+    "STULayer",
+    "STUOutput",
+    "STUStack",
+    "STUStackOutput",
+    "ServingCache",
+]

@@ -3,13 +3,14 @@
 Legend: B = users, E = embedding width, C = contextual prefix length, H = heads, A / V =
 key / value width per head, n_b = cached tokens of user b.
 
-Like :class:`~tzrec_gr.stu.KVCache`, a :class:`ServingCache` is a value: the models' and the
-transducer's serving functions take one and return a new one, and never change it in place.
+Like :class:`~tzrec_gr.stu.KVCache` beside it, a :class:`ServingCache` is a value: the
+serving functions (:mod:`tzrec_gr.serving`) take one and return a new one, and never change it
+in place.
 Keeping an old cache (to score several candidate sets against one history), rolling forward
 to the new one, or dropping it is the caller's choice.
 
-It is a pytree (:mod:`torch.utils._pytree`) whose leaves are its tensors, so the models'
-pure serving steps (``score_step``, ``extend_step``...) take and return it whole,
+It is a pytree (:mod:`torch.utils._pytree`) whose leaves are its tensors, so the servers'
+pure steps (``score_step``, ``extend_step``...) take and return it whole,
 ``torch.export`` records them with the cache as one argument, and ``tree_map`` moves or casts
 it. Its two ints are not part of the tree: a cache rebuilt from its leaves (by ``torch.export``,
 ``tree_map`` or the constructor) has ``max_len = None`` (the model's ``max_cached_len`` bounds
@@ -26,10 +27,10 @@ from typing import Iterator, Optional, Tuple
 import torch
 import torch.utils._pytree as pytree
 
-from tzrec_gr.stu import KVCache
+from tzrec_gr.stu.kv_cache import KVCache
 from tzrec_ops.jagged import host_copy, remember_host_copy
 
-__all__ = ["ServingCache"]
+__all__ = ["ServingCache", "constant_lengths", "longest", "new_owner_id"]
 
 _owner_ids: Iterator[int] = itertools.count()
 
@@ -57,8 +58,8 @@ def longest(lengths: torch.Tensor) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class ServingCache:
-    """What a model's ``prefill`` returns and its ``score`` / ``extend`` (and their steps)
-    take.
+    """What a server's ``prefill`` returns and its ``score`` / ``extend`` (and their steps)
+    take (:class:`~tzrec_gr.serving.RankingServer`, :class:`~tzrec_gr.serving.RetrievalServer`).
 
     A cache holds keys and values computed with the weights at the time it was built:
     build it again after the weights change.
@@ -116,6 +117,8 @@ class ServingCache:
         return tuple(KVCache(k, v, self.offsets, max_len) for k, v in zip(self.keys, self.values))
 
 
+# serialized_type_name is the cache's stable name in exported programs' input specs (not its
+# module path): renaming it breaks every exported package
 _LEAVES = ["keys", "values", "offsets", "lengths", "query_time", "contextual", "user_embeddings"]
 pytree.register_dataclass(
     ServingCache,
