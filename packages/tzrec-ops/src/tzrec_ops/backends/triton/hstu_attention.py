@@ -68,6 +68,9 @@ _built: Dict[Tuple[str, bool], Any] = {}
 def _tuned(kernel: str, wide: bool) -> Any:
     """The autotuner of ``kernel`` (a key of :data:`_KERNELS`) for wide heads or not, built
     once."""
+    # a plain bool: under symbolic shapes ``wide`` may come as a SymBool, which cannot be
+    # part of a dict key (bool() guards on it, as the launch depends on it anyway)
+    wide = bool(wide)
     found = _built.get((kernel, wide))
     if found is None:
         tuner = autotune.autotuned(kernel, _KERNELS[kernel], wide)
