@@ -270,7 +270,7 @@ def test_export_fails_fast_on_a_missing_output_folder(tmp_path, capsys):
          "--history must be >= 1"),
         *([] if torch.cuda.is_available() else [
             (["--model", str(tmp_path / "best.pt"), "--output", out, "--device", "cuda"],
-             "--device cuda: CUDA is not available")]),
+             "--device cuda: no CUDA device is visible")]),
     ]:
         start = time.perf_counter()
         assert main(["export", *argv]) == 2, argv

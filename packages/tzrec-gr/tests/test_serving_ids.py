@@ -22,8 +22,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from tzrec_gr.checkpoint import resolve_checkpoint
 from tzrec_gr.models import HSTURanking, HSTURetrieval
-from tzrec_gr.serving import Candidates, Histories, ServingSession, resolve_checkpoint
+from tzrec_gr.serving import Candidates, Histories, ServingSession
 from tzrec_gr.serving.files import (
     BadRowError,
     PredictError,

@@ -357,7 +357,7 @@ def _add_evaluate(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
 
 def _run_evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from tzrec_bench.train.loop import evaluate
-    from tzrec_gr.serving import resolve_checkpoint
+    from tzrec_gr.checkpoint import resolve_checkpoint
 
     if not resolve_checkpoint(args.checkpoint).is_file():
         parser.error(f"checkpoint: no checkpoint at {resolve_checkpoint(args.checkpoint)}")

@@ -6,7 +6,7 @@
     tzrec-bench predict runs/ranking/best.pt --input users.csv --output scores.csv
 
 The model is a checkpoint of ``tzrec-bench train`` (``best.pt``, or a run's folder: its
-``best.pt``, else ``checkpoint.pt``, :func:`tzrec_gr.serving.resolve_checkpoint`) of
+``best.pt``, else ``checkpoint.pt``, :func:`tzrec_gr.checkpoint.resolve_checkpoint`) of
 ``hstu-retrieval`` (top-K of the catalogue per user) or ``hstu-ranking`` (per-task
 probabilities of each user's candidates), served by
 :class:`tzrec_gr.serving.ServingSession`. Item ids are the raw ids of the data the model was
@@ -85,7 +85,7 @@ def _fail(parser: argparse.ArgumentParser, message: str, status: int) -> int:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Runs ``predict``; returns the exit status."""
     from tzrec_bench.train import checkpoint
-    from tzrec_gr.serving import resolve_checkpoint
+    from tzrec_gr.checkpoint import resolve_checkpoint
     from tzrec_gr.serving.files import (
         BadRowError,
         PredictError,

@@ -34,6 +34,7 @@ __all__ = [
     "FORMAT",
     "MODEL_KEYS",
     "CheckpointError",
+    "IncompleteCheckpointError",
     "load_model",
     "read_payload",
     "resolve_checkpoint",
@@ -55,6 +56,11 @@ PathLike = Union[str, pathlib.Path]
 class CheckpointError(ValueError):
     """A file that is not a readable checkpoint: truncated or damaged, of another kind or
     format, or inconsistent; the message names the file."""
+
+
+class IncompleteCheckpointError(CheckpointError):
+    """A file torch loads but that lacks entries the caller needs (e.g. a plain state dict):
+    the message names them."""
 
 
 def resolve_checkpoint(path: PathLike) -> pathlib.Path:
@@ -118,7 +124,9 @@ def read_payload(
         )
     missing = [key for key in dict.fromkeys(("format", *required)) if key not in payload]
     if missing:
-        raise CheckpointError(f"{path}: no {', '.join(missing)} in the file; expected {expected}")
+        raise IncompleteCheckpointError(
+            f"{path}: no {', '.join(missing)} in the file; expected {expected}"
+        )
     if payload["format"] != FORMAT:
         raise CheckpointError(
             f"{path}: checkpoint format {payload['format']!r}, expected {FORMAT} ({expected})"
@@ -127,7 +135,7 @@ def read_payload(
 
 
 def load_model(
-    path: PathLike, backend: Optional[str] = None
+    path: PathLike, backend: Optional[str] = None, expected: str = "a tzrec checkpoint"
 ) -> Tuple[nn.Module, Optional[IdVocabularies]]:
     """The model of the checkpoint at ``path`` (a file or a run's folder), its weights
     loaded, in eval mode on the CPU, and the id vocabularies it carries (None when it
@@ -137,6 +145,7 @@ def load_model(
         path: a checkpoint file or a run's folder.
         backend: the ops backend to build the model with (e.g. ``"pytorch"`` to serve on a
             CPU a model trained with ``"triton"``). Default: the saved one.
+        expected: what the caller wanted, for the messages about other files.
 
     Raises:
         FileNotFoundError: no checkpoint at ``path``.
@@ -147,7 +156,7 @@ def load_model(
             unavailable backend.
     """
     file = resolve_checkpoint(path)
-    payload = read_payload(file)
+    payload = read_payload(file, expected)
     try:
         vocabularies = IdVocabularies.from_payload(payload, str(file))
     except VocabularyError as exc:
@@ -160,9 +169,9 @@ def load_model(
         model.load_state_dict(payload["model"])
     except (RuntimeError, TypeError) as exc:
         raise CheckpointError(f"the state dict in {file} does not fit the model: {exc}") from exc
-    if vocabularies is not None and len(vocabularies.items) != int(model.num_items):
-        raise CheckpointError(
-            f"{file}: its item vocabulary has {len(vocabularies.items)} ids but the model "
-            f"{int(model.num_items)} items; the file is inconsistent"
-        )
+    if vocabularies is not None:
+        try:
+            vocabularies.check_catalogue(int(model.num_items), str(file))
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
     return model.eval(), vocabularies

@@ -228,6 +228,15 @@ class IdVocabularies:
     fingerprint: str = ""
     source: str = ""
 
+    def check_catalogue(self, num_items: int, what: str) -> None:
+        """Raises ValueError naming ``what`` unless the item vocabulary holds ``num_items``
+        ids, one per row of the model's catalogue."""
+        if len(self.items) != num_items:
+            raise ValueError(
+                f"{what}: its item vocabulary has {len(self.items)} ids but the model "
+                f"{num_items} items; the file is inconsistent"
+            )
+
     def state(self) -> Dict[str, Any]:
         """What checkpoints store under :data:`VOCABULARY_KEY`."""
         return {"users": self.users.state(), "items": self.items.state(),

@@ -48,7 +48,7 @@ from tzrec_bench.train.report import metrics_table, open_ended_progress
 from tzrec_bench.train.run import Run, RunResult, backend_name, load_data
 from tzrec_bench.train.strategies import Replicated, Sharded, Strategy
 from tzrec_bench.train.task import amp_dtype, autocast
-from tzrec_gr.serving import resolve_checkpoint
+from tzrec_gr.checkpoint import resolve_checkpoint
 
 
 def _warmup(steps: int):

@@ -22,13 +22,10 @@ models, the transducer, the STU layers) imports it.
   and returns (a pytree of its tensors);
 * :mod:`tzrec_gr.serving.transducer`: an :class:`~tzrec_gr.HSTUTransducer`'s ``prefill``
   and ``cached_forward`` (new tokens against a cache);
-* :func:`resolve_checkpoint`: a run's folder to its ``best.pt``, else ``checkpoint.pt`` (the
-  one rule, for tzrec-bench and tzrec-acc);
 * :mod:`tzrec_gr.serving.topk`: :func:`catalogue_topk`, exact top-K over a catalogue of any
   size, in chunks on the device.
 """
 
-from tzrec_gr.serving._checkpoint import resolve_checkpoint
 from tzrec_gr.serving.inputs import Candidates, Histories
 from tzrec_gr.serving.ranking import RankingServer
 from tzrec_gr.serving.retrieval import RetrievalServer
@@ -47,6 +44,5 @@ __all__ = [
     "ServingSession",
     "TopK",
     "catalogue_topk",
-    "resolve_checkpoint",
     "server_for",
 ]

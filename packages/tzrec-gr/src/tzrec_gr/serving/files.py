@@ -102,6 +102,7 @@ from tzrec_gr.serving._rows import (
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.serving.topk import TopK
 from tzrec_gr.vocabulary import IdVocabularies, Vocabulary
+from tzrec_ops.devices import DeviceError, resolve_device
 from tzrec_ops.extras import require
 
 __all__ = [
@@ -463,21 +464,16 @@ def predict_file(
 
 
 def pick_device(name: str) -> torch.device:
-    """``--device``: ``auto`` (the GPU when CUDA is available, else the CPU) or a torch
-    device name.
+    """``--device`` through :func:`tzrec_ops.devices.resolve_device`: ``auto`` (the GPU when
+    CUDA is available, else the CPU) or a torch device name.
 
     Raises:
         PredictError: an unknown device, or CUDA asked for where it is not available.
     """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError) as exc:
-        raise PredictError(f"--device {name!r} is not a device ({exc})") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise PredictError(f"--device {name}: CUDA is not available on this machine")
-    return device
+        return resolve_device(name)
+    except DeviceError as exc:
+        raise PredictError(f"--device {exc}") from None
 
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> None:

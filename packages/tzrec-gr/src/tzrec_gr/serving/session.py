@@ -29,7 +29,7 @@ time and memory, and the replays.
 The session's parts live beside it: the model's server (:class:`~.ranking.RankingServer` or
 :class:`~.retrieval.RetrievalServer`, whose common protocol, :class:`~.server.ModelServer`,
 checks and encodes a request's histories), the opened users' state (:mod:`._users`), the
-graphs (:mod:`._graphs` and the two above) and the checkpoint reader (:mod:`._checkpoint`).
+graphs (:mod:`._graphs` and the two above); checkpoints are read by :mod:`tzrec_gr.checkpoint`.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence, Type, Union
 import torch
 from torch import nn
 
+from tzrec_gr.checkpoint import load_model
 from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
 from tzrec_gr.models import HSTURanking, HSTURetrieval
-from tzrec_gr.serving._checkpoint import check_vocabulary_fits, load_model
 from tzrec_gr.serving._graphs import GraphPool, GraphSet, check_buckets
 from tzrec_gr.serving._recommend_graphs import RecommendGraphs
 from tzrec_gr.serving._score_graphs import ScoreGraphs
@@ -58,7 +58,7 @@ from tzrec_gr.stu.serving_cache import longest
 from tzrec_gr.vocabulary import IdVocabularies
 from tzrec_ops.jagged import host_copy, offsets_from_lengths, to_device
 
-__all__ = ["CHECKPOINT_FORMAT", "ServingSession", "server_for"]
+__all__ = ["ServingSession", "server_for"]
 
 
 def server_for(model: nn.Module) -> ModelServer:
@@ -77,8 +77,6 @@ def server_for(model: nn.Module) -> ModelServer:
     )
 
 
-#: the ``format`` of tzrec-bench's checkpoints that :meth:`ServingSession.from_checkpoint` reads
-CHECKPOINT_FORMAT = 1
 
 CandidatesArg = Union[Candidates, torch.Tensor, Sequence[Sequence[int]]]
 
@@ -161,7 +159,10 @@ class ServingSession:
             raise TypeError(
                 f"vocabularies must be an IdVocabularies or None, got {type(vocabularies).__name__}"
             )
-        check_vocabulary_fits(vocabularies, model, "vocabularies")
+        if vocabularies is not None:
+            vocabularies.check_catalogue(
+                int(getattr(model, "num_items", len(vocabularies.items))), "vocabularies"
+            )
         self.vocabularies = vocabularies
         self._users = UserStore(self.device)
         self._catalogue: Optional[torch.Tensor] = None
@@ -215,20 +216,18 @@ class ServingSession:
         them).
 
         Args:
-            path: a run's folder (its ``best.pt``, else ``checkpoint.pt``:
-                :func:`~tzrec_gr.serving.resolve_checkpoint`) or a ``torch.save`` dict with
-                ``format`` 1, ``model_config`` (``{"model": class name, "kwargs":
-                constructor args}``), ``model`` (the state dict) and ``vocabulary``
-                (:class:`~tzrec_gr.vocabulary.IdVocabularies` state; optional).
+            path: a checkpoint file or a run's folder (its ``best.pt``, else
+                ``checkpoint.pt``), in the format of :mod:`tzrec_gr.checkpoint`.
             device: where to serve. Default: the CPU.
             backend: the ops backend to build the model with. Default: the saved one.
             **kwargs: the constructor's other options (``cuda_graphs``...).
 
         Raises:
             FileNotFoundError: no file at ``path``.
-            ValueError: the file is not such a checkpoint, or its state dict does not fit.
+            ValueError: the file is not such a checkpoint, or its state dict does not fit
+                (a :class:`~tzrec_gr.checkpoint.CheckpointError`).
         """
-        model, vocabularies = load_model(path, backend, CHECKPOINT_FORMAT)
+        model, vocabularies = load_model(path, backend)
         return cls(model, device=device or "cpu", vocabularies=vocabularies, **kwargs)
 
     # -- public API -----------------------------------------------------------------------
