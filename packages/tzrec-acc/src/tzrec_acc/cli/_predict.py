@@ -1,0 +1,92 @@
+"""``predict``: a checkpoint's or a package's predictions for a file of users."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from typing import Any, Optional, Tuple
+
+from tzrec_acc.cli._options import UsageError, _files, _model_file
+
+
+def _predict(args: argparse.Namespace, destination: Optional[str] = None) -> int:
+    """``predict``; ``destination`` names where the rows go in the last line (default:
+    ``--output``)."""
+    files = _files()
+    try:  # the options and files first: nothing is loaded for a run that cannot finish
+        files.check_output_path(args.output)
+        files.input_format(args.input)
+        device = files.pick_device(args.device)
+        if args.batch_size < 1 or args.k < 1:
+            raise files.PredictError("--batch-size and --k must be >= 1")
+        if not pathlib.Path(args.input).is_file():
+            raise files.PredictError(f"--input: no file at {args.input}")
+        model_path = _model_file(args.model, args.config)
+        if not model_path.is_file():
+            raise files.PredictError(f"model: no file at {model_path}")
+    except files.PredictError as exc:
+        raise UsageError(str(exc)) from exc
+    batch_size = args.batch_size
+    if model_path.suffix == ".pt2":
+        if args.config is not None or args.backend is not None:
+            raise UsageError("--config and --backend apply to checkpoints, not to packages")
+        predictor, limits, batch_size = _package_predictor(model_path, batch_size)
+        what = f"package {model_path}"
+    else:
+        from tzrec_acc.checkpoint import load_checkpoint
+
+        serving = _serving()
+        try:
+            model, vocabularies = load_checkpoint(model_path, args.config, args.backend)
+            predictor = serving.ServingSession(model, device=device, vocabularies=vocabularies)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(str(exc)) from exc
+        limits = files.session_limits(predictor)
+        what = f"{type(model).__name__} from {model_path} on {device}"
+    try:
+        items, ids_line = files.item_vocabulary(args.ids, predictor.vocabularies, str(model_path))
+    except files.PredictError as exc:
+        raise UsageError(str(exc)) from exc
+    rules = f"; {files.seen_rule(args.exclude_seen)}" if limits.kind == "retrieval" else ""
+    print(f"python -m tzrec_acc predict: {what} ({limits.kind}){rules}")
+    print(ids_line)
+    try:
+        summary = files.predict_file(
+            predictor,
+            limits,
+            args.input,
+            args.output,
+            k=args.k,
+            exclude_seen=args.exclude_seen,
+            items=items,
+            batch_size=batch_size,
+            on_error=args.on_error,
+            progress=args.progress,
+        )
+    except files.BadRowError as exc:
+        print(f"error: {args.input} {exc} (--on-error fail: nothing written)", file=sys.stderr)
+        return 1
+    except files.PredictError as exc:
+        raise UsageError(str(exc)) from exc
+    print(f"wrote {destination or args.output}: {summary}")
+    return 0
+
+
+def _package_predictor(path: pathlib.Path, batch_size: int) -> Tuple[Any, Any, int]:
+    """(session, limits, batch size) of a ``--form full`` package written by export
+    (:class:`tzrec_acc.serving.PackageSession`), in batches of at most its ``--max-batch``."""
+    from tzrec_acc import serving
+
+    try:
+        session = serving.PackageSession(path)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+    return session, session.limits, min(batch_size, session.max_batch)
+
+
+def _serving() -> Any:
+    """:mod:`tzrec_gr.serving` (``tzrec-acc[gr]``)."""
+    from tzrec_ops.extras import require
+
+    return require("tzrec_gr.serving", "tzrec-acc[gr]", "predict")
