@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tzrec_bench import load_test
+from tzrec_bench.load_test.stream import _calls
 from tzrec_gr.serving import Histories, ServingSession
 from tzrec_ops.tolerances import tolerance
 
@@ -116,7 +117,7 @@ def test_a_request_the_session_fails_is_dropped_and_exits_non_zero(monkeypatch, 
 def test_calls_keep_each_users_order_and_the_batch_bound():
     args = _args("--users", "3", "--requests", "40")
     requests, _ = load_test.make_stream(args, 40)
-    calls = load_test._calls(requests, 4)
+    calls = _calls(requests, 4)
     order = [r.index for _, group in calls for r in group]
     assert sorted(order) == list(range(40))
     position = {i: n for n, i in enumerate(order)}
@@ -128,7 +129,7 @@ def test_calls_keep_each_users_order_and_the_batch_bound():
         assert {r.kind for r in group} == {kind}
         assert len({r.user for r in group}) == len(group)
     assert len(calls) < 40  # some requests were grouped
-    assert [len(g) for _, g in load_test._calls(requests, 1)] == [1] * 40
+    assert [len(g) for _, g in _calls(requests, 1)] == [1] * 40
 
 
 def test_stream_histories_follow_the_requests():
