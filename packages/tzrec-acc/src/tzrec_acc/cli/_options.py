@@ -132,7 +132,7 @@ def _files() -> Any:
 
 def _model_file(model: str, config: Optional[str]) -> pathlib.Path:
     """``--model``: the file, or a tzrec-bench run's folder's ``best.pt``, else its
-    ``checkpoint.pt`` (:func:`tzrec_gr.serving.resolve_checkpoint`; a state dict with
+    ``checkpoint.pt`` (:func:`tzrec_gr.checkpoint.resolve_checkpoint`; a state dict with
     ``--config`` is a file)."""
     if config is not None or not pathlib.Path(model).is_dir():
         return pathlib.Path(model)
