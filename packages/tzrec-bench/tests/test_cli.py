@@ -175,7 +175,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_resumes_exactly(
                 "--eval-every", "3", "--log-every", "2"]
     whole = tmp_path / "whole"
     assert main(["train", *settings, "--out-dir", str(whole)]) == 0
-    step = Trainer._train_step
+    step = Trainer.train_step
 
     def interrupted_in_step_5(self, rows):
         loss = step(self, rows)
@@ -183,7 +183,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_printed_command_resumes_exactly(
             signal.raise_signal(signal.SIGINT)
         return loss
 
-    monkeypatch.setattr(Trainer, "_train_step", interrupted_in_step_5)
+    monkeypatch.setattr(Trainer, "train_step", interrupted_in_step_5)
     halves = tmp_path / "halves"
     argv = ["train", *settings, "--out-dir", str(halves)]
     capsys.readouterr()

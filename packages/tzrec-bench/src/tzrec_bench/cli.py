@@ -450,6 +450,18 @@ def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return run(args, parser)
 
 
+def _add_train_speed(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from tzrec_bench.train_speed import add_parser
+
+    return add_parser(subparsers, _HelpFormatter)
+
+
+def _run_train_speed(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from tzrec_bench.train_speed import run
+
+    return run(args, parser)
+
+
 SUBCOMMANDS: Dict[str, Tuple[Callable[..., argparse.ArgumentParser], Runner]] = {
     "train": (_add_train, _run_train),
     "evaluate": (_add_evaluate, _run_evaluate),
@@ -457,6 +469,7 @@ SUBCOMMANDS: Dict[str, Tuple[Callable[..., argparse.ArgumentParser], Runner]] = 
     "ops": (_add_ops, _run_ops),
     "run-configs": (_add_run_configs, _run_run_configs),
     "plan": (_add_plan, _run_plan),
+    "train-speed": (_add_train_speed, _run_train_speed),
 }
 
 

@@ -92,7 +92,7 @@ class Trainer(Run):
 
     # -- one step ----------------------------------------------------------------------
 
-    def _global_rows(self, step: int) -> np.ndarray:
+    def global_rows(self, step: int) -> np.ndarray:
         """The rows of the global batch of ``step``: epoch ``e`` is shuffled by ``(seed, e)``."""
         epoch, index = divmod(step, self.steps_per_epoch)
         if epoch != self._epoch:
@@ -101,7 +101,7 @@ class Trainer(Run):
         size = self.config.batch_size
         return self._order[index * size : (index + 1) * size]
 
-    def _train_step(self, rows: np.ndarray) -> torch.Tensor:
+    def train_step(self, rows: np.ndarray) -> torch.Tensor:
         """One optimizer step on the global batch ``rows``; returns this rank's loss, weighted
         so that its mean over ranks is the mean over the global batch."""
         local = shard(rows, self.ctx)
@@ -209,9 +209,9 @@ class Trainer(Run):
                 if any_interrupted.poll(interrupted[0]):
                     bar.close()
                     self._stop_interrupted()
-                rows = self._global_rows(self.step)
+                rows = self.global_rows(self.step)
                 started = time.perf_counter()
-                loss = self._train_step(rows)
+                loss = self.train_step(rows)
                 self.step += 1
                 logged = self.step % config.log_every == 0 or self.step == self.total_steps
                 if logged:  # read at log steps only: on a GPU, .item() waits for the step
