@@ -9,7 +9,8 @@ autotuning, ``torch.compile``'s first graphs, the allocator). The pairs are then
 ``--rounds`` rounds of ``--steps`` steps each, one pair after the other within a round, so
 that drift of the GPU's clocks falls on every pair alike; each round ends with a device
 synchronize, so the time is the device's, not the host's queue. The table shows the median
-round. ``--profile DIR`` also writes a ``torch.profiler`` table and trace per pair.
+round, and the seconds of the first step and of all warm-up steps (what compiling costs).
+``--profile DIR`` also writes a ``torch.profiler`` table and trace per pair.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Pair:
     mode: str
     trainer: Trainer
     first_step_s: float = 0.0
+    warmup_s: float = 0.0
     rounds: List[Dict[str, float]] = dataclasses.field(default_factory=list)
 
     def median(self, key: str) -> float:
@@ -112,7 +114,7 @@ def measure(
                 stack.callback(close, ctx)
                 pair = Pair(name, mode, Trainer(run, ctx, Replicated))
                 pair.first_step_s = _steps(pair, 1)["seconds"]
-                _steps(pair, max(warmup - 1, 0))
+                pair.warmup_s = pair.first_step_s + _steps(pair, max(warmup - 1, 0))["seconds"]
                 pairs.append(pair)
         for _ in range(rounds):
             for pair in pairs:
@@ -130,7 +132,8 @@ def table(pairs: Sequence[Pair]) -> str:
     rate = {(p.name, p.mode): p.median("tokens") / p.median("seconds") for p in pairs}
     first = pairs[0].name
     lines = [f"{'config':34s} {'mode':8s} {'tokens/s':>10s} {'samples/s':>10s} "
-             f"{'ms/step':>8s} {'first step s':>12s} {'vs ' + first[:20]:>24s}"]
+             f"{'ms/step':>8s} {'first step s':>12s} {'warm-up s':>9s} "
+             f"{'vs ' + first[:20]:>24s}"]
     for p in pairs:
         seconds = p.median("seconds")
         step_ms = 1e3 * seconds / p.rounds[0]["steps"]
@@ -138,7 +141,7 @@ def table(pairs: Sequence[Pair]) -> str:
         lines.append(
             f"{p.name:34s} {p.mode:8s} {rate[(p.name, p.mode)]:10.0f} "
             f"{p.median('samples') / seconds:10.0f} {step_ms:8.2f} {p.first_step_s:12.1f} "
-            f"{versus:24.2f}x"
+            f"{p.warmup_s:9.1f} {versus:24.2f}x"
         )
     for name in dict.fromkeys(p.name for p in pairs):
         if (name, "eager") in rate and (name, "compile") in rate:
