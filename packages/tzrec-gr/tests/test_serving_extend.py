@@ -155,7 +155,7 @@ def _check(
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(data=st.data())
 def test_extend_chains_equal_the_full_forward(name, data):
     model = _model(name)
