@@ -117,9 +117,14 @@ def test_a_request_the_session_fails_is_dropped_and_exits_non_zero(monkeypatch, 
 def test_calls_keep_each_users_order_and_the_batch_bound():
     args = _args("--users", "3", "--requests", "40")
     requests, _ = load_test.make_stream(args, 40)
+    opens = [r for r in requests if r.kind == "open"]
+    assert [r.index for r in opens] == list(range(len(opens))) and 1 <= len(opens) <= 3
+    assert len(requests) == len(opens) + 40
+    requests = requests[len(opens):]
+    assert {r.kind for r in requests} == {"extend", "score"}
     calls = _calls(requests, 4)
     order = [r.index for _, group in calls for r in group]
-    assert sorted(order) == list(range(40))
+    assert sorted(order) == [r.index for r in requests]
     position = {i: n for n, i in enumerate(order)}
     for user in {r.user for r in requests}:
         mine = [r.index for r in requests if r.user == user]
@@ -130,6 +135,7 @@ def test_calls_keep_each_users_order_and_the_batch_bound():
         assert len({r.user for r in group}) == len(group)
     assert len(calls) < 40  # some requests were grouped
     assert [len(g) for _, g in _calls(requests, 1)] == [1] * 40
+    assert len(_calls(opens, 4)) == 1  # the opens: distinct users, one call
 
 
 def test_stream_histories_follow_the_requests():
@@ -161,5 +167,107 @@ def test_percentile_interpolates_between_ranks():
      (["--extend-fraction", "1.5"], "--extend-fraction must be in")],
 )
 def test_bad_options_exit_2_naming_the_option(argv, message, capsys):
+    assert load_test.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+# -- the sustained rate ---------------------------------------------------------------------
+
+
+def test_size_span_covers_each_power_of_two_between():
+    assert load_test.size_span(1000, 2048) == [1000, 1024, 2048]
+    assert load_test.size_span(6, 12) == [6, 8, 12]
+    assert load_test.size_span(5, 5) == [5]
+    assert load_test.size_span(1, 4) == [1, 2, 4]
+
+
+def test_warm_up_runs_every_shape_before_the_clock():
+    args = _args("--max-batch", "3,1")
+    session = ServingSession(load_test.build_model(args))
+    report = load_test.warm_up(session, args, max(args.max_batches))
+    # batch buckets 1, 2, 4 (3 users) x histories 6, 8, 12 events
+    assert [(e["batch"], e["events"]) for e in report["encoded"]] == [
+        (b, n) for b in (1, 2, 4) for n in (6, 8, 12)
+    ]
+    assert report["extended"] == []  # time encoding: extended users are encoded whole
+    assert len(session) == 0
+
+
+def _fake_trial(capacity, calls):
+    """A run_load_test stand-in: the p99 stays under 50 ms iff the rate <= capacity."""
+
+    def trial(args, session, stop_ms=None, log=None):
+        calls.append((args.rate, args.max_batch))
+        late = args.rate > capacity
+        return load_test.LoadTestResult(
+            sent=10, served=5 if late else 10, latencies_ms=[1.0] * (5 if late else 10),
+            elapsed_s=1.0, events=0, kinds={}, calls=1, checks=1, max_abs_diff=0.0,
+            worst_ratio=0.0, tolerance=tolerance(torch.float32), graph_stats={},
+            rate=args.rate, max_batch=args.max_batch, stopped=late,
+            unfinished_ms=[60.0] * 5 if late else [],
+        )
+
+    return trial
+
+
+@pytest.mark.parametrize(
+    "start, capacity, rates",
+    [(100, 700, [100, 200, 400, 800, 566, 673, 734]),  # doubling, then bisection to 10%
+     (1000, 300, [1000, 500, 250, 354, 297, 324]),  # halving first
+     (100, 1e9, [100, 200, 400, 800, 1000])],  # up to --max-rate
+)
+def test_search_doubles_then_bisects_to_the_precision(monkeypatch, start, capacity, rates):
+    from tzrec_bench.load_test import search
+
+    calls = []
+    monkeypatch.setattr(search, "run_load_test", _fake_trial(capacity, calls))
+    args = _args("--rate", str(start), "--search", "--max-rate", "1000")
+    trials = search.search_rates(args, None, 4, 50.0)
+    assert [r for r, _ in calls] == rates and {b for _, b in calls} == {4}
+    best = max(r for r in rates if r <= capacity)
+    assert search.sustained(trials, 50.0) == best
+    lines = search.table(trials, 50.0)
+    assert lines[0].split()[:4] == ["offered/s", "achieved/s", "p50", "ms"]
+    assert [float(line.split()[0].replace(",", "")) for line in lines[1:]] == sorted(rates)
+    assert all(("sustained" in line) == (float(line.split()[0].replace(",", "")) <= capacity)
+               for line in lines[1:])
+
+
+def test_a_trial_stops_once_its_p99_bound_is_exceeded():
+    args = _args("--requests", "60")
+    result = load_test.run_load_test(args, stop_ms=1e-6)  # every request is late
+    assert result.stopped and result.served < result.sent == 60 and result.dropped == 0
+    assert not result.sustains(1e-6) and result.unfinished_ms
+    assert result.percentiles()["p99"] > 1e-6
+
+
+def test_main_searches_the_sustained_rate_of_each_batch_bound(capsys):
+    argv = [*TINY, "--max-batch", "2,1", "--search", "--max-rate", "4000", "--p99-ms", "1e6"]
+    assert load_test.main(argv) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[0]
+    assert "triton" in header and "torch" in header and "p99 bound 1e+06 ms" in header
+    for batch in (2, 1):
+        assert f"max batch {batch}, by rate:" in out
+        assert f"sustained rate, max batch {batch}: 4,000 requests/s" in out
+    assert out.count("offered/s") >= 2 and "correctness:" in out
+
+
+def test_main_sweeps_rates_and_a_rate_that_is_not_kept_is_no_failure(capsys):
+    argv = [*TINY, "--rates", "1000,500", "--p99-ms", "1e-6"]
+    assert load_test.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "sustained rate, max batch 1: none of the 2 rates tried" in out
+    assert out.count("stopped: p99 >= 1e-06 ms") == 4  # progress rows and the table
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--rates", "100", "--search"], "--rates and --search exclude each other"),
+     (["--max-batch", "4,0"], "--max-batch must be >= 1, got 0"),
+     (["--p99-ms", "0"], "--p99-ms must be > 0"),
+     (["--rates", "100,-1"], "--rates must be > 0, got -1")],
+)
+def test_bad_search_options_exit_2_naming_the_option(argv, message, capsys):
     assert load_test.main(argv) == 2
     assert message in capsys.readouterr().err

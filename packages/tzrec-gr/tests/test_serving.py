@@ -182,6 +182,32 @@ def test_ranking_extend_with_time_encoding_or_context_raises():
         server_for(ranking_model()).prefill(ranking_batch(users, keys))
 
 
+@pytest.mark.parametrize("timed", [False, True], ids=["positions-forward", "time-encoded"])
+def test_time_encoding_makes_the_cached_keys_depend_on_later_events(timed):
+    """Why extend with time encoding encodes the history again: the keys of a user's first
+    5 events, cached after them, differ from the same rows after 3 more events (same query
+    time), because every position counts back from the newest event; with positions
+    counted forward they are equal (float32 rounding)."""
+    model = ranking_model(
+        use_time_encoding=timed, max_contextual_seq_len=0, contextual_feature_dim=0
+    )
+    user = ranking_user(8, 0, context_width=0)
+    keys = [*HISTORY, "uih.sequence_length"]
+    query_time = user["query_time"][None]
+    short, longer = (
+        server_for(model).prefill(
+            ranking_batch([_slice(user, HISTORY, 0, n)], keys), query_time
+        )
+        for n in (5, 8)
+    )
+    for layer, (k5, k8) in enumerate(zip(short.keys, longer.keys)):
+        change = float((k5 - k8[:5]).abs().max())
+        if timed:
+            assert change > 1e-3, f"layer {layer}"
+        else:
+            assert change < 1e-5, f"layer {layer}"
+
+
 # -- errors ---------------------------------------------------------------------------------
 
 
@@ -246,7 +272,7 @@ def test_positional_encoder_forward_appended_matches_forward(time):
     )
     torch.testing.assert_close(out, full[rows])
     if time:
-        with pytest.raises(NotImplementedError, match="appending history is not possible"):
+        with pytest.raises(NotImplementedError, match="not exact with time encoding"):
             encoder.forward_appended(x[rows], offsets_from_lengths(new), cached, ts, None, False)
 
 

@@ -326,6 +326,45 @@ def test_warm_up_without_cuda_graphs_captures_nothing_and_says_why():
     assert ranking.warm_up(batch_sizes=[2], lengths=[8], candidates=[3])["captured"] == []
 
 
+@pytest.mark.parametrize("kind", ["retrieval", "ranking"])
+def test_warm_up_runs_the_eager_calls_once_per_shape(kind, monkeypatch):
+    """Encoding (and, where extends are incremental, extending) synthetic users at the
+    batch bucket of each size, before any request; no user is opened."""
+    model = retrieval_model() if kind == "retrieval" else ranking_model()
+    session = ServingSession(model)
+    server = session.server
+    seen = []
+    prefill, extend = server.prefill_histories, server.extend_histories
+    monkeypatch.setattr(
+        server,
+        "prefill_histories",
+        lambda h, d: seen.append(("encode", h.batch_size, h.lengths.tolist())) or prefill(h, d),
+    )
+    monkeypatch.setattr(
+        server,
+        "extend_histories",
+        lambda c, h, d: seen.append(("extend", h.batch_size, h.lengths.tolist()))
+        or extend(c, h, d),
+    )
+    bound = server.max_events
+    report = session.warm_up(batch_sizes=[3, 1], histories=[2, bound], events=[1, 4])
+    assert report["encoded"] == [
+        {"batch": b, "events": n} for b in (1, 4) for n in (2, bound)
+    ]  # 3 users: the batch bucket of 4
+    if kind == "retrieval":  # incremental: every extend that stays within the bound
+        assert report["extended"] == [
+            {"batch": b, "history": 2, "events": e} for b in (1, 4) for e in (1, 4)
+        ]
+    else:  # time encoding: extended users are encoded whole, nothing else to run
+        assert report["extended"] == []
+    assert [s[0] for s in seen].count("encode") == 4 and len(session) == 0
+    assert report["encode_seconds"] >= 0 and report["seconds"] >= report["encode_seconds"]
+    with pytest.raises(ValueError, match=rf"histories must be ints in \[1, {bound}\]"):
+        session.warm_up(histories=[bound + 1])
+    with pytest.raises(ValueError, match="events must be ints in"):
+        session.warm_up(events=[0])
+
+
 # -- GPU: real captures ---------------------------------------------------------------------
 
 gpu = [

@@ -177,10 +177,21 @@ class HSTUPositionalEncoder(nn.Module):
         ``targets=True``: every new row is a target (candidates scored against the cache);
         ``False``: every new row is history appended after the cache. Without time encoding
         new history takes positions ``n_b, n_b + 1, ...`` and targets share ``n_b``
-        (``n_b = cached_lengths[b]``). With time encoding every target has position C and
-        time bucket ``fn(query_time[b] - ts)``; appending history is not possible there,
-        because positions count back from the newest history token: every cached token's
-        encoding would change.
+        (``n_b = cached_lengths[b]``): a cached token's encoding depends on its own place
+        only, so appending leaves it as it was. With time encoding every target has
+        position C and time bucket ``fn(query_time[b] - ts)``.
+
+        Appending history with time encoding cannot be exact from the new rows alone. A
+        cached history token p of a user with n history tokens is encoded as
+        ``alpha * x_p + P[min(n - p + C, Kp - 1)] + T[bucket(query_time - ts_p)]``: its
+        position counts back from the newest history token and its time bucket is measured
+        from the query time, which moves with the newest event. Appending Δ events adds Δ
+        to every cached token's position (until it reaches the table's last row Kp - 1)
+        and measures every gap from the new query time, so the cached tokens' inputs to the
+        first STU layer change. Their keys and values are computed from those inputs
+        (normalized, projected; the later layers' from the earlier layers' outputs), so no
+        update of the cached keys and values can account for it: the longer history must
+        be encoded again.
 
         Args:
             seq_embeddings (torch.Tensor): [N, E] the new rows.
@@ -204,9 +215,10 @@ class HSTUPositionalEncoder(nn.Module):
             return self._add_rows(seq_embeddings, positions, None)
         if not targets:
             raise NotImplementedError(
-                "appending history is not possible with time encoding: positions count back "
-                "from the newest history token, so the encoding of every cached token changes; "
-                "encode the longer history again"
+                "appending history is not exact with time encoding: positions count back "
+                "from the newest history token and time gaps are measured from the query "
+                "time, so every cached token's encoding changes; encode the longer history "
+                "again"
             )
         if seq_timestamps is None or query_time is None:
             raise ValueError("seq_timestamps and query_time are required with time encoding")

@@ -1,7 +1,8 @@
-"""Load test of ``tzrec_gr.serving.ServingSession``: a stream of requests at a target rate.
+"""Load test of ``tzrec_gr.serving.ServingSession``: a stream of requests at a target rate,
+and the sustained rate (the highest at which the p99 latency stays under a bound).
 
     python -m tzrec_bench.load_test                          # CPU, tiny model, ~10-20 s
-    python -m tzrec_bench.load_test --device cuda --model ranking --max-batch 16
+    python -m tzrec_bench.load_test --device cuda --max-batch 32,1 --search
 
 One session serves a stream of requests, open-loop: request i is due ``i / --rate`` seconds
 after the start, whether or not the server has finished the ones before it, and its latency
@@ -14,32 +15,43 @@ proportional to ``r ** -zipf``) and is either
   user's history grows (the session keeps the newest events the model takes);
 * a scoring request: ``session.score`` of ``--candidates`` random candidates
   (``--model ranking``, HSTURanking) or ``session.recommend`` of the top ``--k`` items of the
-  catalogue (``--model retrieval``, HSTURetrieval);
+  catalogue (``--model retrieval``, HSTURetrieval).
 
-and a user's first request opens the user (``session.open``) with a ``--history``-event
-starting history instead. Requests are served one at a time by default (B = 1); with
-``--max-batch M`` the server takes up to M requests that are already due and serves them in
-as few calls as it can (one call per kind, each user at most once per call, each user's
-requests in stream order), as a micro-batching server does.
+Before the clock, the session's ``warm_up`` captures the CUDA graphs of every request shape
+and runs the eager calls once per shape (Triton autotuning happens there), the users the
+stream names are opened (``session.open``, a ``--history``-event starting history each) and
+``--warmup`` requests are served. Requests are served one at a time with ``--max-batch 1``
+(B = 1); with ``--max-batch M`` the server takes up to M requests that are already due and
+serves them in as few calls as it can (one call per kind, each user at most once per call,
+each user's requests in stream order), as a micro-batching server does. ``--max-batch
+32,1`` measures both on one session.
 
-Reported: p50/p90/p99/max latency (ms), the achieved requests/s and events/s, requests
-served against requests sent (all must be served: exit 1 otherwise), the session's CUDA
-graphs on a GPU, and a correctness check: every ``--check-every``-th scoring request is
-answered again, after the timed run, by the model's full forward over the user's whole
-history at that moment (kept on the host by the load test, apart from the session) and the
-served answer must equal it within the dtype's forward tolerance
-(:func:`tzrec_ops.tolerances.tolerance`, the one the tzrec tests hold the backends to; exit 1
-otherwise). The model has random weights (``--seed``): the check compares two ways of
-computing the same function, which needs no training.
+One rate (``--rate``) prints the detailed report: p50/p90/p99/max latency (ms), the achieved
+requests/s and events/s, requests served against sent, the session's CUDA graphs on a GPU
+and the correctness check. ``--rates`` or ``--search`` run trials at several rates
+(:mod:`~tzrec_bench.load_test.search`) and print a table per batch bound (offered and
+achieved rate, p50, p99, dropped) and the sustained rate: the highest offered rate served
+with nothing dropped and p99 under ``--p99-ms``.
+
+The correctness check: every ``--check-every``-th scoring request is answered again, after
+the timed run, by the model's full forward over the user's whole history at that moment
+(kept on the host by the load test, apart from the session) and the served answer must
+equal it within the dtype's forward tolerance (:func:`tzrec_ops.tolerances.tolerance`, the
+one the tzrec tests hold the backends to). Exit 1 when a request is dropped (a session call
+raised) or an answer is outside the tolerance, 2 on bad options. The model has random
+weights (``--seed``): the check compares two ways of computing the same function, which
+needs no training.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import importlib.metadata
 import math
 import platform
 import sys
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -49,8 +61,12 @@ from tzrec_bench.load_test.run import (
     build_model,
     percentile,
     run_load_test,
+    size_span,
+    warm_up,
 )
+from tzrec_bench.load_test.search import search_rates, sustained, sweep_rates, table
 from tzrec_bench.load_test.stream import Check, Request, make_stream
+from tzrec_gr.serving import ServingSession
 
 __all__ = [
     "CPU_DEFAULTS",
@@ -63,6 +79,12 @@ __all__ = [
     "make_stream",
     "percentile",
     "run_load_test",
+    "search_rates",
+    "size_span",
+    "sustained",
+    "sweep_rates",
+    "table",
+    "warm_up",
 ]
 
 #: defaults of the options left out, on the CPU (a tiny model, ~10-20 s) and on a GPU (the
@@ -75,6 +97,24 @@ CUDA_DEFAULTS: Dict[str, Any] = {
     "dtype": "bf16", "dim": 512, "heads": 4, "layers": 3, "items": 100_000, "users": 1000,
     "history": 1000, "max_history": 2048, "candidates": 8, "rate": 200.0, "duration": 20.0,
 }
+
+
+def _int_list(text: str) -> List[int]:
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected integers separated by commas, got {text!r}"
+        ) from None
+
+
+def _float_list(text: str) -> List[float]:
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers separated by commas, got {text!r}"
+        ) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,11 +145,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--extend-fraction", type=float, default=0.5,
                    help="share of requests that are new events. Default: 0.5")
     p.add_argument("--rate", type=float, help="target requests/s (CPU 40, CUDA 200)")
-    p.add_argument("--duration", type=float, help="seconds of requests at --rate (CPU 10, "
-                   "CUDA 20)")
-    p.add_argument("--requests", type=int, help="number of requests (instead of --duration)")
-    p.add_argument("--max-batch", type=int, default=1,
-                   help="the most due requests served together. Default: 1 (one at a time)")
+    p.add_argument("--duration", type=float, help="seconds of requests per trial, at its "
+                   "rate (CPU 10, CUDA 20)")
+    p.add_argument("--requests", type=int, help="requests per trial (instead of --duration)")
+    p.add_argument("--max-batch", type=_int_list, default=[1],
+                   help="the most due requests served together; a comma list (32,1) measures "
+                   "each on one session. Default: 1 (one at a time)")
+    p.add_argument("--p99-ms", type=float, default=50.0,
+                   help="the p99 latency bound of a sustained rate, ms. Default: 50")
+    p.add_argument("--rates", type=_float_list,
+                   help="comma list of offered rates (requests/s), one trial each")
+    p.add_argument("--search", action="store_true",
+                   help="find the sustained rate: from --rate, double (halve) while trials "
+                   "pass (fail), then bisect")
+    p.add_argument("--max-rate", type=float, default=100_000.0,
+                   help="the highest rate --search tries. Default: 100,000")
+    p.add_argument("--search-precision", type=float, default=0.1,
+                   help="--search stops when the lowest failing rate is within this fraction "
+                   "above the highest passing one. Default: 0.1")
+    p.add_argument("--max-trials", type=int, default=12,
+                   help="the most trials of one --search. Default: 12")
     p.add_argument("--warmup", type=int, default=10,
                    help="requests served before the clock starts (untimed). Default: 10")
     p.add_argument("--check-every", type=int, default=50,
@@ -127,13 +182,32 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    args.fixed_requests = args.requests is not None
     if args.requests is None:
         args.requests = max(1, int(round(args.duration * args.rate)))
+    if not args.duration > 0:
+        raise ValueError(f"--duration must be > 0, got {args.duration}")
+    if isinstance(args.max_batch, int):  # (a caller's namespace may hold one bound)
+        args.max_batch = [args.max_batch]
+    args.max_batches = list(dict.fromkeys(args.max_batch))
+    for m in args.max_batches:
+        if m < 1:
+            raise ValueError(f"--max-batch must be >= 1, got {m}")
+    args.max_batch = args.max_batches[0]
+    args.open_batch = min(max(args.max_batches), 64)
     positive = ("dim", "heads", "layers", "items", "users", "history", "max_history", "events",
-                "candidates", "k", "requests", "max_batch", "check_every")
+                "candidates", "k", "requests", "check_every", "max_trials")
     for name in positive:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("p99_ms", "max_rate", "search_precision"):
+        if not getattr(args, name) > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.rates is not None and args.search:
+        raise ValueError("--rates and --search exclude each other; give one")
+    for r in args.rates or []:
+        if not r > 0:
+            raise ValueError(f"--rates must be > 0, got {r:g}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.warmup < 0:
@@ -179,9 +253,47 @@ def _graph_line(stats: Dict[str, Any]) -> str:
             f"{len(stats.get('failed', {}))} failed")
 
 
+def _versions(device: torch.device) -> str:
+    """torch, triton (and CUDA) and the tzrec packages' versions, for the header."""
+    parts = [f"torch {torch.__version__}"]
+    try:
+        import triton
+
+        parts.append(f"triton {triton.__version__}")
+    except ImportError:
+        parts.append("triton not installed")
+    if device.type == "cuda":
+        parts.append(f"CUDA {torch.version.cuda}")
+    for dist in ("tzrec-ops", "tzrec-gr", "tzrec-bench"):
+        try:
+            parts.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{dist} (source tree)")
+    parts.append(f"Python {platform.python_version()}")
+    return ", ".join(parts)
+
+
+def _report(args: argparse.Namespace, result: LoadTestResult, device: torch.device) -> None:
+    """The detailed report of one trial."""
+    pct = result.percentiles()
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(result.kinds.items()))
+    print(f"  requests: {result.served} served of {result.sent} sent ({kinds}) in "
+          f"{result.calls} session calls, {len(result.errors)} failed")
+    print("  latency (completion - due): " + ", ".join(f"{k} {v:.2f} ms" for k, v in pct.items()))
+    eps = result.events / result.elapsed_s if result.elapsed_s > 0 else math.nan
+    print(f"  throughput: {result.achieved:.1f} requests/s (target {args.rate:g}), "
+          f"{eps:.1f} events/s")
+    verdict = "sustained" if result.sustains(args.p99_ms) else "not sustained"
+    print(f"  {verdict}: p99 {pct['p99']:.2f} ms against the {args.p99_ms:g} ms bound, "
+          f"{result.dropped} dropped")
+    if device.type == "cuda":
+        print(f"  CUDA graphs: {_graph_line(result.graph_stats)}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the load test; returns 0 when every request was served and every checked answer
-    equals the full forward's within the tolerance, 1 otherwise, 2 on bad options."""
+    """Run the load test; returns 0 when every request was served (none dropped) and every
+    checked answer equals the full forward's within the tolerance, 1 otherwise, 2 on bad
+    options. A rate that is not sustained is a measurement, not a failure."""
     parser = _parser()
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -195,45 +307,92 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    several = args.search or args.rates is not None
     name = "HSTURanking" if args.model == "ranking" else "HSTURetrieval"
     what = (f"{args.candidates} candidates" if args.model == "ranking" else f"top-{args.k} of "
             f"{args.items:,} items")
+    trial = (f"{args.requests:,} requests" if args.fixed_requests or not several
+             else f"{args.duration:g} s of requests per trial")
+    timed = "time encoding" if args.model == "ranking" and not args.no_time_encoding else ""
+    rates = ("--search from " + f"{args.rate:g}/s" if args.search else
+             "rates " + ",".join(f"{r:g}" for r in args.rates) + "/s" if args.rates else
+             f"{args.rate:g}/s")
     print(f"load_test: {name} E={args.dim}, {args.heads} heads, {args.layers} layers, "
-          f"{args.dtype}, backend {args.backend or 'auto'}, {device} ({_device_name(device)}), "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.users:,} users "
+          f"{args.dtype}{', ' + timed if timed else ''}, backend {args.backend or 'auto'}, "
+          f"{device} ({_device_name(device)}), {_versions(device)}, "
+          f"{torch.get_num_threads()} threads; {args.users:,} users "
           f"(zipf {args.zipf}), histories "
           f"{args.history} events (at most {args.max_history}), +1..{args.events} per extend, "
-          f"{what}; {args.requests:,} requests at {args.rate:g}/s, extend fraction "
-          f"{args.extend_fraction}, max batch {args.max_batch}, warm-up {args.warmup}",
-          flush=True)
-    result = run_load_test(args, log=lambda line: print(line, flush=True))
-    pct = result.percentiles()
-    kinds = ", ".join(f"{n} {k}" for k, n in sorted(result.kinds.items()))
-    print(f"  requests: {result.served} served of {result.sent} sent ({kinds}) in "
-          f"{result.calls} session calls, {len(result.errors)} failed")
-    print("  latency (completion - due): " + ", ".join(f"{k} {v:.2f} ms" for k, v in pct.items()))
-    rps = result.served / result.elapsed_s if result.elapsed_s > 0 else math.nan
-    eps = result.events / result.elapsed_s if result.elapsed_s > 0 else math.nan
-    print(f"  throughput: {rps:.1f} requests/s (target {args.rate:g}), {eps:.1f} events/s")
+          f"{what}; {trial} at {rates}, extend fraction "
+          f"{args.extend_fraction}, max batch {','.join(map(str, args.max_batches))}, "
+          f"warm-up {args.warmup}, p99 bound {args.p99_ms:g} ms", flush=True)
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    session = ServingSession(build_model(args), device=device)
+    report = warm_up(session, args, max(args.max_batches))
+    print(f"  warm-up before the clock: {len(report['captured'])} CUDA graphs captured "
+          f"({report['capture_ms'] / 1e3:.1f} s), {len(report['encoded'])} encodings and "
+          f"{len(report['extended'])} extends run ({report['encode_seconds']:.1f} s), "
+          f"{report['seconds']:.1f} s in all"
+          + (f"; {report['reason']}" if report["reason"] else ""), flush=True)
+    results: List[LoadTestResult] = []
+    for max_batch in args.max_batches:
+        if several:
+            print(f"  max batch {max_batch}: trials of {trial}")
+            log("  " + table([], args.p99_ms)[0])
+            if args.search:
+                trials = search_rates(args, session, max_batch, args.p99_ms, log)
+            else:
+                trials = sweep_rates(args, session, max_batch, args.rates, args.p99_ms, log)
+            print(f"  max batch {max_batch}, by rate:")
+            for line in table(trials, args.p99_ms):
+                print("  " + line)
+            best = sustained(trials, args.p99_ms)
+            failing = [t.rate for t in trials if not t.sustains(args.p99_ms)
+                       and (best is None or t.rate > best)]
+            above = f", {min(failing):,.0f}/s is not" if failing else ""
+            if best is None:
+                print(f"  sustained rate, max batch {max_batch}: none of the "
+                      f"{len(trials)} rates tried (p99 < {args.p99_ms:g} ms, nothing "
+                      f"dropped; the lowest was {min(t.rate for t in trials):,.0f}/s)")
+            else:
+                print(f"  sustained rate, max batch {max_batch}: {best:,.0f} requests/s "
+                      f"(p99 < {args.p99_ms:g} ms, nothing dropped; {len(trials)} trials"
+                      f"{above})", flush=True)
+            results.extend(trials)
+        else:
+            trial = copy.copy(args)
+            trial.max_batch = max_batch
+            print(f"  max batch {max_batch}:", flush=True)
+            result = run_load_test(trial, session, log=log)
+            _report(trial, result, device)
+            results.append(result)
     if device.type == "cuda":
-        print(f"  CUDA graphs: {_graph_line(result.graph_stats)}")
-    tol = result.tolerance
-    print(f"  correctness: {result.checks} scoring requests against the full forward, max "
-          f"|served - full| {result.max_abs_diff:.3g}, worst {result.worst_ratio:.3g} of the "
+        print(f"  CUDA graphs: {_graph_line(session.graph_stats())}")
+    checks = sum(r.checks for r in results)
+    worst = max((r.worst_ratio for r in results), default=0.0)
+    max_abs = max((r.max_abs_diff for r in results), default=0.0)
+    tol = results[0].tolerance
+    print(f"  correctness: {checks} scoring requests against the full forward, max "
+          f"|served - full| {max_abs:.3g}, worst {worst:.3g} of the "
           f"{args.dtype} tolerance (|d| <= {tol.atol:g} * max|full| + {tol.rtol:g} * |full|)")
     status = 0
-    if result.served != result.sent:
-        print(f"load_test: FAILED: {result.sent - result.served} requests dropped",
-              file=sys.stderr)
-        for error in result.errors[:3]:
+    errors = [e for r in results for e in r.errors]
+    dropped = sum(r.dropped for r in results)
+    if errors:
+        print(f"load_test: FAILED: {dropped} requests dropped ({len(errors)} session calls "
+              "raised)", file=sys.stderr)
+        for error in errors[:3]:
             print(f"  {error}", file=sys.stderr)
         status = 1
-    if result.checks == 0:
+    if checks == 0:
         print("load_test: FAILED: no scoring request was checked; lower --check-every or "
               "--extend-fraction, or send more --requests", file=sys.stderr)
         status = 1
-    elif result.worst_ratio > 1.0:
+    elif worst > 1.0:
         print(f"load_test: FAILED: served answers differ from the full forward by "
-              f"{result.worst_ratio:.3g}x the {args.dtype} tolerance", file=sys.stderr)
+              f"{worst:.3g}x the {args.dtype} tolerance", file=sys.stderr)
         status = 1
     return status

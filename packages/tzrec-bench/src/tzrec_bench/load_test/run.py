@@ -1,9 +1,10 @@
-"""The load test's timed run: a session serves the stream, then the checked answers are
-computed again by the model's full forward."""
+"""The load test's timed run (one trial: one offered rate, one batch bound): a session serves
+the stream, then the checked answers are computed again by the model's full forward."""
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import math
 import time
@@ -26,9 +27,20 @@ from tzrec_gr.models import HSTURanking, HSTURetrieval
 from tzrec_gr.serving import Candidates, Histories, ServingSession
 from tzrec_ops.tolerances import Tolerance, tolerance
 
-__all__ = ["DTYPES", "LoadTestResult", "build_model", "percentile", "run_load_test"]
+__all__ = [
+    "DTYPES",
+    "LoadTestResult",
+    "build_model",
+    "percentile",
+    "run_load_test",
+    "size_span",
+    "warm_up",
+]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+#: one request's answer on the host (ranking: the probabilities; retrieval: ids and scores)
+Answer = Optional[Tuple[torch.Tensor, ...]]
 
 
 
@@ -39,7 +51,7 @@ class LoadTestResult:
     Attributes:
         sent (int): timed requests in the stream.
         served (int): timed requests answered.
-        latencies_ms (List[float]): per timed request, completion minus due time.
+        latencies_ms (List[float]): per served timed request, completion minus due time.
         elapsed_s (float): from the first due time to the last completion.
         events (int): events sent by the timed requests (open and extend).
         kinds (Dict[str, int]): timed requests per kind.
@@ -49,7 +61,14 @@ class LoadTestResult:
         worst_ratio (float): the largest |served - full forward| / allowed (<= 1 passes).
         tolerance (Tolerance): the one used.
         graph_stats (Dict[str, Any]): ``session.graph_stats()``.
-        errors (List[str]): the session calls that raised (their requests are not served).
+        errors (List[str]): the session calls that raised (their requests are dropped).
+        rate (float): the offered rate, requests/s.
+        max_batch (int): the most due requests served together.
+        stopped (bool): the trial stopped early, with ``stop_ms``: more requests were
+            already later than it than its p99 allows; the rest were not sent.
+        unfinished_ms (List[float]): when stopped, how late each due, unanswered request
+            already was (lower bounds of their latencies).
+        dropped (int): timed requests whose session call raised.
     """
 
     sent: int
@@ -65,15 +84,36 @@ class LoadTestResult:
     tolerance: Tolerance
     graph_stats: Dict[str, Any]
     errors: List[str] = dataclasses.field(default_factory=list)
+    rate: float = math.nan
+    max_batch: int = 1
+    stopped: bool = False
+    unfinished_ms: List[float] = dataclasses.field(default_factory=list)
+    dropped: int = 0
 
     @property
     def passed(self) -> bool:
         """Nothing dropped and every check within the tolerance."""
         return self.served == self.sent and self.checks > 0 and self.worst_ratio <= 1.0
 
+    @property
+    def achieved(self) -> float:
+        """Requests served per second (NaN for none)."""
+        return self.served / self.elapsed_s if self.elapsed_s > 0 else math.nan
+
+    def sustains(self, p99_ms: float) -> bool:
+        """Whether the offered rate was kept: served to the end, nothing dropped and the
+        p99 latency under ``p99_ms``."""
+        return (
+            not self.stopped
+            and self.dropped == 0
+            and self.served == self.sent
+            and self.percentiles()["p99"] < p99_ms
+        )
+
     def percentiles(self) -> Dict[str, float]:
-        """p50, p90, p99 and max latency in ms."""
-        lat = self.latencies_ms
+        """p50, p90, p99 and max latency in ms (when stopped, over the served requests and
+        the lower bounds of the unfinished ones)."""
+        lat = self.latencies_ms + self.unfinished_ms
         return {
             "p50": percentile(lat, 50),
             "p90": percentile(lat, 90),
@@ -124,9 +164,7 @@ def _histories(group: List[Request]) -> Histories:
     )
 
 
-def _serve(
-    session: ServingSession, kind: str, group: List[Request], k: int
-) -> List[Optional[Tuple[torch.Tensor, ...]]]:
+def _serve(session: ServingSession, kind: str, group: List[Request], k: int) -> List[Answer]:
     """One session call for ``group``; returns each request's answer (on the host) or None."""
     users = [r.user for r in group]
     if kind == "open":
@@ -183,15 +221,67 @@ def _reference(
         return got, want
 
 
+def size_span(low: int, high: int) -> List[int]:
+    """``low``, the powers of two strictly between ``low`` and ``high``, and ``high``: the
+    sizes whose warm-up covers every size in ``[low, high]`` (kernels are tuned per power of
+    two)."""
+    sizes = {low, high}
+    power = 1
+    while power < high:
+        if power > low:
+            sizes.add(power)
+        power *= 2
+    return sorted(sizes)
+
+
+def warm_up(
+    session: ServingSession, args: argparse.Namespace, max_batch: int
+) -> Dict[str, Any]:
+    """``session.warm_up`` for the requests of ``args`` with up to ``max_batch`` users per
+    call: the CUDA graphs of their buckets, and the eager calls (encoding whole histories,
+    incremental extends) at the shapes they take, so that nothing is captured or tuned
+    inside the timed run. Returns the session's report."""
+    histories = size_span(args.history, args.max_history)
+    sizes: Dict[str, Any] = {"batch_sizes": list(range(1, min(max_batch, 64) + 1))}
+    if session.kind == "retrieval":
+        sizes.update(k=[args.k], lengths=histories)
+    else:
+        pre = session.model.transducer.input_preprocessor
+        sizes.update(
+            candidates=[args.candidates],
+            lengths=sorted({pre.max_output_len(n, 0) for n in histories}),
+        )
+    return session.warm_up(**sizes, histories=histories, events=list(range(1, args.events + 1)))
+
+
+def _late(served_late: int, due: List[float], first: int, now: float, bound_s: float) -> int:
+    """Requests known to be later than ``bound_s``: ``served_late`` plus the unanswered ones
+    from ``first`` on that were due more than ``bound_s`` ago."""
+    return served_late + max(bisect.bisect_right(due, now - bound_s) - first, 0)
+
+
 def run_load_test(
-    args: argparse.Namespace, session: Optional[ServingSession] = None, log: Any = None
+    args: argparse.Namespace,
+    session: Optional[ServingSession] = None,
+    log: Any = None,
+    *,
+    stop_ms: Optional[float] = None,
 ) -> LoadTestResult:
-    """Run the load test of ``args`` (the command's options, see :func:`main`).
+    """Run the load test of ``args`` (the command's options, see :func:`main`): one trial
+    at ``args.rate`` with up to ``args.max_batch`` requests per call.
+
+    Before the clock: the stream's users are opened (``session.open``, up to
+    ``args.open_batch`` at a time) and ``args.warmup`` of its requests served. Then its
+    requests are served open-loop, each due at ``start + i / rate``.
 
     Args:
         args: parsed and resolved options (:func:`main` resolves them).
-        session: the session to load (default: a new one over :func:`build_model`).
+        session: the session to load, warmed up by the caller (:func:`warm_up`); default:
+            a new one over :func:`build_model`, warmed up here.
         log: a ``print``-like callable for progress lines. Default: none.
+        stop_ms (float | None): stop the trial as soon as more requests are later than this
+            than a p99 under it allows (its p99 is then above it whatever follows), leaving
+            the rest unsent (``stopped``). None: serve every request. Default: None.
 
     Returns:
         LoadTestResult: latencies, throughput, counts and the correctness check.
@@ -199,34 +289,48 @@ def run_load_test(
     device = torch.device(args.device)
     if session is None:
         session = ServingSession(build_model(args), device=device)
-    requests, checks = make_stream(args, args.warmup + args.requests)
+        report = warm_up(session, args, args.max_batch)
+        if log:
+            log(f"  warm-up: {len(report['captured'])} graphs captured, "
+                f"{len(report['encoded']) + len(report['extended'])} eager shapes run in "
+                f"{report['seconds']:.1f} s" + (f" ({report['reason']})" if report["reason"]
+                                                else ""))
+    stream, checks = make_stream(args, args.warmup + args.requests)
     by_index = {c.request.index: c for c in checks}
-    warm, timed = requests[: args.warmup], requests[args.warmup:]
+    opens = [r for r in stream if r.kind == "open"]
+    rest = stream[len(opens):]
+    warm, timed = rest[: args.warmup], rest[args.warmup:]
+    first = timed[0].index if timed else 0
     errors: List[str] = []
+    dropped = 0
 
-    def serve(kind: str, group: List[Request]) -> List[Optional[Tuple[torch.Tensor, ...]]]:
+    def serve(kind: str, group: List[Request]) -> Optional[List[Answer]]:
+        nonlocal dropped
         try:
             return _serve(session, kind, group, args.k)
         except Exception as exc:  # the server drops these requests and goes on
             errors.append(f"{kind} of users {[r.user for r in group]} (requests "
                           f"{[r.index for r in group]}): {type(exc).__name__}: {exc}")
-            return []
+            if group and group[0].index >= first:
+                dropped += len(group)
+            return None
 
-    # the CUDA graphs of every batch size up to --max-batch (the session's largest bucket:
-    # 64), captured before the clock
-    sizes = {"k": [args.k]} if session.kind == "retrieval" else {"candidates": [args.candidates]}
-    report = session.warm_up(batch_sizes=range(1, min(args.max_batch, 64) + 1), **sizes)
-    if log:
-        log(f"  graph warm-up: {len(report['captured'])} captured in {report['seconds']:.1f} s"
-            + (f" ({report['reason']})" if report["reason"] else ""))
+    open_batch = max(getattr(args, "open_batch", args.max_batch), 1)
+    for i in range(0, len(opens), open_batch):
+        serve("open", opens[i: i + open_batch])
     for kind, group in _calls(warm, args.max_batch):
-        for req, answer in zip(group, serve(kind, group)):
+        for req, answer in zip(group, serve(kind, group) or []):
             if req.index in by_index:
                 by_index[req.index].served = answer
     if log:
-        log(f"  warm-up: {len(warm)} requests served, the clock starts")
+        log(f"  {len(opens)} users opened and {len(warm)} requests served; the clock starts "
+            f"({len(timed)} requests at {args.rate:g}/s, max batch {args.max_batch})")
     latencies: List[float] = []
-    served = calls = 0
+    served = calls = late = 0
+    stopped = False
+    unfinished: List[float] = []
+    bound_s = math.inf if stop_ms is None else stop_ms / 1e3
+    allowed = 0.01 * len(timed) + 2  # this many late requests put the p99 above the bound
     start = time.perf_counter()
     due = [start + i / args.rate for i in range(len(timed))]
     done = start
@@ -244,26 +348,39 @@ def run_load_test(
             answers = serve(kind, group)
             done = time.perf_counter()
             calls += 1
+            if answers is None:
+                continue
             for req, answer in zip(group, answers):
-                latencies.append((done - due[req.index - args.warmup]) * 1e3)
+                latency = done - due[req.index - first]
+                latencies.append(latency * 1e3)
+                late += latency > bound_s
                 served += 1
                 if req.index in by_index:
                     by_index[req.index].served = answer
         nxt = stop
+        if stop_ms is not None and nxt < len(timed):
+            now = time.perf_counter()
+            if _late(late, due, nxt, now, bound_s) >= allowed:
+                stopped = True
+                waiting = due[nxt: bisect.bisect_right(due, now)]
+                unfinished = [(now - d) * 1e3 for d in waiting]
+                break
     elapsed = done - start
     if log:
-        log(f"  {served} requests served in {elapsed:.2f} s; checking {len(checks)} answers "
-            "against the full forward")
+        log(f"  {served} requests served in {elapsed:.2f} s"
+            + (" (stopped: the p99 bound is already exceeded)" if stopped else "")
+            + f"; checking {sum(c.served is not None for c in checks)} answers against the "
+            "full forward")
     tol = tolerance(DTYPES[args.dtype])
     max_abs = worst = 0.0
     for check in checks:
-        if check.served is None:  # dropped: counted above
+        if check.served is None:  # dropped or not sent: counted above
             continue
         got, want = _reference(session.model, check, args.k, device)
         diff = (got - want).abs()
-        allowed = tol.atol * float(want.abs().max()) + tol.rtol * want.abs()
+        allowed_diff = tol.atol * float(want.abs().max()) + tol.rtol * want.abs()
         max_abs = max(max_abs, float(diff.max()))
-        worst = max(worst, float((diff / allowed.clamp(min=1e-300)).max()))
+        worst = max(worst, float((diff / allowed_diff.clamp(min=1e-300)).max()))
     kinds: Dict[str, int] = {}
     for req in timed:
         kinds[req.kind] = kinds.get(req.kind, 0) + 1
@@ -272,7 +389,7 @@ def run_load_test(
         served=served,
         latencies_ms=latencies,
         elapsed_s=elapsed,
-        events=sum(r.item_ids.numel() for r in timed if r.kind != "score"),
+        events=sum(r.item_ids.numel() for r in timed if r.kind == "extend"),
         kinds=kinds,
         calls=calls,
         checks=sum(c.served is not None for c in checks),
@@ -281,4 +398,9 @@ def run_load_test(
         tolerance=tol,
         graph_stats=session.graph_stats(),
         errors=errors,
+        rate=args.rate,
+        max_batch=args.max_batch,
+        stopped=stopped,
+        unfinished_ms=unfinished,
+        dropped=dropped,
     )

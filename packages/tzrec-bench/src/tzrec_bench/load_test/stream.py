@@ -21,9 +21,9 @@ class Request:
     """One request of the stream.
 
     Attributes:
-        index (int): its place in the stream (due at ``index / rate`` seconds).
+        index (int): its place in the stream (the opens first, served before the clock).
         user (int): the user.
-        kind (str): ``"open"`` (first sight: ``item_ids`` is the starting history),
+        kind (str): ``"open"`` (``item_ids`` is the starting history),
             ``"extend"`` (new events) or ``"score"`` (``item_ids`` are the candidates of a
             ranking model; empty for ``recommend``).
         item_ids (torch.Tensor): [n] int64.
@@ -52,51 +52,60 @@ class Check:
 
 
 def make_stream(args: argparse.Namespace, count: int) -> Tuple[List[Request], List[Check]]:
-    """``count`` requests drawn from ``args`` (seeded), and the scoring requests to check.
+    """``count`` requests drawn from ``args`` (seeded) after the opening of their users, and
+    the scoring requests to check.
 
-    Request i happens at simulated time ``i * GAP_S`` seconds: its new events carry that
-    time, a starting history ends at it (one event per ``GAP_S`` before). The histories
-    are followed on the host (the newest ``--max-history`` events, as the session keeps
-    them), so every ``--check-every``-th scoring request carries the history it is served
-    against.
+    The stream starts with one ``"open"`` request per user it names (in the order of their
+    first request, all at simulated time ``T0 = --history * GAP_S``: a ``--history``-event
+    starting history, one event per ``GAP_S`` up to ``T0``), which the load test serves
+    before the clock. Then come the ``count`` requests, each an ``"extend"`` (with
+    probability ``--extend-fraction``) or a ``"score"``; request j of them happens at
+    simulated time ``T0 + (j + 1) * GAP_S``, and its new events carry that time. The
+    histories are followed on the host (the newest ``--max-history`` events, as the
+    session keeps them), so every ``--check-every``-th scoring request carries the history
+    it is served against.
     """
     gen = torch.Generator().manual_seed(args.seed)
     weights = torch.arange(1, args.users + 1, dtype=torch.float64).pow(-args.zipf)
     users = torch.multinomial(weights, count, replacement=True, generator=gen).tolist()
     extend = (torch.rand(count, generator=gen, dtype=torch.float64) < args.extend_fraction)
     ranking = args.model == "ranking"
+    start = args.history * GAP_S
     histories: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    opens: List[Request] = []
+    for user in dict.fromkeys(users):  # once each, in order of first appearance
+        n = args.history
+        ids = torch.randint(0, args.items, (n,), generator=gen)
+        times = start - GAP_S * torch.arange(n - 1, -1, -1)
+        actions = torch.randint(0, 8, (n,), generator=gen)
+        opens.append(Request(len(opens), user, "open", ids, times, actions))
+        histories[user] = (ids, times, actions)
     requests: List[Request] = []
     checks: List[Check] = []
     scored = 0
     empty = torch.zeros(0, dtype=torch.int64)
-    for i, user in enumerate(users):
-        now = i * GAP_S
-        if user not in histories or bool(extend[i]):
-            first = user not in histories
-            n = args.history if first else int(torch.randint(1, args.events + 1, (1,),
-                                                             generator=gen))
+    for j, user in enumerate(users):
+        index, now = len(opens) + j, start + (j + 1) * GAP_S
+        if bool(extend[j]):
+            n = int(torch.randint(1, args.events + 1, (1,), generator=gen))
             ids = torch.randint(0, args.items, (n,), generator=gen)
-            times = (now - GAP_S * torch.arange(n - 1, -1, -1)) if first else torch.full((n,), now)
+            times = torch.full((n,), now)
             actions = torch.randint(0, 8, (n,), generator=gen)
-            requests.append(Request(i, user, "open" if first else "extend", ids, times, actions))
-            if first:
-                histories[user] = (ids, times, actions)
-            else:
-                histories[user] = tuple(  # type: ignore[assignment]
-                    torch.cat([old, new])[-args.max_history:]
-                    for old, new in zip(histories[user], (ids, times, actions))
-                )
+            requests.append(Request(index, user, "extend", ids, times, actions))
+            histories[user] = tuple(  # type: ignore[assignment]
+                torch.cat([old, new])[-args.max_history:]
+                for old, new in zip(histories[user], (ids, times, actions))
+            )
             continue
         cands = empty
         if ranking:
             cands = torch.randint(0, args.items, (args.candidates,), generator=gen)
-        req = Request(i, user, "score", cands, empty, empty)
+        req = Request(index, user, "score", cands, empty, empty)
         requests.append(req)
         if scored % args.check_every == 0:
             checks.append(Check(req, *histories[user]))
         scored += 1
-    return requests, checks
+    return opens + requests, checks
 
 
 def _calls(window: List[Request], max_batch: int) -> List[Tuple[str, List[Request]]]:

@@ -10,13 +10,19 @@ query time, the contextual features, the retrieval user embedding). A request fo
 users concatenates their rows into one :class:`~tzrec_gr.serving.ServingCache`; the last one
 is kept, so the same users, unchanged, asking again reuse it (a CUDA graph then skips
 copying it into its buffers).
+
+A user whose new events cannot be appended to the encoded rows (the model's time encoding
+or contextual prefix, or a history past the model's bound) is kept *stale*
+(:meth:`UserStore.defer`): the events and query time are kept, the encoded rows dropped,
+and the session encodes the whole history again when the rows are next needed
+(:func:`stored_histories` gives what to encode), once however many extends came before.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -24,7 +30,18 @@ from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.stu import ServingCache
 from tzrec_ops.jagged import host_copy, mirror, offsets_from_lengths, to_device
 
-__all__ = ["UserIds", "UserState", "UserStore", "joined", "longer_histories", "user_list"]
+if TYPE_CHECKING:  # the session passes its server; the server's module needs nothing here
+    from tzrec_gr.serving.server import ModelServer
+
+__all__ = [
+    "UserIds",
+    "UserState",
+    "UserStore",
+    "joined",
+    "longer_histories",
+    "stored_histories",
+    "user_list",
+]
 
 UserIds = Union[Sequence[Hashable], torch.Tensor]
 _versions = itertools.count()
@@ -32,7 +49,9 @@ _versions = itertools.count()
 
 @dataclasses.dataclass
 class UserState:
-    """One opened user: the events so far (CPU) and their encoded rows (device)."""
+    """One opened user: the events so far (CPU) and their encoded rows (device); a
+    ``stale`` user has no encoded rows (``keys`` and ``values`` empty, ``length`` 0)
+    until the session encodes its events again."""
 
     item_ids: torch.Tensor
     timestamps: torch.Tensor
@@ -45,6 +64,7 @@ class UserState:
     length: int  # cached tokens
     user_embedding: Optional[torch.Tensor]  # [E] device (retrieval)
     version: int
+    stale: bool = False
 
 
 def user_list(name: str, user_ids: UserIds) -> List[Hashable]:
@@ -86,7 +106,8 @@ def longer_histories(
     query_time: bool,
 ) -> Histories:
     """The users' kept events followed by their new ``events`` (row b for ``states[b]``),
-    each cut to its newest ``bound``, as one CPU :class:`Histories`.
+    each cut to its newest ``bound``, as one CPU :class:`Histories` (without contextual
+    features: those stay with the users' state on the device).
 
     Args:
         actions (bool): keep the action bitmasks (the server's ``needs_actions``).
@@ -124,12 +145,32 @@ def longer_histories(
         lengths=torch.tensor([h[0].numel() for h in longer], dtype=torch.int64),  # type: ignore[union-attr]
         timestamps=torch.cat([h[1] for h in longer]),  # type: ignore[misc]
         actions=torch.cat([h[2] for h in longer]) if actions else None,  # type: ignore[misc]
-        contextual=(
-            None
-            if states[0].contextual is None
-            else torch.stack([s.contextual for s in states]).cpu()  # type: ignore[misc]
-        ),
         query_time=times if query_time else None,
+    )
+
+
+def stored_histories(states: List[UserState], *, query_time: bool) -> Histories:
+    """The users' kept events (row b for ``states[b]``) as one :class:`Histories` (on the
+    CPU, but for the contextual features, which stay on the device): what encoding them
+    again takes. Not checked again: they were checked when they came.
+
+    Args:
+        query_time (bool): set each user's kept request time as the query time (the
+            server's ``keeps_query_time``).
+    """
+    actions = [s.actions for s in states]
+    contextual = [s.contextual for s in states]
+    return Histories(
+        item_ids=torch.cat([s.item_ids for s in states]),
+        lengths=torch.tensor([s.item_ids.numel() for s in states], dtype=torch.int64),
+        timestamps=torch.cat([s.timestamps for s in states]),
+        actions=None if actions[0] is None else torch.cat(actions),  # type: ignore[arg-type]
+        contextual=None if contextual[0] is None else torch.stack(contextual),  # type: ignore[arg-type]
+        query_time=(
+            torch.tensor([s.request_time or 0 for s in states], dtype=torch.int64)
+            if query_time
+            else None
+        ),
     )
 
 
@@ -167,6 +208,8 @@ class UserStore:
         h: Histories,
         cache: ServingCache,
         request_time: Optional[torch.Tensor],
+        *,
+        reopen: bool = True,
     ) -> None:
         """Keep user ``ids[b]``'s events (row b of ``h``) and encoded rows (of ``cache``).
 
@@ -175,6 +218,9 @@ class UserStore:
             h (Histories): their whole histories (what the cache encodes).
             cache (ServingCache): the encoded histories.
             request_time (torch.Tensor | None): [B] CPU query times (ranking), else None.
+            reopen (bool): the users move to the end of the opening order (``open`` and
+                ``extend``); False keeps their place (a stale user encoded again).
+                Default: True.
         """
         offsets = host_copy(cache.offsets).values
         hoff = h.offsets
@@ -184,7 +230,8 @@ class UserStore:
         for b, u in enumerate(ids):
             start, stop = int(offsets[b]), int(offsets[b + 1])
             es, ee = int(hoff[b]), int(hoff[b + 1])
-            self.users.pop(u, None)  # re-opened users move to the end
+            if reopen:
+                self.users.pop(u, None)  # re-opened users move to the end
             self.users[u] = UserState(
                 item_ids=h.item_ids[es:ee].detach().cpu(),
                 timestamps=h.timestamps[es:ee].detach().cpu(),
@@ -201,6 +248,65 @@ class UserStore:
                 version=next(_versions),
             )
         self._group = None
+
+    def defer(
+        self,
+        ids: List[Hashable],
+        h: Histories,
+        new_events: List[int],
+        request_time: Optional[torch.Tensor],
+    ) -> None:
+        """Keep opened users ``ids[b]``'s events (row b of ``h``, their whole histories)
+        without encoding them: the users become stale (their encoded rows dropped, their
+        contextual features kept) and move to the end of the opening order. A user with
+        no new events (``new_events[b] == 0``) and the same request time is left as it was.
+
+        Args:
+            ids: opened users, one per row of ``h``.
+            h (Histories): their whole histories.
+            new_events (List[int]): events each user got since it was kept.
+            request_time (torch.Tensor | None): [B] CPU query times (ranking), else None.
+        """
+        hoff = h.offsets
+        for b, u in enumerate(ids):
+            old = self.users[u]
+            time = None if request_time is None else int(request_time[b])
+            if new_events[b] == 0 and time == old.request_time:
+                continue
+            es, ee = int(hoff[b]), int(hoff[b + 1])
+            del self.users[u]  # extended users move to the end, as when encoded at once
+            self.users[u] = UserState(
+                item_ids=h.item_ids[es:ee].detach().cpu(),
+                timestamps=h.timestamps[es:ee].detach().cpu(),
+                actions=None if h.actions is None else h.actions[es:ee].detach().cpu(),
+                contextual=old.contextual,
+                query_time=None,
+                request_time=time,
+                keys=(),
+                values=(),
+                length=0,
+                user_embedding=None,
+                version=next(_versions),
+                stale=True,
+            )
+        self._group = None
+
+    def encoded(
+        self, users: UserIds, states: List[UserState], server: ModelServer
+    ) -> List[UserState]:
+        """``states`` (of ``users``) with every stale user's kept history encoded again by
+        ``server``, in one prefill (the users keep their place in the opening order);
+        ``states`` itself when none is stale."""
+        stale = [b for b, s in enumerate(states) if s.stale]
+        if not stale:
+            return states
+        ids = user_list("users", users)
+        history = stored_histories([states[b] for b in stale], query_time=server.keeps_query_time)
+        with torch.no_grad():
+            cache = server.prefill_histories(history, self.device)
+        again = [ids[b] for b in stale]
+        self.store(again, history, cache, server.request_times(history), reopen=False)
+        return [self.users[u] for u in ids]
 
     def states(self, name: str, users: UserIds) -> List[UserState]:
         """The opened users' states, in the order given.
@@ -235,6 +341,8 @@ class UserStore:
         key = tuple((u, s.version) for u, s in zip(user_list("users", users), states))
         if self._group is not None and self._group[0] == key:
             return self._group[1]
+        if any(s.stale for s in states):
+            raise RuntimeError("stale users have no encoded rows: encode them first")
         lengths_host = torch.tensor([s.length for s in states], dtype=torch.int64)
         lengths = to_device(lengths_host, self.device)
         layers = len(states[0].keys)

@@ -168,11 +168,19 @@ class RankingServer(ModelServer):
     def extend(self, cache: ServingCache, events: Batch) -> ServingCache:
         """Append ``events['uih.sequence_length'][b]`` new events to user b's history.
 
-        Exact (the result equals :meth:`prefill` of the longer history, up to rounding) only
-        for a model built with ``use_time_encoding=False`` and no contextual features:
-        otherwise ``NotImplementedError``, because positions counted back from the newest
-        event and time gaps to the query time change for every cached token, and the
-        contextual tokens attend to every history token. Prefill the longer history then.
+        Runs only the new events against the cached keys and values; the result equals
+        :meth:`prefill` of the longer history (up to rounding). That needs a model built
+        with ``use_time_encoding=False`` and no contextual features; otherwise
+        ``NotImplementedError``, and the longer history must be prefilled again, because
+        the cached keys and values depend on the newest event:
+
+        * time encoding adds to each history token's input a position counted back from the
+          newest event (``min(n - p + C, Kp - 1)`` for token p of n) and a time bucket of
+          its gap to the query time, which moves with the newest event. Δ new events shift
+          every cached position by Δ and re-measure every gap, so every cached token's
+          first-layer input changes, and so do its keys and values in every layer;
+        * the C contextual tokens attend to the whole history, so their outputs, and their
+          keys and values in the later layers, change with every new event.
 
         Args:
             cache (ServingCache): from :meth:`prefill` or :meth:`extend` of this model.
@@ -336,11 +344,16 @@ class RankingServer(ModelServer):
 
     def _check_extendable(self) -> None:
         if self.model.use_time_encoding or self.model.contextual_seq_len > 0:
+            why = (
+                "with time encoding, every cached token's position (counted back from the "
+                "newest event) and time gap (to the query time) change"
+                if self.model.use_time_encoding
+                else "the contextual tokens attend to the whole history, so their keys and "
+                "values change"
+            )
             raise NotImplementedError(
                 "RankingServer.extend needs use_time_encoding=False and no contextual "
-                "features: positions counted back from the newest event, time gaps to the "
-                "query time and contextual tokens (which attend to all history) change for "
-                "every cached token when history grows; prefill the longer history instead"
+                f"features: {why} when history grows; prefill the longer history instead"
             )
 
 

@@ -14,7 +14,9 @@ per user, L_t = candidates of all users.
 for ``users`` given either as :class:`~tzrec_gr.serving.inputs.Histories` (encoded now, kept
 by no one) or as ids of users opened before with ``open(user_ids, histories)``, whose
 encoded histories (:class:`~tzrec_gr.serving.ServingCache` rows) the session keeps and
-``extend(user_ids, events)`` appends to. Every input is checked on the host (naming the
+``extend(user_ids, events)`` appends to (at once where only the new events need to run;
+with time encoding, whose kept keys and values depend on the newest event, the history is
+encoded again at the user's next request). Every input is checked on the host (naming the
 argument and the user's row) before a kernel runs.
 
 On a CUDA device two calls replay CUDA graphs, one per padded bucket of request shapes:
@@ -44,10 +46,17 @@ from torch import nn
 from tzrec_gr.checkpoint import load_model
 from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
 from tzrec_gr.models import HSTURanking, HSTURetrieval
-from tzrec_gr.serving._graphs import GraphPool, GraphSet, check_buckets
+from tzrec_gr.serving._graphs import GraphPool, GraphSet, check_buckets, fit
 from tzrec_gr.serving._recommend_graphs import RecommendGraphs
 from tzrec_gr.serving._score_graphs import ScoreGraphs
-from tzrec_gr.serving._users import UserIds, UserStore, longer_histories, user_list
+from tzrec_gr.serving._users import (
+    UserIds,
+    UserState,
+    UserStore,
+    longer_histories,
+    user_list,
+)
+from tzrec_gr.serving._warm_up import encoding_sizes, warm_up_encoding
 from tzrec_gr.serving.inputs import Candidates, Histories
 from tzrec_gr.serving.ranking import RankingServer
 from tzrec_gr.serving.retrieval import RetrievalServer
@@ -176,6 +185,7 @@ class ServingSession:
             ("candidate_buckets", candidate_buckets),
         ):
             check_buckets(name, values)
+        self._batch_buckets = tuple(sorted(batch_buckets))
         if isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 0:
             raise ValueError(f"max_graphs must be an int >= 0, got {max_graphs!r}")
         cuda = self.device.type == "cuda"
@@ -263,7 +273,7 @@ class ServingSession:
             embeddings = cache.user_embeddings
             seen = (users.item_ids, users.offsets)
         else:
-            states = self._users.states("users", users)
+            states = self._encoded(users, self._users.states("users", users))
             embeddings = torch.stack([s.user_embedding for s in states])  # type: ignore[misc]
             seen_ids = [s.item_ids for s in states]
             top = self._recommend_graph(embeddings, seen_ids if exclude_seen else None, k)
@@ -315,7 +325,7 @@ class ServingSession:
             cache = self._prefill(users)
             query_time = users.query_times()
         else:
-            states = self._users.states("users", users)
+            states = self._encoded(users, self._users.states("users", users))
             cache = self._assemble(users, states)  # type: ignore[arg-type]
             query_time = torch.tensor([s.request_time for s in states], dtype=torch.int64)
         if cands.batch_size != cache.batch_size:
@@ -355,12 +365,17 @@ class ServingSession:
     def extend(self, user_ids: UserIds, events: Histories) -> None:
         """Append new events to opened users' histories.
 
-        Exact (what ``open`` of the longer histories gives, up to rounding). A retrieval
-        model, or a ranking model without time encoding and contextual features, runs only
-        the new events against the kept keys and values; otherwise (time gaps and
-        positions counted back from the newest event change every kept token) the session
-        encodes the longer histories again. A history that outgrows the model's bound
-        keeps its newest events (then re-encoded).
+        Exact: later answers are what ``open`` of the longer histories gives (up to
+        rounding). A retrieval model, or a ranking model without time encoding and
+        contextual features, runs only the new events against the kept keys and values,
+        at once. Otherwise the kept keys and values depend on the newest event (see
+        :meth:`RankingServer.extend <tzrec_gr.serving.RankingServer.extend>`) and the
+        history must be encoded whole: the session keeps the events and encodes the
+        history at the user's next ``score`` or ``recommend``, once however many extends
+        came before, in one batch with the other users of that call that need it. So it
+        does when a history outgrows the model's bound (keeping its newest events), for
+        every user of that call. A user that gets no events (nor a new query time) keeps
+        its encoded rows. The events are checked here, on the host, in every case.
 
         Args:
             user_ids: opened users, distinct.
@@ -389,14 +404,14 @@ class ServingSession:
             actions=server.needs_actions,
             query_time=server.keeps_query_time,
         )
-        lengths = events.offsets[1:] - events.offsets[:-1]
-        fits = all(s.item_ids.numel() + int(n) <= bound for s, n in zip(states, lengths))
-        with torch.no_grad():
-            if fits and server.extends_incrementally:
+        lengths = (events.offsets[1:] - events.offsets[:-1]).tolist()
+        fits = all(s.item_ids.numel() + n <= bound for s, n in zip(states, lengths))
+        if fits and server.extends_incrementally and not any(s.stale for s in states):
+            with torch.no_grad():
                 cache = server.extend_histories(self._assemble(ids, states), events, self.device)
-            else:
-                cache = self._prefill(history)
-        self._store(ids, history, cache)
+            self._store(ids, history, cache)
+            return
+        self._users.defer(ids, history, lengths, server.request_times(history))
 
     def close(self, user_ids: UserIds) -> None:
         """Forget these users (unknown ids are ignored)."""
@@ -429,15 +444,23 @@ class ServingSession:
         candidates: Optional[Sequence[int]] = None,
         k: Optional[Sequence[int]] = None,
         exclude_seen: bool = True,
+        histories: Sequence[int] = (),
+        events: Sequence[int] = (),
     ) -> Dict[str, Any]:
         """Capture the CUDA graphs of the buckets these request sizes fall in, before any
-        request, from synthetic inputs (built from the model's sizes; no user needed).
+        request, from synthetic inputs (built from the model's sizes; no user needed), and
+        run the calls that stay eager once per given shape.
 
         Without it a bucket's graph is captured inside the first request that needs it
         (seconds with Triton autotuning). Buckets are captured in order (batch slowest,
         smallest first) while ``max_graphs`` leaves room; the rest are reported as
         ``skipped``. Without CUDA graphs (a CPU device, ``cuda_graphs="off"``, a ranking
         model with a sliding attention window) nothing is captured: the report says why.
+
+        Encoding whole histories (``open``, extended users encoded again) and the
+        incremental ``extend`` run eager, their kernels tuned at the first call of each
+        shape: ``histories`` and ``events`` run them before any request, at the batch
+        bucket of each of ``batch_sizes`` (:mod:`~tzrec_gr.serving._warm_up`).
 
         Args:
             batch_sizes (Sequence[int] | None): users per request. Default: every
@@ -451,11 +474,16 @@ class ServingSession:
                 Default: (10,), ``recommend``'s default.
             exclude_seen (bool): the ``recommend`` calls exclude seen items (retrieval
                 only). Default: True.
+            histories (Sequence[int]): events per user of whole histories to encode, in
+                ``[1, max_events]``. Default: none.
+            events (Sequence[int]): new events per user of an incremental ``extend`` to
+                run after each of those (models that extend incrementally). Default: none.
 
         Returns:
             Dict[str, Any]: ``captured``, ``present`` (captured before), ``skipped`` (no
             room), ``failed`` (bucket -> error), ``capture_ms``, ``memory_bytes`` (static
-            inputs and pool memory of the captures made now), ``seconds`` (wall time) and
+            inputs and pool memory of the captures made now), ``encoded`` and ``extended``
+            (the eager shapes run), ``encode_seconds``, ``seconds`` (wall time) and
             ``reason`` (why nothing could be captured, else None). ``graph_stats()`` keeps
             it as ``warm_up``.
 
@@ -473,12 +501,18 @@ class ServingSession:
                 raise ValueError(
                     f"{name} is for {server.call} ({server.kind}); this session serves {self.kind}"
                 )
+        encoding_sizes(self.server, histories, events)
         graphs = self._graphs
         if graphs is None:
             report = {**GraphSet.no_report(), "reason": f"no CUDA graphs here ({self._no_graphs})"}
         else:
             report = graphs.warm_up(graphs.warm_up_buckets(sizes, exclude_seen), False)
             report["reason"] = None
+        buckets = self._batch_buckets
+        users = [fit(b, buckets) or b for b in batch_sizes or buckets]
+        report.update(
+            warm_up_encoding(self.server, self.device, users, list(histories), list(events))
+        )
         report["seconds"] = time.perf_counter() - started
         self._warm_up = report
         return report
@@ -516,6 +550,9 @@ class ServingSession:
 
     def _store(self, ids: List[Hashable], h: Histories, cache: ServingCache) -> None:
         self._users.store(ids, h, cache, self.server.request_times(h))
+
+    def _encoded(self, users: UserIds, states: List[UserState]) -> List[UserState]:
+        return self._users.encoded(users, states, self.server)
 
     def _assemble(self, users: UserIds, states: List[Any]) -> ServingCache:
         return self._users.assemble(

@@ -138,10 +138,16 @@ def cached_forward(
     * ``targets=True``: ``forward(history + candidates, query_time=the cache's)``'s
       candidate embeddings, the history being what ``prefill`` got;
     * ``targets=False``: ``forward(history + events)``'s rows of the new events, and the
-      returned cache is ``prefill(history + events)``'s. Raises NotImplementedError with
-      a contextual prefix (the prefix attends to every history token, so its cached keys
-      change when history grows) or with time encoding (positions count back from the
-      newest event).
+      returned cache is ``prefill(history + events)``'s. This holds when a cached token's
+      keys and values do not depend on later tokens, and raises NotImplementedError in
+      the two modes where they do: a contextual prefix (its C tokens attend to every
+      history token, so their outputs, and every later layer's keys and values of them,
+      change when history grows) and time encoding (a cached token's position counts back
+      from the newest event and its time gap is measured from the query time, so its
+      encoded input, and from it its keys and values in every layer, change with each new
+      event; see :meth:`HSTUPositionalEncoder.forward_appended
+      <tzrec_gr.positional_encoder.HSTUPositionalEncoder.forward_appended>`). There the
+      longer history must be prefilled again.
 
     Args:
         transducer (HSTUTransducer): in eval mode.
