@@ -229,3 +229,48 @@ def test_constructor_bound_errors():
         HSTURetrieval(10, 8, max_seq_len=0)
     with pytest.raises(ValueError, match="max_uih_len must be an int >= 0, got -1"):
         HSTURanking(10, 4, 8, [1], [1], max_uih_len=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["retrieval", "ranking"])
+def test_a_compiled_training_step_with_dropout_on_triton_gpu(kind):
+    """Dropout 0.2 in the Triton kernels under ``torch.compile`` (Inductor): they read their
+    dropout seed from a device tensor drawn in the graph, so the step compiles; one training
+    step gives a finite loss and finite gradients, and the masks are live (two torch seeds,
+    two losses)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch._dynamo.reset()
+    if kind == "retrieval":
+        model = retrieval_model("triton", "cuda", dropout_ratio=0.2).train()
+        users = [history_user(n) for n in (4, 9, 1, 12, 6)]
+        inputs = retrieval_batch(users, "cuda")
+        negatives = torch.arange(1, 17, device="cuda")
+
+        def step():
+            return model.loss(*inputs, negatives=negatives)
+
+    else:
+        model = ranking_model("triton", "cuda", dropout_ratio=0.2).train()
+        users = [ranking_user(h, t) for h, t in ((3, 2), (10, 4), (6, 1), (7, 3))]
+        batch = ranking_batch(users, device="cuda")
+        labels = torch.randint(0, 8, (batch["candidate.item_id"].shape[0],), device="cuda")
+
+        def step():
+            return model.loss(model(batch), labels)
+
+    compiled = torch.compile(step)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    losses = []
+    for seed in (1, 2):
+        optimizer.zero_grad()
+        torch.manual_seed(seed)
+        loss = compiled()
+        loss.backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert grads and all(torch.isfinite(g).all() for g in grads)
+        losses.append(loss.item())
+    optimizer.step()
+    assert all(math.isfinite(x) for x in losses), losses
+    assert losses[0] != losses[1], losses
+    torch._dynamo.reset()

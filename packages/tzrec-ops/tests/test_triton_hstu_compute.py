@@ -1,7 +1,8 @@
 """Triton STU blocks (uqvk, fused preprocess + attention, fused output) against the oracle.
 
 The oracle is the pytorch backend (unfused) on float64 copies. CPU runs use the Triton
-interpreter at small shapes; ``pytest -m gpu`` repeats them at real sizes and compiles them.
+interpreter at small shapes; ``pytest -m gpu`` repeats them at real sizes and compiles them,
+the fused output with dropout on as well.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from tzrec_ops.testing.jagged import offsets_from_lengths  # noqa: E402
 from tzrec_ops.testing.tolerances import assert_close  # noqa: E402
 
 pytest.importorskip("triton")
+
+from _philox_keep import philox_keep  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FLAGS = [(False, False), (True, False), (False, True), (True, True)]
@@ -220,6 +223,33 @@ def test_compute_output_dropout_seed_replay(concat_ux):
     assert not torch.equal(plain, results[0][0])
 
 
+def test_compute_output_dropout_mask_is_the_draw_of_its_seed(monkeypatch):
+    """The fused output draws its seed on the device (one [1] int64 tensor per call) and its
+    mask is that seed's Philox draw. With x = 0 and W = I the output is y itself."""
+    from tzrec_ops.backends.triton import _stu_output
+
+    drawn = []
+    draw = _stu_output.dropout_seed
+
+    def recording(seed, device):
+        drawn.append(draw(seed, device))
+        return drawn[-1]
+
+    monkeypatch.setattr(_stu_output, "dropout_seed", recording)
+
+    L, H, V, p = 5, 2, 4, 0.4
+    got, _, _ = _params([(L, H * V), (L, H * V), (H * V,), (H * V,)], torch.float32, 8)
+    x = torch.zeros(L, H * V, device=DEVICE)
+    eye = torch.eye(H * V, device=DEVICE)
+    out = HC.hstu_compute_output(
+        got[0], got[1], x, got[2], got[3], 1e-5, eye, H, V, p, True, False, False, False,
+        backend="triton",
+    )
+    (seed,) = drawn
+    assert seed.shape == (1,) and seed.dtype == torch.int64 and seed.device == out.device
+    assert torch.equal(out != 0, philox_keep(int(seed.item()), out.shape, p, DEVICE))
+
+
 def test_fused_rejects_attn_func():
     got, _, _ = _params([(4, 8), (8,), (8,), (8, 16), (16,)], torch.float32, 0)
     offsets = offsets_from_lengths([4]).to(DEVICE)
@@ -308,3 +338,109 @@ def test_stu_gpu_compile():
     expected.backward(grad)
     for name, a, b in zip(["x", "nw", "nb", "w", "b", "onw", "onb", "ow"], got, eager_inputs):
         assert_close(a.grad, b.grad.double(), torch.bfloat16, grad=True, name=name)
+
+
+def _eager_and_compiled(fn, inputs, dout, torch_seed=0):
+    """``fn(*inputs)`` eagerly and under ``torch.compile(fullgraph=True)`` (Inductor), each on
+    its own copy of ``inputs`` after ``torch.manual_seed(torch_seed)``: a list of
+    (out, grads) for the eager run and the compiled one."""
+    torch._dynamo.reset()
+    results = []
+    for run in (fn, torch.compile(fn, fullgraph=True)):
+        copies = [t.detach().clone().requires_grad_() for t in inputs]
+        torch.manual_seed(torch_seed)
+        out = run(*copies)
+        out.backward(dout)
+        results.append((out.detach(), [t.grad for t in copies]))
+    return results
+
+
+def _output_inputs(L, E, H, V, concat_ux, group_norm):
+    hv = H * V
+    norm_shape = (H,) if group_norm else (hv,)
+    shapes = [(L, hv), (L, hv), (L, E), norm_shape, norm_shape, ((3 if concat_ux else 1) * hv, E)]
+    got, _, g = _params(shapes, torch.float32, 9)
+    return got, torch.randn(L, E, generator=g).to(DEVICE)
+
+
+_OUTPUT_GRADS = ["d_attn", "du", "dx", "d_norm_weight", "d_norm_bias", "d_output_weight"]
+
+
+def _assert_equal_grads(got, expected, group_norm):
+    """Bit for bit, except the group norm's per-head weight and bias gradients: a torch sum
+    over each head's features inside the op, which Inductor generates itself."""
+    for name, a, b in zip(_OUTPUT_GRADS, got, expected):
+        if group_norm and name in ("d_norm_weight", "d_norm_bias"):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    "concat_ux,group_norm,recompute_y",
+    [(False, False, False), (True, False, True), (True, True, False)],
+)
+def test_compute_output_gpu_compiled_equals_eager_for_an_int_seed(
+    concat_ux, group_norm, recompute_y
+):
+    """The fused output op with dropout on and a fixed seed (filled in the graph, as an int
+    seed is; ``hstu_compute_output`` itself draws one per call): compiled with fullgraph it
+    equals the eager op bit for bit, forward and backward (fp32: Triton GEMMs both ways)."""
+    from tzrec_ops.backends.triton._stu_output import compute_output_op
+
+    L, E, H, V, p = 1000, 64, 4, 32, 0.2
+    got, dout = _output_inputs(L, E, H, V, concat_ux, group_norm)
+
+    def f(attn, u, x, nw, nb, w):
+        seed = torch.full((1,), 1234, dtype=torch.int64, device=x.device)
+        return compute_output_op(
+            attn, u, x, nw, nb, 1e-5, w, H, group_norm, concat_ux, p, seed, recompute_y
+        )[0]
+
+    (eager, eager_grads), (compiled, compiled_grads) = _eager_and_compiled(f, got, dout)
+    assert torch.equal(compiled, eager)
+    _assert_equal_grads(compiled_grads, eager_grads, group_norm)
+    assert torch.equal(f(*[t.detach() for t in got]), eager)  # the seed's mask again
+    seed = torch.full((1,), 1234, dtype=torch.int64, device=DEVICE)
+    args = (*got[:5], 1e-5, got[5], H, group_norm, concat_ux, p, seed, recompute_y)
+    torch.library.opcheck(compute_output_op.op, args)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compute_output_gpu_compiles_with_a_drawn_seed():
+    """``hstu_compute_output`` with dropout on (its seed drawn per call) compiles as one graph:
+    Inductor draws the seed with its own generator, so two compiled runs under one
+    ``torch.manual_seed`` agree; with ``fallback_random`` (torch's generator) the compiled
+    layer equals the eager one bit for bit, forward and backward."""
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
+
+    L, E, H, V, p = 1000, 64, 4, 32, 0.2
+    got, dout = _output_inputs(L, E, H, V, True, False)
+
+    def f(attn, u, x, nw, nb, w):
+        return HC.hstu_compute_output(
+            attn, u, x, nw, nb, 1e-5, w, H, V, p, True, True, False, True, backend="triton"
+        )
+
+    torch._dynamo.reset()
+    compiled_f = torch.compile(f, fullgraph=True)
+    runs = []
+    for _ in range(2):
+        copies = [t.detach().clone().requires_grad_() for t in got]
+        torch.manual_seed(3)
+        out = compiled_f(*copies)
+        out.backward(dout)
+        runs.append([out.detach()] + [t.grad for t in copies])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert all(torch.isfinite(t).all() for t in runs[0])
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    with inductor_config.patch(fallback_random=True):
+        (eager, eager_grads), (compiled, compiled_grads) = _eager_and_compiled(f, got, dout)
+    assert torch.equal(compiled, eager)
+    _assert_equal_grads(compiled_grads, eager_grads, False)
+    torch._dynamo.reset()

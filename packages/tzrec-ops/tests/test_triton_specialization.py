@@ -1,9 +1,10 @@
 """Triton kernels compile once per problem layout, not once per token count or seed (GPU).
 
 Triton specializes integer arguments on ``== 1`` and on divisibility by 16, so a jagged batch
-with a new token count, or a dropout seed, could otherwise compile another variant of a
-kernel (seconds each) in the middle of training. Data-dependent integers are listed in the
-kernels' ``do_not_specialize``; this test counts compiles through Triton's post-compile hook.
+with a new token count could otherwise compile another variant of a kernel (seconds each) in
+the middle of training. Data-dependent integers are listed in the kernels' ``do_not_specialize``
+(the dropout seed, drawn anew each call, is a device tensor the kernels load, not an integer
+argument); this test counts compiles through Triton's post-compile hook.
 """
 
 from __future__ import annotations

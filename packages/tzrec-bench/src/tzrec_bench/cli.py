@@ -173,9 +173,10 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="run the training step's forward (the model and its loss, hence "
                    "also the backward) through torch.compile; the first steps include the "
                    "compile time (about two compiles: sizes that change between batches "
-                   "are made dynamic at the first recompile). Evaluation stays eager. Not "
-                   "with the fitted baselines, --sharding torchrec, or an HSTU model on a GPU "
-                   "with dropout on (use --dropout 0)")
+                   "are made dynamic at the first recompile). Evaluation stays eager. With "
+                   "dropout on, the compiled step draws its masks from Inductor's generator "
+                   "(seeded by --seed; not the eager run's masks). Not with the fitted "
+                   "baselines or --sharding torchrec")
     g.add_argument("--epochs", type=POSITIVE, metavar="N",
                    help=f"passes over the training users (default: {DEFAULT_EPOCHS} when "
                    "--max-steps is not given)")

@@ -54,7 +54,6 @@ def validate(
         device = pick_device(config.device)
     if config.sharding == "torchrec":
         _check_sharding(config, device)
-    _check_compile(config, device)
     if data is None:
         return
     if config.sharding == "torchrec" and config.task == "retrieval":
@@ -100,19 +99,4 @@ def _check_sharded_catalogue(config: TrainConfig, num_items: int) -> None:
             f"{config.num_negatives} >= the {num_items} items trains on the full softmax, "
             "which gathers the whole table every step; with --sharding torchrec sample "
             f"fewer (e.g. --num-negatives {max(1, min(128, num_items // 2))})",
-        )
-
-
-def _check_compile(config: TrainConfig, device: torch.device) -> None:
-    """Refuses ``--compile`` with dropout in the HSTU models' GPU kernels: they draw a fresh
-    dropout seed per call (a host value), dynamo breaks the graph there, and Inductor then
-    fails to compile the kernels that take it."""
-    if config.compile and config.dropout > 0 and config.model.startswith("hstu") and (
-        device.type == "cuda"
-    ):
-        raise ConfigError(
-            "compile",
-            f"not supported with dropout in the GPU kernels (--dropout {config.dropout}): "
-            "their per-call dropout seed breaks the compiled graph; expected --dropout 0 with "
-            "--compile, or no --compile",
         )

@@ -5,24 +5,26 @@
   through :func:`tzrec_ops.registry.autotune_configs` (the ROCm plugin's HIP configs replace the
   CUDA ones on ROCm). Under ``TRITON_INTERPRET=1`` a single small config is used, and with
   ``TZREC_OPS_TRITON_AUTOTUNE=0`` only the first config (no tuning: fast start-up, e.g. tests).
-* Data-dependent integer arguments (token and row counts, batch sizes, dropout seeds, the
-  autotune keys) are named in each kernel's ``do_not_specialize``: Triton otherwise compiles a
-  new variant whenever such a value turns 1 or a multiple of 16, seconds per compile in the
-  middle of training. Feature dims and strides keep the specialization (vectorized loads).
+* Data-dependent integer arguments (token and row counts, batch sizes, the autotune keys) are
+  named in each kernel's ``do_not_specialize``: Triton otherwise compiles a new variant
+  whenever such a value turns 1 or a multiple of 16, seconds per compile in the middle of
+  training. Feature dims and strides keep the specialization (vectorized loads).
 * A ``@triton.jit`` helper never takes a pointer whose loads it returns for a store address:
   Inductor's analysis of user kernels (``torch.library.wrap_triton``) follows a store's address
   back through a helper call to every pointer passed to it and counts that tensor as written
   (copies in compiled graphs, and an internal error where the tensor is also passed as
   another argument). Callers load, helpers compute.
-* :func:`draw_seed` draws a dropout seed from torch's CPU generator, so ``torch.manual_seed``
-  makes runs reproducible.
+* :func:`dropout_seed` makes the dropout seed a kernel reads: a one-element int64 tensor on the
+  kernel's device, drawn there or filled with the caller's seed. The kernels load it
+  (``tl.load``), so no host value enters a traced graph: under ``torch.compile`` the draw is
+  a graph op like any other, and no call waits for the device.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import triton
@@ -101,9 +103,19 @@ def tuned(
     return _TUNED[cache_key]
 
 
-def draw_seed() -> int:
-    """A fresh dropout seed from torch's default CPU generator."""
-    return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
+def dropout_seed(seed: Optional[int], device: torch.device) -> torch.Tensor:
+    """The dropout seed for the kernels on ``device``: ``[1]``, int64, on ``device``.
+
+    ``None`` draws a seed in ``[0, 2**62)`` on the device from torch's default generator of
+    ``device``, so ``torch.manual_seed`` reproduces eager runs. Under ``torch.compile``
+    Inductor replaces the draw with its own generator (seeded from the same default
+    generator): compiled runs are reproducible among themselves, but their seeds differ from
+    an eager run's. An int seed is written by a fill kernel (no host-to-device copy) and
+    gives the same mask eagerly and compiled. Neither reads a device value back.
+    """
+    if seed is None:
+        return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
+    return torch.full((1,), seed, dtype=torch.int64, device=device)
 
 
 def num_sms(device: torch.device) -> int:
@@ -117,5 +129,6 @@ def num_sms(device: torch.device) -> int:
 def dropout_scale(seed, offsets, p, SCALE):
     """``1 / (1 - p)`` where the Philox draw at ``offsets`` keeps the element, else 0."""
     r = tl.rand(seed, offsets)
-    # Inductor passes Python floats as fp64: keep the mask in fp32.
-    return tl.where(r >= p, SCALE, 0.0).to(tl.float32)
+    # Inductor passes Python floats as fp64 (eager launches as fp32): compare with the fp32 p
+    # both ways, or a draw equal to fp32(p) < p would be kept eagerly and dropped compiled.
+    return tl.where(r >= tl.cast(p, tl.float32), SCALE, 0.0).to(tl.float32)

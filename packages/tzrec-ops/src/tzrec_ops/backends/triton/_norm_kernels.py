@@ -15,7 +15,10 @@ Forward, per group (``n = V``), with ``mu = mean(x)`` (0 for RMS) and ``r = 1/sq
     mul + concat_ux: y = [u | x | a * u];  dropout (training): y *= keep / (1 - p)
 
 Dropout draws ``tl.rand(seed, row * W + col)`` (``W`` the output width, 3D with concat_ux), so a
-seed replays the same mask in the backward and on every call.
+seed replays the same mask in the backward and on every call. The seed is a one-element int64
+tensor on the device (:func:`~._kernel_utils.dropout_seed`) that the kernels load, not a scalar
+argument: a host value would break a ``torch.compile`` graph. With dropout off the launchers
+pass an input in its place, which the kernels never read (``DROPOUT`` is a constexpr).
 
 Backward, with ``da`` the gradient reaching ``a`` and ``g = da * w``::
 
@@ -68,7 +71,7 @@ _INTERPRET_CONFIG = triton.Config({}, num_warps=1)
 _KEY = ["AUTOTUNE_L", "G", "V", "MODE", "RMS"]
 
 
-@triton.jit(do_not_specialize=["L", "seed", "AUTOTUNE_L"])
+@triton.jit(do_not_specialize=["L", "AUTOTUNE_L"])
 def _norm_fwd_kernel(
     X,
     U,
@@ -86,7 +89,7 @@ def _norm_fwd_kernel(
     eps,
     dropout_p,
     dropout_inv_keep,
-    seed,
+    SEED,
     AUTOTUNE_L,
     RMS: tl.constexpr,
     HAS_W: tl.constexpr,
@@ -109,6 +112,8 @@ def _norm_fwd_kernel(
     rmask = rows < L
     mask = rmask[:, None, None] & cmask
     x = tl.load(X + rows[:, None, None] * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if DROPOUT:
+        seed = tl.load(SEED)
     stat_offs = rows[:, None] * G + gs[None, :]
     stat_mask = rmask[:, None] & (gs[None, :] < G)
     if COMPUTE_STATS:
@@ -120,7 +125,8 @@ def _norm_fwd_kernel(
             xc = tl.where(mask, x - mean[:, :, None], 0.0)
             var = tl.sum(xc * xc, axis=2) / V
             tl.store(MEAN + stat_offs, mean, mask=stat_mask)
-        rstd = (1.0 / tl.sqrt(var + eps)).to(tl.float32)  # eps may arrive as fp64
+        # eps arrives as fp64 from Inductor, fp32 from eager launches: add it in fp32 both ways
+        rstd = 1.0 / tl.sqrt(var + tl.cast(eps, tl.float32))
         tl.store(RSTD + stat_offs, rstd, mask=stat_mask)
     else:
         if RMS:
@@ -167,7 +173,7 @@ def _norm_fwd_kernel(
         tl.store(y_ptrs, a.to(Y.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["L", "seed", "tiles_per_program", "AUTOTUNE_L"])
+@triton.jit(do_not_specialize=["L", "tiles_per_program", "AUTOTUNE_L"])
 def _norm_bwd_kernel(
     DY,
     X,
@@ -192,7 +198,7 @@ def _norm_bwd_kernel(
     stride_y,
     dropout_p,
     dropout_inv_keep,
-    seed,
+    SEED,
     tiles_per_program,
     AUTOTUNE_L,
     RMS: tl.constexpr,
@@ -223,6 +229,8 @@ def _norm_bwd_kernel(
             b = tl.load(B + gs, mask=gs < G, other=0.0).to(tl.float32)[None, :, None]
         else:
             b = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
+    if DROPOUT:
+        seed = tl.load(SEED)
     dw_acc = tl.zeros((BLOCK_G, BLOCK_V), dtype=tl.float32)
     db_acc = tl.zeros((BLOCK_G, BLOCK_V), dtype=tl.float32)
     for t in range(0, tiles_per_program):
@@ -392,6 +400,16 @@ def sum_partials(partial: torch.Tensor, dtype: torch.dtype = torch.float32) -> L
     return outs
 
 
+def _check_seed(dropout_p: float, seed: Optional[torch.Tensor]) -> bool:
+    """Whether dropout is on; then ``seed`` must be the [1] int64 seed tensor."""
+    if dropout_p <= 0.0:
+        return False
+    if seed is None or seed.dtype != torch.int64 or seed.numel() != 1:
+        got = None if seed is None else f"{seed.dtype} of {seed.numel()} elements"
+        raise ValueError(f"dropout_p={dropout_p} needs a [1] int64 seed tensor, got {got}")
+    return True
+
+
 def norm_forward(
     x: torch.Tensor,
     u: Optional[torch.Tensor],
@@ -404,14 +422,15 @@ def norm_forward(
     mode: int,
     concat_ux: bool,
     dropout_p: float,
-    seed: int,
+    seed: Optional[torch.Tensor],
     mean: Optional[torch.Tensor] = None,
     rstd: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the forward on 2-D ``x`` ([L, D], last dim contiguous): (y, mean, rstd).
 
     With ``mean``/``rstd`` given the statistics are not recomputed (and not returned anew).
-    ``y`` is ``[L, 3D]`` with ``concat_ux``, else ``[L, D]``, in x's dtype.
+    ``y`` is ``[L, 3D]`` with ``concat_ux``, else ``[L, D]``, in x's dtype. ``seed`` ([1],
+    int64, on x's device) is read only when ``dropout_p > 0``; None without dropout.
     """
     L, D = x.shape
     V = D // groups
@@ -425,7 +444,7 @@ def norm_forward(
         return y, mean, rstd
     block_m = 1 if interpreting() else _rows_per_tile(block_g, block_v, _FWD_TILE_ELEMENTS)
     kernel = tuned("norm_fwd", _norm_fwd_kernel, _warp_configs, _KEY, _INTERPRET_CONFIG, x.device)
-    dropout = dropout_p > 0.0
+    dropout = _check_seed(dropout_p, seed)
     launchable(kernel)[(cdiv(L, block_m),)](
         x,
         u if u is not None else x,
@@ -443,7 +462,7 @@ def norm_forward(
         eps,
         dropout_p,
         1.0 / (1.0 - dropout_p) if dropout else 1.0,
-        seed,
+        seed if dropout else x,  # unread without dropout: no seed tensor, no launch for one
         quantize_rows(L),
         RMS=rms,
         HAS_W=weight is not None,
@@ -474,7 +493,7 @@ def norm_backward(
     mode: int,
     concat_ux: bool,
     dropout_p: float,
-    seed: int,
+    seed: Optional[torch.Tensor],
     compute_y: bool,
     dx: Optional[torch.Tensor] = None,
     du: Optional[torch.Tensor] = None,
@@ -482,7 +501,7 @@ def norm_backward(
     """Launch the backward: (dx, du, dweight, dbias, y); absent ones are empty tensors.
 
     ``dx``/``du`` may be given as output buffers (any row stride). ``y`` is recomputed only
-    with ``compute_y`` (mul mode).
+    with ``compute_y`` (mul mode). ``seed`` is the forward's (see :func:`norm_forward`).
     """
     L, D = x.shape
     V = D // groups
@@ -509,7 +528,7 @@ def norm_backward(
     partial_db = partials[int(has_w)] if has_b else rstd
     if L > 0:
         kernel = tuned("norm_bwd", _norm_bwd_kernel, _warp_configs, _KEY, _INTERPRET_CONFIG, device)
-        dropout = dropout_p > 0.0
+        dropout = _check_seed(dropout_p, seed)
         launchable(kernel)[(programs,)](
             dy,
             x,
@@ -534,7 +553,7 @@ def norm_backward(
             y.stride(0) if compute_y else 0,
             dropout_p,
             1.0 / (1.0 - dropout_p) if dropout else 1.0,
-            seed,
+            seed if dropout else x,  # unread without dropout
             tiles_per_program,
             quantize_rows(L),
             RMS=rms,

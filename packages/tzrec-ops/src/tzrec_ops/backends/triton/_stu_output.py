@@ -4,7 +4,9 @@
 ``y = dropout([u | attn | u * Norm(attn)])`` from the fused norm-mul-dropout kernel, then
 ``out = x + y @ W`` as one GEMM whose epilogue adds the residual (whose gradient is ``d_out``
 itself, returned without a copy). With ``recompute_y_in_backward`` y is not saved; the norm
-backward kernel rebuilds it (same dropout seed) for ``dW = y^T @ d_out``.
+backward kernel rebuilds it (same dropout seed) for ``dW = y^T @ d_out``. The seed is a ``[1]``
+int64 tensor drawn on the device per call (:func:`~._kernel_utils.dropout_seed`; None without
+dropout) and saved for the backward, which replays the forward's mask from it.
 
 Legend: L = tokens, E = embedding dim, H = heads; attn and u are ``[L, H * V]``, x and out
 ``[L, E]``.
@@ -12,12 +14,12 @@ Legend: L = tokens, E = embedding dim, H = heads; attn and u are ``[L, H * V]``,
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
 from tzrec_ops.backends.triton._eager import triton_library_op
-from tzrec_ops.backends.triton._kernel_utils import draw_seed
+from tzrec_ops.backends.triton._kernel_utils import dropout_seed
 from tzrec_ops.backends.triton._norm_kernels import MUL, norm_backward, norm_forward
 from tzrec_ops.backends.triton.mm import matmul
 from tzrec_ops.ops.utils import switch_to_contiguous_if_needed
@@ -39,7 +41,7 @@ def compute_output_op(
     group_norm: bool,
     concat_ux: bool,
     dropout_p: float,
-    seed: int,
+    seed: Optional[torch.Tensor],
     recompute_y_in_backward: bool,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out [L, E], saved y (empty with recompute), mean, rstd)."""
@@ -77,7 +79,7 @@ def compute_output_bwd_op(
     group_norm: bool,
     concat_ux: bool,
     dropout_p: float,
-    seed: int,
+    seed: Optional[torch.Tensor],
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(d_attn, d_u, d_norm_weight, d_norm_bias, d_output_weight); the residual's d_x is
     d_out itself, which the autograd formula returns without a copy."""
@@ -125,13 +127,25 @@ def _setup_output(ctx, inputs, output):  # type: ignore[no-untyped-def]
         _,
     ) = inputs
     _, saved_y, mean, rstd = output
-    ctx.save_for_backward(attn, u, norm_weight, norm_bias, output_weight, saved_y, mean, rstd)
-    ctx.options = (num_heads, group_norm, concat_ux, dropout_p, seed)
+    ctx.save_for_backward(
+        attn,
+        u,
+        norm_weight,
+        norm_bias,
+        output_weight,
+        saved_y,
+        mean,
+        rstd,
+        seed if seed is not None else rstd.new_empty(0),  # unread without dropout
+    )
+    ctx.options = (num_heads, group_norm, concat_ux, dropout_p)
 
 
 def _output_backward(ctx, dout, *unused):  # type: ignore[no-untyped-def]
+    *saved, seed = ctx.saved_tensors
+    dropout_p = ctx.options[-1]
     d_attn, d_u, dnw, dnb, dw = compute_output_bwd_op(
-        dout.contiguous(), *ctx.saved_tensors, *ctx.options
+        dout.contiguous(), *saved, *ctx.options, seed if dropout_p > 0.0 else None
     )
     return (d_attn, d_u, dout, dnw, dnb, None, dw) + (None,) * 6
 
@@ -169,6 +183,6 @@ def hstu_compute_output(
         bool(group_norm),
         bool(concat_ux),
         float(dropout_ratio) if dropout else 0.0,
-        draw_seed() if dropout else 0,
+        dropout_seed(None, x.device) if dropout else None,
         bool(recompute_y_in_backward),
     )[0]

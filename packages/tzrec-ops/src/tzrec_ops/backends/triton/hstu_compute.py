@@ -185,7 +185,7 @@ def preprocess_and_attention_op(
     The saved tensors are empty when the matching recompute flag is set.
     """
     normed, mean, rstd = norm_forward(
-        x, None, norm_weight, norm_bias, norm_eps, 1, False, False, PLAIN, False, 0.0, 0
+        x, None, norm_weight, norm_bias, norm_eps, 1, False, False, PLAIN, False, 0.0, None
     )
     silu_u = torch.empty((x.shape[0], num_heads * hidden_dim), dtype=x.dtype, device=x.device)
     uvqk = _uvqk_forward(normed, uvqk_weight, uvqk_bias, silu_u)
@@ -256,7 +256,7 @@ def preprocess_and_attention_bwd_op(
             PLAIN,
             False,
             0.0,
-            0,
+            None,
             mean=mean,
             rstd=rstd,
         )
@@ -320,7 +320,7 @@ def preprocess_and_attention_bwd_op(
         PLAIN,
         False,
         0.0,
-        0,
+        None,
         False,
     )
     return dx, d_norm_weight, d_norm_bias, d_uvqk_weight, d_uvqk_bias.to(uvqk_bias.dtype)

@@ -4,6 +4,11 @@ Each op is a ``torch.library`` op over the kernels of :mod:`._norm_kernels` (mat
 layout in its docstring), which one set of flags (:class:`_Variant`) turns into that norm;
 the flags are written once per op and serve its forward and its backward.
 
+The dropout seed travels as a tensor (``seed: Tensor?`` in the op schemas: ``[1]`` int64 on
+x's device, None without dropout), drawn or filled by the backend functions at the bottom
+(:func:`~._kernel_utils.dropout_seed`); the forward saves it for the backward, which replays
+the forward's mask from it.
+
 Shapes: x, u ``[L, D]``; weight, bias ``[D]`` (``[H]`` for the group norm).
 """
 
@@ -14,7 +19,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from tzrec_ops.backends.triton._eager import triton_library_op
-from tzrec_ops.backends.triton._kernel_utils import draw_seed
+from tzrec_ops.backends.triton._kernel_utils import dropout_seed
 from tzrec_ops.backends.triton._norm_kernels import (
     MUL,
     PLAIN,
@@ -27,7 +32,8 @@ from tzrec_ops.ops.utils import switch_to_contiguous_if_needed
 
 class _Variant(NamedTuple):
     """The flags that make the kernels one norm: :func:`norm_forward`'s and
-    :func:`norm_backward`'s arguments after the tensors and eps, in their order."""
+    :func:`norm_backward`'s arguments after the tensors and eps, in their order (the last,
+    the dropout seed tensor, is saved for the backward as a tensor, not set on ctx)."""
 
     groups: int
     group_affine: bool
@@ -35,15 +41,17 @@ class _Variant(NamedTuple):
     mode: int
     concat_ux: bool
     dropout_p: float
-    seed: int
+    seed: Optional[torch.Tensor]
 
 
-_LAYER_NORM = _Variant(1, False, False, PLAIN, False, 0.0, 0)
+_LAYER_NORM = _Variant(1, False, False, PLAIN, False, 0.0, None)
 _RMS_NORM = _LAYER_NORM._replace(rms=True)
 _SWISH_LAYER_NORM = _LAYER_NORM._replace(mode=SWISH)
 
 
-def _mul_variant(num_groups: int, concat_ux: bool, dropout_p: float, seed: int) -> _Variant:
+def _mul_variant(
+    num_groups: int, concat_ux: bool, dropout_p: float, seed: Optional[torch.Tensor]
+) -> _Variant:
     """``num_groups == 0``: layer norm with weight/bias [D]; ``num_groups == H``: group norm
     over H heads with one weight/bias per head ([H])."""
     return _Variant(max(num_groups, 1), num_groups > 0, False, MUL, concat_ux, dropout_p, seed)
@@ -69,7 +77,7 @@ def norm_bwd_op(
     mode: int,
     concat_ux: bool,
     dropout_p: float,
-    seed: int,
+    seed: Optional[torch.Tensor],
     compute_y: bool,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of every norm op in this module (see the module docstring)."""
@@ -93,7 +101,7 @@ def norm_bwd_op(
 
 
 def _grads(ctx, dy):  # type: ignore[no-untyped-def]
-    x, u, weight, bias, mean, rstd = ctx.saved_tensors
+    x, u, weight, bias, mean, rstd, seed = ctx.saved_tensors
     dx, du, dweight, dbias, _ = norm_bwd_op(
         switch_to_contiguous_if_needed(dy),
         x,
@@ -108,7 +116,7 @@ def _grads(ctx, dy):  # type: ignore[no-untyped-def]
         ctx.mode,
         ctx.concat_ux,
         ctx.dropout_p,
-        ctx.seed,
+        seed if ctx.dropout_p > 0.0 else None,
         False,
     )
     return (
@@ -129,9 +137,10 @@ def _save(ctx, x, u, weight, bias, output, variant):  # type: ignore[no-untyped-
         bias if bias is not None else empty,
         mean,
         rstd,
+        variant.seed if variant.seed is not None else empty,
     )
     ctx.has_w, ctx.has_b = weight is not None, bias is not None
-    for name, value in zip(_Variant._fields, variant):
+    for name, value in zip(_Variant._fields[:-1], variant[:-1]):
         setattr(ctx, name, value)
 
 
@@ -207,12 +216,12 @@ def norm_mul_dropout_op(
     num_groups: int,
     concat_ux: bool,
     dropout_p: float,
-    seed: int,
+    seed: Optional[torch.Tensor],
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``dropout([u | x | Norm(x) * u])`` (or ``dropout(Norm(x) * u)``) -> (y, mean, rstd).
 
     The norm is chosen by ``num_groups`` (:func:`_mul_variant`); ``dropout_p == 0`` disables
-    dropout.
+    dropout. ``seed``: ``[1]`` int64 on x's device, needed when ``dropout_p > 0`` (else None).
     """
     variant = _mul_variant(num_groups, concat_ux, dropout_p, seed)
     return norm_forward(x, u, weight, bias, eps, *variant)
@@ -266,10 +275,14 @@ def swish_layer_norm(
     return swish_layer_norm_op(_rows(x), weight, bias, eps)[0].view(x.shape)
 
 
-def _dropout_args(dropout_ratio: float, training: bool, seed: Optional[int]) -> Tuple[float, int]:
+def _dropout_args(
+    dropout_ratio: float, training: bool, seed: Optional[int], device: torch.device
+) -> Tuple[float, Optional[torch.Tensor]]:
+    """(dropout_p, seed tensor): (0.0, None) when dropout is off, so nothing is drawn or
+    filled for it."""
     if not training or dropout_ratio <= 0.0:
-        return 0.0, 0
-    return float(dropout_ratio), draw_seed() if seed is None else int(seed)
+        return 0.0, None
+    return float(dropout_ratio), dropout_seed(seed, device)
 
 
 def layer_norm_mul_dropout(
@@ -284,8 +297,10 @@ def layer_norm_mul_dropout(
     seed: Optional[int] = None,
 ) -> torch.Tensor:
     """Triton backend of :func:`tzrec_ops.ops.layer_norm.layer_norm_mul_dropout`."""
-    p, seed = _dropout_args(dropout_ratio, training, seed)
-    return norm_mul_dropout_op(_rows(x), _rows(u), weight, bias, eps, 0, concat_ux, p, seed)[0]
+    p, seed_tensor = _dropout_args(dropout_ratio, training, seed, x.device)
+    return norm_mul_dropout_op(
+        _rows(x), _rows(u), weight, bias, eps, 0, concat_ux, p, seed_tensor
+    )[0]
 
 
 def group_norm_mul_dropout(
@@ -301,7 +316,7 @@ def group_norm_mul_dropout(
     seed: Optional[int] = None,
 ) -> torch.Tensor:
     """Triton backend of :func:`tzrec_ops.ops.layer_norm.group_norm_mul_dropout`."""
-    p, seed = _dropout_args(dropout_ratio, training, seed)
+    p, seed_tensor = _dropout_args(dropout_ratio, training, seed, x.device)
     return norm_mul_dropout_op(
-        _rows(x), _rows(u), weight, bias, eps, num_heads, concat_ux, p, seed
+        _rows(x), _rows(u), weight, bias, eps, num_heads, concat_ux, p, seed_tensor
     )[0]
