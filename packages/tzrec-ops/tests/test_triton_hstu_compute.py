@@ -366,12 +366,18 @@ def _output_inputs(L, E, H, V, concat_ux, group_norm):
 _OUTPUT_GRADS = ["d_attn", "du", "dx", "d_norm_weight", "d_norm_bias", "d_output_weight"]
 
 
-def _assert_equal_grads(got, expected, group_norm):
-    """Bit for bit, except the group norm's per-head weight and bias gradients: a torch sum
-    over each head's features inside the op, which Inductor generates itself."""
+def _assert_equal_grads(got, expected, group_norm, concat_ux):
+    """Bit for bit, except two that may differ in rounding: the group norm's per-head weight
+    and bias gradients (a torch sum over each head's features inside the op, which Inductor
+    generates itself) and, with concat_ux, ``du = dy_a * a + dy_u`` (Inductor compiles the
+    user kernel itself, and one compile contracts it to an FMA where the other does not:
+    measured on an H100, same mask, last-bit differences)."""
     for name, a, b in zip(_OUTPUT_GRADS, got, expected):
         if group_norm and name in ("d_norm_weight", "d_norm_bias"):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        elif concat_ux and name == "du":
+            assert torch.equal(a == 0, b == 0), name  # the same mask
+            torch.testing.assert_close(a, b)
         else:
             assert torch.equal(a, b), name
 
@@ -401,7 +407,7 @@ def test_compute_output_gpu_compiled_equals_eager_for_an_int_seed(
 
     (eager, eager_grads), (compiled, compiled_grads) = _eager_and_compiled(f, got, dout)
     assert torch.equal(compiled, eager)
-    _assert_equal_grads(compiled_grads, eager_grads, group_norm)
+    _assert_equal_grads(compiled_grads, eager_grads, group_norm, concat_ux)
     assert torch.equal(f(*[t.detach() for t in got]), eager)  # the seed's mask again
     seed = torch.full((1,), 1234, dtype=torch.int64, device=DEVICE)
     args = (*got[:5], 1e-5, got[5], H, group_norm, concat_ux, p, seed, recompute_y)
@@ -442,5 +448,5 @@ def test_compute_output_gpu_compiles_with_a_drawn_seed():
     with inductor_config.patch(fallback_random=True):
         (eager, eager_grads), (compiled, compiled_grads) = _eager_and_compiled(f, got, dout)
     assert torch.equal(compiled, eager)
-    _assert_equal_grads(compiled_grads, eager_grads, False)
+    _assert_equal_grads(compiled_grads, eager_grads, False, True)
     torch._dynamo.reset()

@@ -339,9 +339,11 @@ def _eager_and_compiled(fn, inputs, dy):
 def test_dropout_gpu_compiled_equals_eager_for_an_int_seed(kind, concat_ux):
     """The seed is a device tensor, so dropout compiles without a graph break; with an int
     seed the compiled op draws the eager mask (that of the scalar-seed kernels) and gives
-    the eager output and gradients bit for bit. Only the group norm's per-head weight and
-    bias gradients may differ in rounding: a torch sum over each head's features inside the
-    op, which Inductor generates itself."""
+    the eager output and gradients bit for bit, but for two that may differ in rounding: the
+    group norm's per-head weight and bias gradients (a torch sum over each head's features
+    inside the op, which Inductor generates itself) and, with concat_ux, ``du = dy_a * a +
+    dy_u`` (Inductor compiles the user kernel itself, and one compile contracts it to an FMA
+    where the other does not: measured on an H100, same mask, last-bit differences)."""
     rows, heads, dim, p, seed = 1000, 4, 32, 0.3, 1234
     d = heads * dim
     wshape = (d,) if kind == "layer" else (heads,)
@@ -358,6 +360,9 @@ def test_dropout_gpu_compiled_equals_eager_for_an_int_seed(kind, concat_ux):
     for name, a, b in zip(("x", "u", "weight", "bias"), compiled_grads, eager_grads):
         if kind == "group" and name in ("weight", "bias"):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        elif concat_ux and name == "u":
+            assert torch.equal(a == 0, b == 0), name  # the same mask
+            torch.testing.assert_close(a, b)  # du = dy_a * a + dy_u: FMA contraction may differ
         else:
             assert torch.equal(a, b), name
 
