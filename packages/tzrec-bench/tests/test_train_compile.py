@@ -10,6 +10,7 @@ relative of the eager run's.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -108,7 +109,7 @@ def test_compile_refuses_runs_it_cannot_compile_before_training(tmp_path, overri
     assert not (tmp_path / "run").exists()  # refused before any data, model or file
 
 
-def test_a_compiled_run_trains_with_dropout(tmp_path, aot_eager):
+def test_a_compiled_run_trains_with_dropout(tmp_path, aot_eager, capsys):
     """Dropout on under --compile: accepted on a GPU too (the Triton kernels read their
     dropout seed from a device tensor, so it no longer breaks the graph; the GPU run is
     tzrec-gr's test_models.py), and a compiled CPU step with dropout runs without a graph
@@ -119,6 +120,7 @@ def test_a_compiled_run_trains_with_dropout(tmp_path, aot_eager):
     compiled = train(_config(tmp_path, max_steps=1, compile=True, dropout=0.2))
     assert compiled.steps == 1 and torch.isfinite(_losses(compiled)).all()
     assert not counters["graph_break"], dict(counters["graph_break"])
+    assert re.search(r"first step under torch.compile: \d+\.\d s", capsys.readouterr().out)
 
 
 def test_the_command_exits_2_naming_compile(tmp_path, capsys):

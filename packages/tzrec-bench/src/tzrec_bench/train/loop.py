@@ -218,6 +218,9 @@ class Trainer(Run):
                     self._check_finite()
                     value = mean_over_ranks(loss, self.ctx).item()  # the global-batch mean
                 elapsed = time.perf_counter() - started
+                if config.compile and self.step == self.start_step + 1:
+                    self.log(f"first step under torch.compile: {elapsed:.1f} s (compiling; "
+                             "the first batch of other sizes compiles once more)")
                 train_seconds += elapsed
                 window_seconds += elapsed
                 batch_tokens = self.task.tokens(rows, self.step - 1)
