@@ -267,8 +267,9 @@ def test_python_dash_m_runs_the_command():
 def _readme_commands():
     readme = Path(__file__).resolve().parents[1] / "README.md"
     blocks = re.findall(r"```bash\n(.*?)```", readme.read_text(), re.S)
-    return [shlex.split(line.split(" # ")[0])[1:] for block in blocks
-            for line in block.splitlines() if line.startswith("tzrec-bench ")]
+    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    return [shlex.split(line.split(" # ")[0])[1:] for line in lines
+            if line.startswith("tzrec-bench ")]
 
 
 def test_readme_commands_parse_and_the_cpu_ops_example_runs(tmp_path, capsys):
