@@ -271,3 +271,15 @@ def test_main_sweeps_rates_and_a_rate_that_is_not_kept_is_no_failure(capsys):
 def test_bad_search_options_exit_2_naming_the_option(argv, message, capsys):
     assert load_test.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--max-batch", "32,x"], "--max-batch: expected integers separated by commas, got '32,x'"),
+     (["--rates", "100,fast"], "--rates: expected numbers separated by commas, got '100,fast'")],
+)
+def test_lists_that_do_not_parse_exit_2_naming_the_option(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_test.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

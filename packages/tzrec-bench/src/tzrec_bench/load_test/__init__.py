@@ -51,7 +51,7 @@ import importlib.metadata
 import math
 import platform
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -99,22 +99,18 @@ CUDA_DEFAULTS: Dict[str, Any] = {
 }
 
 
-def _int_list(text: str) -> List[int]:
-    try:
-        return [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected integers separated by commas, got {text!r}"
-        ) from None
+def _comma_list(kind: type, what: str) -> Callable[[str], List[Any]]:
+    """An argparse type: values of ``kind`` separated by commas, with a clear error."""
 
+    def parse(text: str) -> List[Any]:
+        try:
+            return [kind(v) for v in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {what} separated by commas, got {text!r}"
+            ) from None
 
-def _float_list(text: str) -> List[float]:
-    try:
-        return [float(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected numbers separated by commas, got {text!r}"
-        ) from None
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -148,12 +144,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, help="seconds of requests per trial, at its "
                    "rate (CPU 10, CUDA 20)")
     p.add_argument("--requests", type=int, help="requests per trial (instead of --duration)")
-    p.add_argument("--max-batch", type=_int_list, default=[1],
+    p.add_argument("--max-batch", type=_comma_list(int, "integers"), default=[1],
                    help="the most due requests served together; a comma list (32,1) measures "
                    "each on one session. Default: 1 (one at a time)")
     p.add_argument("--p99-ms", type=float, default=50.0,
                    help="the p99 latency bound of a sustained rate, ms. Default: 50")
-    p.add_argument("--rates", type=_float_list,
+    p.add_argument("--rates", type=_comma_list(float, "numbers"),
                    help="comma list of offered rates (requests/s), one trial each")
     p.add_argument("--search", action="store_true",
                    help="find the sustained rate: from --rate, double (halve) while trials "
