@@ -49,6 +49,19 @@ def test_serves_every_request_and_matches_the_full_forward(extra):
     assert 0 <= pct["p50"] <= pct["p90"] <= pct["p99"] <= pct["max"]
     assert result.elapsed_s > 0 and result.events > 0
     assert not result.graph_stats["enabled"]  # CPU: eager
+    timed = {name: n for name, n, _, _ in result.call_times()}
+    assert sum(timed.values()) == result.calls
+    scoring = "score" if args.model == "ranking" else "recommend"
+    assert timed["extend"] > 0 and set(timed) <= {"extend", scoring, f"{scoring} after extend"}
+    assert all(0 < mean <= p99 for _, _, mean, p99 in result.call_times())
+
+
+def test_call_class_names_scoring_calls_after_new_events():
+    extended = {3}
+    assert load_test.call_class("extend", [3], extended) == "extend"
+    assert load_test.call_class("score", [1, 2], extended) == "score"
+    assert load_test.call_class("score", [1, 3], extended) == "score after extend"
+    assert load_test.call_class("recommend", [3], extended) == "recommend after extend"
 
 
 def test_main_prints_the_report_and_exits_0(capsys):
@@ -58,6 +71,7 @@ def test_main_prints_the_report_and_exits_0(capsys):
     assert "HSTURanking E=16" in header and f"torch {torch.__version__}" in header
     assert "30 served of 30 sent" in out
     assert "p50" in out and "p99" in out and "requests/s" in out and "events/s" in out
+    assert "session calls (count, mean / p99 ms): extend" in out
     assert "fp32 tolerance" in out
 
 

@@ -59,6 +59,7 @@ from tzrec_bench.load_test.run import (
     DTYPES,
     LoadTestResult,
     build_model,
+    call_class,
     percentile,
     run_load_test,
     size_span,
@@ -75,6 +76,7 @@ __all__ = [
     "LoadTestResult",
     "Request",
     "build_model",
+    "call_class",
     "main",
     "make_stream",
     "percentile",
@@ -269,6 +271,13 @@ def _versions(device: torch.device) -> str:
     return ", ".join(parts)
 
 
+def _call_line(result: LoadTestResult) -> str:
+    """The trial's session calls by class: count, mean and p99 duration."""
+    return "session calls (count, mean / p99 ms): " + "; ".join(
+        f"{name} {n}, {mean:.2f} / {p99:.2f}" for name, n, mean, p99 in result.call_times()
+    )
+
+
 def _report(args: argparse.Namespace, result: LoadTestResult, device: torch.device) -> None:
     """The detailed report of one trial."""
     pct = result.percentiles()
@@ -279,6 +288,7 @@ def _report(args: argparse.Namespace, result: LoadTestResult, device: torch.devi
     eps = result.events / result.elapsed_s if result.elapsed_s > 0 else math.nan
     print(f"  throughput: {result.achieved:.1f} requests/s (target {args.rate:g}), "
           f"{eps:.1f} events/s")
+    print(f"  {_call_line(result)}")
     verdict = "sustained" if result.sustains(args.p99_ms) else "not sustained"
     print(f"  {verdict}: p99 {pct['p99']:.2f} ms against the {args.p99_ms:g} ms bound, "
           f"{result.dropped} dropped")
@@ -357,6 +367,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(f"  sustained rate, max batch {max_batch}: {best:,.0f} requests/s "
                       f"(p99 < {args.p99_ms:g} ms, nothing dropped; {len(trials)} trials"
                       f"{above})", flush=True)
+            shown = min(trials, key=lambda t: t.rate) if best is None else next(
+                t for t in trials if t.rate == best)
+            print(f"  at {shown.rate:,.0f}/s, {_call_line(shown)}")
             results.extend(trials)
         else:
             trial = copy.copy(args)

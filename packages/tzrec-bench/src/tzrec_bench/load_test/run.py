@@ -31,6 +31,7 @@ __all__ = [
     "DTYPES",
     "LoadTestResult",
     "build_model",
+    "call_class",
     "percentile",
     "run_load_test",
     "size_span",
@@ -69,6 +70,8 @@ class LoadTestResult:
         unfinished_ms (List[float]): when stopped, how late each due, unanswered request
             already was (lower bounds of their latencies).
         dropped (int): timed requests whose session call raised.
+        call_ms (Dict[str, List[float]]): how long each timed session call took, by
+            :func:`call_class` (where a slow server spends its time).
     """
 
     sent: int
@@ -89,6 +92,7 @@ class LoadTestResult:
     stopped: bool = False
     unfinished_ms: List[float] = dataclasses.field(default_factory=list)
     dropped: int = 0
+    call_ms: Dict[str, List[float]] = dataclasses.field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -120,6 +124,24 @@ class LoadTestResult:
             "p99": percentile(lat, 99),
             "max": max(lat) if lat else math.nan,
         }
+
+
+    def call_times(self) -> List[Tuple[str, int, float, float]]:
+        """Per call class (see :func:`call_class`): (class, calls, mean ms, p99 ms)."""
+        return [
+            (name, len(ms), sum(ms) / len(ms), percentile(ms, 99))
+            for name, ms in sorted(self.call_ms.items())
+        ]
+
+
+def call_class(kind: str, users: Sequence[int], extended: set) -> str:
+    """The class a session call's duration is reported under: its kind, and for a scoring
+    call (``score``/``recommend``) whether one of its ``users`` got events since its last
+    scoring call (``extended``), which a session that cannot extend incrementally pays for
+    in that call by encoding the user's history again."""
+    if kind in ("open", "extend") or not any(u in extended for u in users):
+        return kind
+    return f"{kind} after extend"
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -331,6 +353,11 @@ def run_load_test(
     unfinished: List[float] = []
     bound_s = math.inf if stop_ms is None else stop_ms / 1e3
     allowed = 0.01 * len(timed) + 2  # this many late requests put the p99 above the bound
+    scoring = "score" if session.kind == "ranking" else "recommend"
+    extended = set()  # users with events since their last scoring call
+    for req in warm:
+        (extended.add if req.kind == "extend" else extended.discard)(req.user)
+    call_ms: Dict[str, List[float]] = {}
     start = time.perf_counter()
     due = [start + i / args.rate for i in range(len(timed))]
     done = start
@@ -345,8 +372,16 @@ def run_load_test(
             stop += 1
         stop = max(stop, nxt + 1)
         for kind, group in _calls(timed[nxt:stop], args.max_batch):
+            users = [r.user for r in group]
+            name = call_class(scoring if kind == "score" else kind, users, extended)
+            began = time.perf_counter()
             answers = serve(kind, group)
             done = time.perf_counter()
+            call_ms.setdefault(name, []).append((done - began) * 1e3)
+            if kind == "extend":
+                extended.update(users)
+            else:
+                extended.difference_update(users)
             calls += 1
             if answers is None:
                 continue
@@ -403,4 +438,5 @@ def run_load_test(
         stopped=stopped,
         unfinished_ms=unfinished,
         dropped=dropped,
+        call_ms=call_ms,
     )
