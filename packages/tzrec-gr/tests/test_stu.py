@@ -8,6 +8,7 @@ from _reference import stu_layer as ref_stu_layer
 from _reference import truncate as ref_truncate
 
 from tzrec_gr import KVCache, STULayer, STUStack
+from tzrec_gr.stu.kv_cache import prefix_kv_cache
 from tzrec_ops.jagged import offsets_from_lengths
 
 E, H, A, V = 16, 2, 8, 4
@@ -311,6 +312,25 @@ def test_forward_input_errors():
         layer(torch.randn(5, E), torch.tensor([0, 2, 5]), 5, torch.tensor([1, 1, 1]))
     with pytest.raises(ValueError, match=r"kv_caching_lengths must have shape \[B\] = \[2\]"):
         layer(torch.randn(5, E), torch.tensor([0, 2, 5]), 5, kv_caching_lengths=torch.tensor([1]))
+
+
+def test_prefix_kv_cache_of_whole_sequences_keeps_every_row():
+    """A prefill keeps every row: the cache is k and v themselves (contiguous), as the
+    split of all but the last row per sample shows for the rows it keeps; lengths that sum
+    to the rows but exceed a sample's are refused, naming the sample."""
+    offsets = torch.tensor([0, 2, 2, 7])
+    lengths = offsets[1:] - offsets[:-1]
+    qkv = torch.randn(7, 3 * H * A)
+    k, v = qkv[:, : H * A], qkv[:, H * A : 2 * H * A]  # strided views, as a projection's
+    whole = prefix_kv_cache(k, v, offsets, 5, lengths, 0, 7, "pytorch")
+    assert torch.equal(whole.k, k) and torch.equal(whole.v, v)
+    assert whole.k.is_contiguous() and whole.v.is_contiguous()
+    assert torch.equal(whole.offsets, offsets) and whole.max_len == 5
+    shorter = prefix_kv_cache(k, v, offsets, 5, (lengths - 1).clamp(min=0), 0, None, "pytorch")
+    assert torch.equal(shorter.k, k[[0, 2, 3, 4, 5]]) and torch.equal(shorter.v, v[[0, 2, 3, 4, 5]])
+    message = r"kv_caching_lengths\[1\] \(2\) must be at most sequence 1's length \(0\)"
+    with pytest.raises(ValueError, match=message):
+        prefix_kv_cache(k, v, offsets, 5, torch.tensor([0, 2, 5]), 0, 7, "pytorch")
 
 
 def test_cached_forward_errors():

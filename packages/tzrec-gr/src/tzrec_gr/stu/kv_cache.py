@@ -16,7 +16,14 @@ from typing import Optional
 import torch
 
 from tzrec_ops import concat_2D_jagged, split_2D_jagged
-from tzrec_ops.jagged import host_copy, mirror, offsets_from_lengths
+from tzrec_ops.jagged import (
+    check_once,
+    first_true,
+    host_copy,
+    mirror,
+    offsets_from_lengths,
+    tracing,
+)
 from tzrec_ops.registry import Backend
 
 __all__ = ["KVCache", "append_to_kv_cache", "prefix_kv_cache"]
@@ -35,6 +42,19 @@ def _extended_offsets(offsets: torch.Tensor, delta: int) -> torch.Tensor:
     """The offsets after appending ``delta`` rows to every sample."""
     steps = torch.arange(offsets.numel(), device=offsets.device, dtype=torch.int64) * delta
     return offsets.to(torch.int64) + steps
+
+
+def _check_whole_sequences(offsets: torch.Tensor, kv_caching_lengths: torch.Tensor) -> None:
+    """Host check, for lengths that sum to every row: none exceeds its sequence's length
+    (so each is its sequence's length)."""
+    lengths = offsets[1:] - offsets[:-1]
+    exceeds = kv_caching_lengths.to(lengths.dtype) > lengths
+    if bool(exceeds.any()):
+        b = first_true(exceeds)
+        raise ValueError(
+            f"kv_caching_lengths[{b}] ({int(kv_caching_lengths[b])}) must be at most "
+            f"sequence {b}'s length ({int(lengths[b])})"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +111,17 @@ def prefix_kv_cache(
         # read before the offsets below are derived, so that they get a copy too)
         total_kv_caching_len = host_copy(kv_caching_lengths).stat("sum", _sum)
     cache_offsets = mirror(offsets_from_lengths, kv_caching_lengths)
-    rest_offsets = mirror(_difference, offsets, cache_offsets)
     total = k.shape[0]
+    max_len = max_kv_caching_len or max_seq_len
+    if total_kv_caching_len == total and not tracing():
+        # every row is kept (a prefill caches whole sequences): no split to run
+        check_once(
+            ("tzrec_gr.kv_caching_lengths", "whole"),
+            (offsets, kv_caching_lengths),
+            _check_whole_sequences,
+        )
+        return KVCache(k.contiguous(), v.contiguous(), cache_offsets, max_len)
+    rest_offsets = mirror(_difference, offsets, cache_offsets)
     caches = []
     for t in (k, v):
         kept, _ = split_2D_jagged(
@@ -107,7 +136,7 @@ def prefix_kv_cache(
             backend=backend,
         )
         caches.append(kept)
-    return KVCache(caches[0], caches[1], cache_offsets, max_kv_caching_len or max_seq_len)
+    return KVCache(caches[0], caches[1], cache_offsets, max_len)
 
 
 def append_to_kv_cache(
