@@ -317,7 +317,8 @@ def test_forward_input_errors():
 def test_prefix_kv_cache_of_whole_sequences_keeps_every_row():
     """A prefill keeps every row: the cache is k and v themselves (contiguous), as the
     split of all but the last row per sample shows for the rows it keeps; lengths that sum
-    to the rows but exceed a sample's are refused, naming the sample."""
+    to the rows but exceed a sample's, offsets that end elsewhere and a v of other rows
+    are refused."""
     offsets = torch.tensor([0, 2, 2, 7])
     lengths = offsets[1:] - offsets[:-1]
     qkv = torch.randn(7, 3 * H * A)
@@ -331,6 +332,10 @@ def test_prefix_kv_cache_of_whole_sequences_keeps_every_row():
     message = r"kv_caching_lengths\[1\] \(2\) must be at most sequence 1's length \(0\)"
     with pytest.raises(ValueError, match=message):
         prefix_kv_cache(k, v, offsets, 5, torch.tensor([0, 2, 5]), 0, 7, "pytorch")
+    with pytest.raises(ValueError, match=r"offsets\[-1\] \(7\) must equal the rows of k \(6\)"):
+        prefix_kv_cache(k[:6], v[:6], offsets, 5, torch.tensor([2, 0, 4]), 0, 6, "pytorch")
+    with pytest.raises(ValueError, match="v has 6 rows but k has 7; they must match"):
+        prefix_kv_cache(k, v[:6], offsets, 5, lengths, 0, 7, "pytorch")
 
 
 def test_cached_forward_errors():

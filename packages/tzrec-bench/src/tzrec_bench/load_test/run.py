@@ -125,7 +125,6 @@ class LoadTestResult:
             "max": max(lat) if lat else math.nan,
         }
 
-
     def call_times(self) -> List[Tuple[str, int, float, float]]:
         """Per call class (see :func:`call_class`): (class, calls, mean ms, p99 ms)."""
         return [

@@ -44,9 +44,13 @@ def _extended_offsets(offsets: torch.Tensor, delta: int) -> torch.Tensor:
     return offsets.to(torch.int64) + steps
 
 
-def _check_whole_sequences(offsets: torch.Tensor, kv_caching_lengths: torch.Tensor) -> None:
-    """Host check, for lengths that sum to every row: none exceeds its sequence's length
-    (so each is its sequence's length)."""
+def _check_whole_sequences(
+    offsets: torch.Tensor, kv_caching_lengths: torch.Tensor, rows: int
+) -> None:
+    """Host check, for lengths that sum to every one of the ``rows``: the offsets end at
+    ``rows`` and no length exceeds its sequence's (so each is its sequence's length)."""
+    if int(offsets[-1]) != rows:
+        raise ValueError(f"offsets[-1] ({int(offsets[-1])}) must equal the rows of k ({rows})")
     lengths = offsets[1:] - offsets[:-1]
     exceeds = kv_caching_lengths.to(lengths.dtype) > lengths
     if bool(exceeds.any()):
@@ -115,10 +119,12 @@ def prefix_kv_cache(
     max_len = max_kv_caching_len or max_seq_len
     if total_kv_caching_len == total and not tracing():
         # every row is kept (a prefill caches whole sequences): no split to run
+        if v.shape[0] != total:
+            raise ValueError(f"v has {v.shape[0]} rows but k has {total}; they must match")
         check_once(
-            ("tzrec_gr.kv_caching_lengths", "whole"),
+            ("tzrec_gr.kv_caching_lengths", "whole", total),
             (offsets, kv_caching_lengths),
-            _check_whole_sequences,
+            lambda o, n: _check_whole_sequences(o, n, total),
         )
         return KVCache(k.contiguous(), v.contiguous(), cache_offsets, max_len)
     rest_offsets = mirror(_difference, offsets, cache_offsets)
