@@ -118,7 +118,8 @@ def prefix_kv_cache(
     total = k.shape[0]
     max_len = max_kv_caching_len or max_seq_len
     if total_kv_caching_len == total and not tracing():
-        # every row is kept (a prefill caches whole sequences): no split to run
+        # every row is kept (a prefill caches whole sequences): no split to run; traced
+        # calls keep the split, whose graph does not guard on two symbolic sizes being equal
         if v.shape[0] != total:
             raise ValueError(f"v has {v.shape[0]} rows but k has {total}; they must match")
         check_once(
