@@ -198,7 +198,10 @@ def test_tsv_is_read_with_its_header_row(tmp_path, gz):
 ])
 def test_an_empty_id_field_is_refused(tmp_path, name, text, message):
     (tmp_path / name).write_text(text)
-    _refused(tmp_path / name, tmp_path, re.escape(f"{name}: {message}; every event needs a"))
+    role = re.search(r"'(user|item)", message).group(1)
+    article = "an" if role == "item" else "a"
+    _refused(tmp_path / name, tmp_path, re.escape(
+        f"{name}: {message}; every event needs {article} {role} id"))
 
 
 @pytest.mark.parametrize("text,message", [

@@ -335,7 +335,7 @@ def _checked_ids(batch: _Batch, role: str, name: str) -> pa.Array:
         null = int(empty[0]) if len(empty) else None
     if null is not None:
         raise DataFormatError(f"{_where(batch, null, role, name)}: empty; every event needs "
-                              f"a {role} id")
+                              f"{'an' if role == 'item' else 'a'} {role} id")
     if kind is None:
         raise _type_error(batch, name, array.type, f"{role} ids that are integers or strings")
     array = _plain(array)
