@@ -142,12 +142,12 @@ def test_the_fingerprint_follows_the_events_not_the_file(tmp_path):
      r"log.csv: no column for user \('user_id'\); its columns are uid, item_id "
      r"\(map them with --columns"),
     ("user_id,item_id,timestamp", [("a", "x", 1), ("b", "y", "soon")],
-     r"log.csv: line 3, column 'timestamp': CSV conversion error to int64: invalid value "
-     r"'soon'"),
+     r"log.csv: row 2 \(line 3\), column 'timestamp': 'soon' is not an integer"),
     ("user_id,item_id,timestamp", [("a", "x", 1), ("b", "y", 99999999999999999999)],
-     r"log.csv: line 3, column 'timestamp': .*'99999999999999999999'"),
+     r"log.csv: row 2 \(line 3\), column 'timestamp': 99999999999999999999 does not fit in "
+     r"int64"),
     ("user_id,item_id,timestamp", [("a", "x", 1), ("b", "y")],
-     r"log.csv: line 3: Expected 3 columns, got 2"),
+     r"log.csv: row 2 \(line 3\): 2 fields; expected 3 \(user_id, item_id, timestamp\)"),
 ])
 def test_bad_csv_names_the_file_line_and_column(tmp_path, header, rows, message):
     path = _write_csv(tmp_path / "log.csv", header, rows)

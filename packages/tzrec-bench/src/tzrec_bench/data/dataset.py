@@ -13,8 +13,9 @@ events are ``[offsets[u], offsets[u + 1])`` of every per-event array. For two us
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -60,6 +61,11 @@ class SequenceDataset:
             Default: None.
         fingerprint (str): a digest of the loaded data (the cache's), "" when not computed
             (generated data, a split's parts). Default: "".
+        files (Tuple[str, ...]): the files the data was read from, in file order, relative
+            to the folder given (a file given alone: its name); () for generated data and a
+            split's parts. Default: ().
+        skipped_files (Tuple[str, ...]): the files of an unknown kind that the folder held,
+            which were not read. Default: ().
     """
 
     name: str
@@ -72,6 +78,8 @@ class SequenceDataset:
     ratings: Optional[np.ndarray] = None
     actions: Optional[np.ndarray] = None
     fingerprint: str = ""
+    files: Tuple[str, ...] = ()
+    skipped_files: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         offsets, n = self.offsets, len(self.item_ids)
@@ -164,6 +172,15 @@ class SequenceDataset:
             if not np.array_equal(vocabulary.ids, raw):
                 raise ValueError(f"{name}_raw_ids must be sorted for rows to follow raw ids")
         return IdVocabularies(users, items, self.fingerprint, source)
+
+    def with_files(self, files: Sequence[str],
+                   skipped: Sequence[str] = ()) -> "SequenceDataset":
+        """This data set, saying which files it was read from (and which were skipped)."""
+        # a shallow copy: the events are not checked again, only the file names change
+        named = copy.copy(self)
+        object.__setattr__(named, "files", tuple(files))
+        object.__setattr__(named, "skipped_files", tuple(skipped))
+        return named
 
     @property
     def num_users(self) -> int:

@@ -1,4 +1,4 @@
-"""Any interaction log as a data set: Parquet, CSV, JSONL or ``user item`` text, a file or a
+"""Any interaction log as a data set: Parquet, CSV, TSV, JSONL or ``user item`` text, a file or a
 folder of files, streamed by pyarrow into a memory-mapped cache entry.
 
 One event per row. The columns are found by name (:class:`Columns`, ``--columns``)::
@@ -11,14 +11,22 @@ One event per row. The columns are found by name (:class:`Columns`, ``--columns`
     action   an action bitmask      integers                       optional
 
 Other columns are ignored. Formats go by suffix, each optionally gzip-compressed (``.gz``):
-``.parquet``/``.pq``, ``.csv`` (a header row names the columns), ``.jsonl``/``.ndjson``/
-``.json`` (one object per line) and ``.txt``/``.tsv``-less text (``user item [time]`` per
-line, separated by spaces or tabs, no header: the columns are called ``user``, ``item`` and
-``time``). A folder is read file by file in the order of the files' names, each file in
-row order: that is the *file order*. Events are grouped by user and sorted by time; ties (and
-every event without a time column) keep the file order. Ids in CSV and text are read as
-text: a column whose every value is a canonical integer (``"42"``, not ``"042"``) holds
-integer ids, any other holds string ids.
+``.parquet``/``.pq``; ``.csv`` and ``.tsv`` (comma- and tab-separated, a header row names
+the columns); ``.jsonl``/``.ndjson``/``.json`` (JSON lines: one object per line; an object
+spread over lines, such as a pretty-printed ``schema.json``, is refused); and ``.txt``
+text, ``user item [time]`` per line, separated by spaces or tabs. A text log's first line
+is a header when every field of it is a column name (``user``, ``item``, ``time``, or a
+name of the ``--columns`` mapping, defaults included): it is skipped, and its names find
+the columns as in CSV, rating and action included. Without one the columns are ``user``,
+``item`` and ``time`` by position.
+
+A folder is read file by file in the order of the files' paths, each file in row order: that
+is the *file order*; which files a folder's log is made of, and which folders are refused
+(files of two formats, the same log twice), is :mod:`tzrec_bench.data.log_files`. Events
+are grouped by user and sorted by time; ties (and every event without a time column) keep
+the file order. Ids in CSV, TSV and text are read as text: a column whose every value is a
+canonical integer (``"42"``, not ``"042"``) holds integer ids, any other holds string ids.
+An empty id (a null, or an empty field or string) is refused in every format.
 
 Reading takes two passes over the files in record batches (no per-event Python loop, no
 full in-memory copy): the first checks every value and collects the distinct users and
@@ -26,15 +34,19 @@ items (their sorted ids become rows ``0..U-1`` and ``0..I-1``), the second write
 event's rows into temporary files; then the events are grouped by user with a counting sort
 into the entry's memory-mapped arrays, chunk by chunk, and sorted by time within each user
 (:mod:`tzrec_bench.data.grouping`, with the optional k-core filter ``min_events``). Errors
-name the file, the row (the first data row is 1) and the column.
+name the file, the row and the column. Rows are data rows counted from 1 in every format (a
+header line and blank lines are not rows); where the file's line differs, it follows:
+``"row 2 (line 3)"`` (:mod:`tzrec_bench.data.log_rows`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import zlib
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -43,14 +55,13 @@ import pyarrow.csv as pacsv
 import pyarrow.dataset as pads
 
 from tzrec_bench.data.grouping import Spool, write_grouped
+from tzrec_bench.data.log_files import format_of
+from tzrec_bench.data.log_rows import (delimited_problem, json_problem, non_blank_lines,
+                                        open_text)
 from tzrec_bench.data.text_format import DataFormatError
 
-#: file suffix (before an optional .gz) -> format
-FORMATS = {
-    ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "json",
-    ".ndjson": "json", ".json": "json", ".txt": "text",
-}
 TEXT_COLUMNS = ("user", "item", "time")
+ROLES = ("user", "item", "time", "rating", "action")
 BATCH_ROWS = 1 << 20  # rows per record batch read
 _INT64 = np.iinfo(np.int64)
 
@@ -60,7 +71,8 @@ class Columns:
     """Which column of the log holds what; ``None`` for a column the log does not have.
 
     Defaults: ``user_id``, ``item_id``, ``timestamp`` (optional: used when present), no
-    rating, no action. Text files (``.txt``) always use ``user``, ``item``, ``time``.
+    rating, no action. Text files (``.txt``) without a header line use ``user``, ``item``,
+    ``time`` by position; with one, ``user``/``item``/``time`` also name those columns.
     """
 
     user: str = "user_id"
@@ -101,37 +113,21 @@ class Columns:
         return ",".join(f"{f.name}={getattr(self, f.name) or ''}" for f in fields(self))
 
 
-def _format_of(path: Path) -> Optional[str]:
-    suffixes = path.suffixes[-2:] if path.suffix == ".gz" else path.suffixes[-1:]
-    return FORMATS.get(suffixes[0].lower()) if suffixes else None
-
-
-def find_files(path: Path) -> List[Path]:
-    """The log's files: ``path`` itself, or the files of a folder (recursively) whose
-    suffix names a format, sorted by name.
-
-    Raises:
-        FileNotFoundError: no such path, or a folder with no readable file, naming it.
-        DataFormatError: a file whose suffix names no format.
-    """
-    if path.is_file():
-        if _format_of(path) is None:
-            raise DataFormatError(
-                f"{path}: unknown format; expected a file ending in "
-                f"{', '.join(FORMATS)} (optionally .gz)"
-            )
-        return [path]
-    if path.is_dir():
-        found = sorted(p for p in path.rglob("*") if p.is_file() and _format_of(p) is not None
-                       and not p.name.startswith((".", "_")))
-        if found:
-            return found
-        raise FileNotFoundError(f"{path}: no file ending in {', '.join(FORMATS)} (optionally "
-                                ".gz) in this folder")
-    raise FileNotFoundError(f"no such file or folder: {path}")
-
-
 # -- reading record batches ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How one file is read: its format, each role's column name, which roles may be
+    missing, and for CSV, TSV and text the delimiter, whether a header line comes first and
+    (text without one) the column names."""
+
+    fmt: str
+    wanted: Dict[str, str]
+    optional: FrozenSet[str] = frozenset()
+    delimiter: str = ","
+    header: bool = True
+    names: Optional[List[str]] = None
 
 
 @dataclass
@@ -139,6 +135,7 @@ class _Batch:
     """One record batch's events, standardised, with its first row's number in its file."""
 
     path: Path
+    layout: _Layout
     first_row: int
     user: pa.Array
     item: pa.Array
@@ -147,100 +144,118 @@ class _Batch:
     action: Optional[pa.Array]
 
 
-def _wanted(columns: Columns, fmt: str) -> Dict[str, str]:
-    """role -> column name in a file of format ``fmt``."""
-    if fmt == "text":
-        return {"user": "user", "item": "item", "time": "time"}
-    return {role: getattr(columns, role) for role in ("user", "item", "time", "rating",
-                                                       "action") if getattr(columns, role)}
-
-
-def _arrow_error(path: Path, exc: Exception, names: Sequence[str]) -> DataFormatError:
-    """pyarrow's message made to name the file, the line and the column."""
-    text = str(exc).split(": ", 1)[-1] if "Could not open" in str(exc) else str(exc)
-    text = re.sub(r"^.*?(In CSV column|CSV parse error|JSON parse error)", r"\1", text)
-    match = re.search(r"In CSV column #(\d+): Row #(\d+): (.*)", text)
-    if match and int(match.group(1)) < len(names):
-        column, line, problem = names[int(match.group(1))], match.group(2), match.group(3)
-        return DataFormatError(f"{path}: line {line}, column {column!r}: {problem}")
-    match = re.search(r"Row #(\d+): (.*)", text)
-    if match:
-        return DataFormatError(f"{path}: line {match.group(1)}: {match.group(2)}")
-    return DataFormatError(f"{path}: {text}")
-
-
-def _dataset(path: Path, fmt: str, wanted: Dict[str, str]) -> Tuple[pads.Dataset, List[str]]:
-    """A pyarrow dataset over one file, and its column names in file order."""
-    if fmt == "parquet":
-        dataset = pads.dataset(path, format="parquet")
-    elif fmt == "json":
-        dataset = pads.dataset(path, format="json")
-    else:
-        ids = {wanted["user"]: pa.string(), wanted["item"]: pa.string()}
-        typed = {**ids, **({wanted["time"]: pa.int64()} if "time" in wanted else {}),
-                 **({wanted["rating"]: pa.float64()} if "rating" in wanted else {}),
-                 **({wanted["action"]: pa.int64()} if "action" in wanted else {})}
-        if fmt == "text":
-            names = _text_names(path)
-            typed = {name: typed[name] for name in names}
-            read = pacsv.ReadOptions(column_names=names)
-            parse = pacsv.ParseOptions(delimiter=_text_delimiter(path))
-        else:
-            read, parse = pacsv.ReadOptions(), pacsv.ParseOptions()
-        dataset = pads.dataset(path, format=pads.CsvFileFormat(
-            read_options=read, parse_options=parse,
-            convert_options=pacsv.ConvertOptions(column_types=typed, strings_can_be_null=False),
-        ))
-    return dataset, dataset.schema.names
-
-
-def _open_text_head(path: Path) -> str:
-    import gzip
-
-    opener = gzip.open if path.suffix == ".gz" else open
+def _first_line(path: Path) -> str:
     try:
-        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        with open_text(path) as f:
             return f.readline()
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:
         raise DataFormatError(f"{path}: cannot be read ({type(exc).__name__}: {exc})") from exc
 
 
-def _text_delimiter(path: Path) -> str:
-    return "\t" if "\t" in _open_text_head(path) else " "
+def _is_text_header(fields: List[str], columns: Columns) -> bool:
+    """Whether a text log's first line names its columns: every field is a column name
+    (``user``, ``item``, ``time``, or a name of the ``--columns`` mapping)."""
+    names = {getattr(columns, role) for role in ROLES} | set(TEXT_COLUMNS)
+    return len(fields) >= 2 and all(field in names for field in fields)
 
 
-def _text_names(path: Path) -> List[str]:
-    line = _open_text_head(path).strip()
-    count = len(line.split()) if line else 0
-    if count not in (2, 3):
+def _text_layout(path: Path, columns: Columns) -> _Layout:
+    line = _first_line(path)
+    delimiter = "\t" if "\t" in line else " "
+    fields = line.split()
+    optional = frozenset({"time"} if columns.time == Columns.time else ())
+    if _is_text_header(fields, columns):
+        wanted = {}
+        for role in ROLES:
+            plain = role if role in TEXT_COLUMNS else None
+            found = [name for name in (getattr(columns, role), plain) if name in fields]
+            if found or getattr(columns, role):
+                wanted[role] = found[0] if found else getattr(columns, role)
+        return _Layout("text", wanted, optional, delimiter)
+    if len(fields) not in (2, 3):
         raise DataFormatError(
-            f"{path}: line 1: {count} fields; expected 'user item' or 'user item time' per "
-            "line, separated by spaces or tabs"
+            f"{path}: line 1: {len(fields)} field{'s' * (len(fields) != 1)}; expected 'user "
+            "item' or 'user item time' per line, separated by spaces or tabs (a first line "
+            "of column names is a header)"
         )
-    return list(TEXT_COLUMNS[:count])
+    mapped = [role for role in ("rating", "action") if getattr(columns, role)]
+    if mapped:
+        raise DataFormatError(
+            f"{path}: --columns maps {', '.join(mapped)}, but a text log without a header "
+            "line has only 'user item [time]'; start it with a line naming its columns"
+        )
+    return _Layout("text", dict(zip(TEXT_COLUMNS, TEXT_COLUMNS)), frozenset({"time"}),
+                   delimiter, False, list(TEXT_COLUMNS[:len(fields)]))
+
+
+def _layout(path: Path, columns: Columns) -> _Layout:
+    fmt = format_of(path)
+    if fmt == "text":
+        return _text_layout(path, columns)
+    wanted = {role: getattr(columns, role) for role in ROLES if getattr(columns, role)}
+    optional = frozenset({"time"} if columns.time == Columns.time else ())
+    return _Layout(fmt, wanted, optional, "\t" if fmt == "tsv" else ",")
+
+
+def _dataset(path: Path, layout: _Layout) -> pads.Dataset:
+    """A pyarrow dataset over one file."""
+    if layout.fmt in ("parquet", "json"):
+        return pads.dataset(path, format=layout.fmt)
+    types = {"user": pa.string(), "item": pa.string(), "time": pa.int64(),
+             "rating": pa.float64(), "action": pa.int64()}
+    typed = {name: types[role] for role, name in layout.wanted.items()
+             if layout.names is None or name in layout.names}
+    read = pacsv.ReadOptions(column_names=layout.names)
+    if layout.fmt == "text" and layout.header:
+        read = pacsv.ReadOptions(column_names=_first_line(path).split(), skip_rows=1)
+    return pads.dataset(path, format=pads.CsvFileFormat(
+        read_options=read, parse_options=pacsv.ParseOptions(delimiter=layout.delimiter),
+        convert_options=pacsv.ConvertOptions(column_types=typed, strings_can_be_null=False),
+    ))
+
+
+def _read_error(path: Path, layout: _Layout, exc: Exception) -> DataFormatError:
+    """The error of a failed read, naming the first bad row found by scanning the file
+    again (:mod:`tzrec_bench.data.log_rows`), else pyarrow's message without its row
+    numbers (which count from 0 in JSON, and count the header in CSV)."""
+    problem = None
+    try:
+        if layout.fmt == "json":
+            problem = json_problem(path, layout.wanted)
+        elif layout.fmt != "parquet":
+            problem = delimited_problem(path, layout.delimiter, layout.header, layout.names,
+                                        layout.wanted)
+    except (OSError, EOFError, zlib.error):
+        problem = None  # unreadable: pyarrow's message says why
+    if problem:
+        return DataFormatError(f"{path}: {problem}")
+    text = str(exc).split(": ", 1)[-1] if "Could not open" in str(exc) else str(exc)
+    text = re.sub(r"^.*?(In CSV column|CSV parse error|JSON parse error)", r"\1", text)
+    text = re.sub(r"Row #\d+: | in row \d+", "", text)
+    return DataFormatError(f"{path}: {text}")
 
 
 def _batches(path: Path, columns: Columns) -> Iterator[_Batch]:
     """The file's events in record batches, columns checked to exist."""
-    fmt = _format_of(path)
-    wanted = _wanted(columns, fmt)
+    layout = _layout(path, columns)
     try:
-        dataset, names = _dataset(path, fmt, wanted)
+        # pyarrow reads the first block to build the dataset
+        dataset = _dataset(path, layout)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
-        # pyarrow reads the first block to build the dataset: its errors name columns by index
-        header = (_text_names(path) if fmt == "text" else
-                  [name.strip().strip('"') for name in _open_text_head(path).split(",")]
-                  if fmt == "csv" else [])
-        raise _arrow_error(path, exc, header) from exc
-    optional_time = fmt != "text" and columns.time == Columns.time
-    missing = [f"{role} ({name!r})" for role, name in wanted.items()
-               if name not in names and not (role == "time" and (optional_time or fmt == "text"))]
+        raise _read_error(path, layout, exc) from exc
+    names = dataset.schema.names
+    missing = [f"{role} ({name!r})" for role, name in layout.wanted.items()
+               if name not in names and role not in layout.optional]
     if missing:
+        problem = json_problem(path, layout.wanted) if layout.fmt == "json" else None
+        if problem:  # not a JSON-lines log at all: say so rather than name a column
+            raise DataFormatError(f"{path}: {problem}")
         raise DataFormatError(
             f"{path}: no column for {', '.join(missing)}; its columns are "
             f"{', '.join(names)} (map them with --columns user=...,item=...,time=...)"
         )
-    present = {role: name for role, name in wanted.items() if name in names}
+    present = {role: name for role, name in layout.wanted.items() if name in names}
+    layout = dataclasses.replace(layout, wanted=present)
     # little read-ahead: the batches are consumed one at a time, and memory stays flat
     scanner = dataset.scanner(columns=list(present.values()), batch_size=BATCH_ROWS,
                               batch_readahead=1, fragment_readahead=1)
@@ -250,11 +265,22 @@ def _batches(path: Path, columns: Columns) -> Iterator[_Batch]:
             if not batch.num_rows:
                 continue
             get = {role: batch.column(name) for role, name in present.items()}
-            yield _Batch(path, row, get["user"], get["item"], get.get("time"),
+            yield _Batch(path, layout, row, get["user"], get["item"], get.get("time"),
                          get.get("rating"), get.get("action"))
             row += batch.num_rows
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, EOFError) as exc:
-        raise _arrow_error(path, exc, names) from exc
+        raise _read_error(path, layout, exc) from exc
+
+
+def _check_one_object_per_line(path: Path, rows: int, columns: Columns) -> None:
+    """pyarrow reads an object spread over lines (a pretty-printed ``schema.json``) as one
+    row: a JSON-lines log has as many rows as lines."""
+    lines = non_blank_lines(path)
+    if rows != lines:
+        problem = json_problem(path, _layout(path, columns).wanted)
+        raise DataFormatError(f"{path}: {problem}" if problem else
+                              f"{path}: {rows} objects on {lines} lines; expected one object "
+                              "per line")
 
 
 # -- checking values -------------------------------------------------------------------------
@@ -262,6 +288,18 @@ def _batches(path: Path, columns: Columns) -> Iterator[_Batch]:
 
 def _where(batch: _Batch, index: int, role: str, name: str) -> str:
     return f"{batch.path}: row {batch.first_row + index}, column {name!r}"
+
+
+def _type_error(batch: _Batch, name: str, found: pa.DataType,
+                expected: str) -> DataFormatError:
+    """A column of the wrong type; in JSON, where pyarrow widened a column (an integer
+    beyond int64 makes it double), naming the row that did it."""
+    if batch.layout.fmt == "json":
+        problem = json_problem(batch.path, batch.layout.wanted)
+        if problem:
+            return DataFormatError(f"{batch.path}: {problem}")
+    return DataFormatError(f"{batch.path}: column {name!r} holds {found} values; "
+                           f"expected {expected}")
 
 
 def _first_null(array: pa.Array) -> Optional[int]:
@@ -291,13 +329,15 @@ def _plain(array: pa.Array) -> pa.Array:
 def _checked_ids(batch: _Batch, role: str, name: str) -> pa.Array:
     array = getattr(batch, role)
     null = _first_null(array)
+    kind = _id_kind(array)
+    if null is None and kind == "str":  # an empty CSV or text field is an empty string
+        empty = np.flatnonzero(pc.equal(_plain(array), "").to_numpy(zero_copy_only=False))
+        null = int(empty[0]) if len(empty) else None
     if null is not None:
         raise DataFormatError(f"{_where(batch, null, role, name)}: empty; every event needs "
-                              f"a {role} id")
-    kind = _id_kind(array)
+                              f"{'an' if role == 'item' else 'a'} {role} id")
     if kind is None:
-        raise DataFormatError(f"{batch.path}: column {name!r} holds {array.type} values; "
-                              f"expected {role} ids that are integers or strings")
+        raise _type_error(batch, name, array.type, f"{role} ids that are integers or strings")
     array = _plain(array)
     if pa.types.is_uint64(array.type):
         too_big = np.flatnonzero(np.asarray(array) > _INT64.max)
@@ -326,8 +366,7 @@ def _checked_time(batch: _Batch, name: str) -> np.ndarray:
             raise DataFormatError(f"{_where(batch, bad, 'time', name)}: {values[bad]} does "
                                   "not fit in int64")
         return values.astype(np.int64)
-    raise DataFormatError(f"{batch.path}: column {name!r} holds {array.type} values; "
-                          "expected times as integer Unix seconds, timestamps or dates")
+    raise _type_error(batch, name, array.type, "times as integer Unix seconds, timestamps or dates")
 
 
 def _checked_numbers(batch: _Batch, role: str, name: str, dtype: type) -> np.ndarray:
@@ -337,8 +376,7 @@ def _checked_numbers(batch: _Batch, role: str, name: str, dtype: type) -> np.nda
         raise DataFormatError(f"{_where(batch, null, role, name)}: empty")
     integer = pa.types.is_integer(array.type)
     if not (integer or (dtype is np.float32 and pa.types.is_floating(array.type))):
-        raise DataFormatError(f"{batch.path}: column {name!r} holds {array.type} values; "
-                              f"expected {'integers' if dtype is np.int64 else 'numbers'}")
+        raise _type_error(batch, name, array.type, "integers" if dtype is np.int64 else "numbers")
     values = array.to_numpy()
     if values.dtype == np.uint64 and len(values) and values.max() > _INT64.max:
         bad = int(np.flatnonzero(values > _INT64.max)[0])
@@ -434,13 +472,13 @@ def write_event_log(folder: Path, name: str, files: Sequence[Path], options: Rea
     has = {"time": None, "rating": False, "action": False}
     events = 0
     for path in files:  # pass 1: check every value, collect the ids
-        wanted = _wanted(columns, _format_of(path))
         file_events = 0
         for batch in _batches(path, columns):
+            wanted = batch.layout.wanted
             for collector in (users, items):
                 role = collector.role
                 collector.add(batch, _checked_ids(batch, role, wanted[role]))
-                text_ids[role] |= _format_of(path) in ("csv", "text")
+                text_ids[role] |= batch.layout.fmt in ("csv", "tsv", "text")
             timed = batch.time is not None
             if has["time"] is None:
                 has["time"] = timed
@@ -457,6 +495,8 @@ def write_event_log(folder: Path, name: str, files: Sequence[Path], options: Rea
             file_events += len(batch.user)
         if not file_events:
             raise DataFormatError(f"{path}: no events")
+        if format_of(path) == "json":
+            _check_one_object_per_line(path, file_events, columns)
         events += file_events
     user_ids, item_ids = users.vocabulary(text_ids["user"]), items.vocabulary(text_ids["item"])
 
@@ -468,8 +508,8 @@ def write_event_log(folder: Path, name: str, files: Sequence[Path], options: Rea
     if has["action"]:
         spools["action"] = Spool(folder / "action.tmp", np.int64)
     for path in files:  # pass 2: each event's rows, in file order
-        wanted = _wanted(columns, _format_of(path))
         for batch in _batches(path, columns):
+            wanted = batch.layout.wanted
             spools["user"].append(_codes(_plain(batch.user), user_ids))
             spools["item"].append(_codes(_plain(batch.item), item_ids))
             spools["time"].append(_checked_time(batch, wanted["time"]) if has["time"]

@@ -9,8 +9,9 @@ from typing import Dict, Optional, Union
 from tzrec_bench.data.amazon import AMAZON_GAMES
 from tzrec_bench.data.cache import cache_path, default_cache_dir, load_cached
 from tzrec_bench.data.dataset import SequenceDataset
-from tzrec_bench.data.event_log import Columns, ReadOptions, find_files, write_event_log
+from tzrec_bench.data.event_log import Columns, ReadOptions, write_event_log
 from tzrec_bench.data.kuairand import KUAIRAND
+from tzrec_bench.data.log_files import scan
 from tzrec_bench.data.movielens import ML_1M, ML_20M, ML_100K
 from tzrec_bench.data.source import Source
 from tzrec_bench.data.synthetic import synthetic
@@ -45,7 +46,9 @@ def load_dataset(
 
     ``"synthetic"`` is generated (not cached) by :func:`synthetic` with ``seed`` and
     ``synthetic_options``. The others are read the first time and mapped from the cache
-    afterwards, until their files or the reading options change.
+    afterwards, until their files or the reading options change; their
+    :attr:`SequenceDataset.files` name the files read (and ``skipped_files`` those of an
+    unknown kind that the folder held).
 
     Args:
         name (str): ``synthetic``, ``ml-100k``, ``ml-1m``, ``ml-20m``, ``kuairand``,
@@ -65,7 +68,9 @@ def load_dataset(
         ValueError: an unknown name that is no path either, options that do not apply, or
             no ``data_dir``.
         FileNotFoundError: a missing file, naming the path and the file expected.
-        DataFormatError: a malformed file, naming the path, the row and the column or format.
+        DataFormatError: a malformed file, naming the path, the row and the column or format;
+            a folder of files of more than one format, or holding the same log twice
+            (:mod:`tzrec_bench.data.log_files`).
     """
     if name == "synthetic":
         if columns is not None or min_events > 1:
@@ -91,7 +96,8 @@ def load_dataset(
     files = source.files(Path(data_dir))
     options = ReadOptions(min_events=min_events)
     path = cache_path(cache, source.name, source.version, files, options.min_events)
-    return load_cached(path, name, lambda folder: source.write(folder, files, options))
+    ds = load_cached(path, name, lambda folder: source.write(folder, files, options))
+    return ds.with_files([file.name for file in files])
 
 
 def _load_event_log(
@@ -102,15 +108,17 @@ def _load_event_log(
     if not path.exists():
         raise ValueError(
             f"unknown data set {name!r}: expected one of {', '.join(DATASETS)}, or the path "
-            "of an event log (a file or a folder of Parquet, CSV, JSONL or text files)"
+            "of an event log (a file or a folder of Parquet, CSV, TSV, JSONL or text files)"
         )
     if data_dir is not None:
         raise ValueError("--data-dir: an event log given by path reads no other folder")
     parsed = columns if isinstance(columns, Columns) else Columns.parse(columns)
     options = ReadOptions(parsed, min_events)
-    files = find_files(path)
+    log = scan(path)
+    files = list(log.files)
     entry = cache_path(cache, EVENT_LOG, EVENT_LOG_VERSION, files,
                        [parsed.text(), options.min_events])
-    return load_cached(entry, name,
-                       lambda folder: write_event_log(folder, name, files, options, name))
+    ds = load_cached(entry, name,
+                     lambda folder: write_event_log(folder, name, files, options, name))
+    return ds.with_files(log.names, log.skipped_names)
 

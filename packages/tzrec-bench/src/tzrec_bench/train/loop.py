@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from tzrec_bench.data.log_files import describe_files
 from tzrec_bench.train import checkpoint, validation
 from tzrec_bench.train.config import ConfigError, TrainConfig
 from tzrec_bench.train.distributed import (
@@ -308,6 +309,9 @@ def evaluate(
         metrics = task.evaluate(model, split, None)
         if ctx.is_main:
             print(f"{config.model} on {config.data}, {file} (step {state['step']})")
+            files = describe_files(dataset.files, dataset.skipped_files)
+            if files:
+                print(f"  read {files}")
             print(metrics_table({split: metrics}, exclude_seen=(
                 config.exclude_seen if config.task == "retrieval" else None)))
         return metrics

@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from tzrec_bench.data import SequenceDataset, load_dataset
+from tzrec_bench.data.log_files import describe_files
 from tzrec_bench.train import checkpoint, validation
 from tzrec_bench.train.checkpoint import RunFiles
 from tzrec_bench.train.config import TrainConfig
@@ -116,6 +117,7 @@ class Run:
         self.out_dir = Path(config.out_dir)
         checkpoint.seed_everything(config.seed)  # the same initial weights on every rank
         dataset = load_data(config, ctx)
+        self.data_files = describe_files(dataset.files, dataset.skipped_files)
         self.vocabularies = dataset.id_vocabularies(config.data)
         self.task = make_task(config, dataset, ctx)
         validation.validate(config, ctx.device, validation.DataSize(
@@ -156,7 +158,7 @@ class Run:
 
     def run(self) -> RunResult:
         """Fits or trains the model, then validates, saves, tests and reports."""
-        self.log(self.header())
+        self.log(self.header() + (f"\n  read {self.data_files}" if self.data_files else ""))
         train_seconds, tokens = self.advance()
         # ru_maxrss is in KiB on Linux: the peak so far, before evaluation and gathering
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
