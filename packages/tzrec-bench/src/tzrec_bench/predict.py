@@ -39,7 +39,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["EXPECTED", "add_parser", "load_session", "run", "task_names"]
 
@@ -131,6 +131,8 @@ def _check_source(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Runs ``predict``; returns the exit status."""
+    from tzrec_bench.data import DataFormatError
+    from tzrec_bench.predict_users import read_user_ids
     from tzrec_gr.checkpoint import resolve_checkpoint
     from tzrec_gr.serving.files import (
         PredictError,
@@ -147,12 +149,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         check_output_path(args.output)
         _check_source(args)
+        user_ids = None if args.input is not None else read_user_ids(args.users, args.users_file)
         device = pick_device(args.device)
         if args.batch_size < 1:
             raise PredictError(f"--batch-size must be >= 1, got {args.batch_size}")
         if args.k < 1:
             raise PredictError(f"--k must be >= 1, got {args.k}")
-    except (PredictError, ImportError) as exc:
+    except (PredictError, ImportError, ValueError) as exc:
         return _fail(parser, str(exc), 2)
     if args.input is not None and not Path(args.input).is_file():
         return _fail(parser, f"--input: no file at {args.input}", 1)
@@ -178,8 +181,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
           f"{file} on {device}: {what}{rules}")
     print(ids_line)
     records = None
-    if args.input is None:
-        records = _users(args, config, items is not None)
+    if user_ids is not None:
+        try:
+            records = _users(user_ids, args.data, config, items is not None)
+        except DataFormatError:
+            raise  # a malformed log: exit 1, by main
+        except ValueError as exc:
+            return _fail(parser, str(exc), 2)
         if isinstance(records, int):
             return records
     try:
@@ -226,18 +234,13 @@ def _settings(file: Path) -> Dict[str, Any]:
     return dict(config) if isinstance(config, dict) else {}
 
 
-def _users(args: argparse.Namespace, config: Dict[str, Any], raw_items: bool) -> Any:
-    """``(total, records)`` of the users of ``--users``/``--users-file`` found in the run's
-    log, after a line naming those it does not hold; an exit status when none is found."""
-    from tzrec_bench.predict_users import (
-        load_run_data,
-        lookup_users,
-        read_user_ids,
-        user_records,
-    )
+def _users(ids: List[str], data_path: Optional[str], config: Dict[str, Any],
+           raw_items: bool) -> Any:
+    """``(total, records)`` of the users ``ids`` found in the run's log (or ``data_path``),
+    after a line naming those it does not hold; an exit status when none is found."""
+    from tzrec_bench.predict_users import load_run_data, lookup_users, user_records
 
-    ids = read_user_ids(args.users, args.users_file)  # ValueError: exit 2 (by main)
-    data = load_run_data(config, args.data)  # FileNotFoundError, DataFormatError: exit 1
+    data = load_run_data(config, data_path)  # FileNotFoundError, DataFormatError: exit 1
     lookup = lookup_users(data.dataset, ids)
     if lookup.unknown:
         print(f"{lookup.unknown_line(data.source)}", file=sys.stderr)

@@ -37,8 +37,8 @@ def load_run_data(config: Dict[str, Any], data: Optional[str]) -> RunData:
     run's ``--columns`` and ``--min-events`` (a named data set: no column mapping).
 
     Raises:
-        ValueError: no data given and none saved; FileNotFoundError, DataFormatError: as
-            :func:`load_dataset`.
+        FileNotFoundError: no log at the path (the saved one: naming ``--data``);
+        DataFormatError: as :func:`load_dataset`; ValueError: no data given and none saved.
     """
     def saved(key: str) -> Any:
         return config.get(key, getattr(_DEFAULTS, key))
@@ -46,6 +46,9 @@ def load_run_data(config: Dict[str, Any], data: Optional[str]) -> RunData:
     name = data if data is not None else saved("data")
     if not name:
         raise ValueError("--data: the checkpoint names no data; give the event log")
+    if not is_named(name) and not Path(name).exists():
+        where = "--data" if data is not None else "the run's --data (give --data LOG)"
+        raise FileNotFoundError(f"{where}: no event log at {name}")
     min_events = int(saved("min_events") or 0)
     options: Dict[str, Any] = {}
     if name == "synthetic":
