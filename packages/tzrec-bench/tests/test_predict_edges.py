@@ -10,21 +10,24 @@ with the histories read from the log by hand.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import gzip
 import inspect
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 from tzrec_bench.cli import main
+from tzrec_bench.data.event_log import FORMATS
 from tzrec_bench.train.config import TrainConfig
 from tzrec_bench.train.loop import train
 from tzrec_gr.checkpoint import BEST
 from tzrec_gr.serving import ServingSession
-from tzrec_gr.serving.files import add_predict_arguments, predict_file
+from tzrec_gr.serving.files import add_predict_arguments, input_format, predict_records
 from tzrec_gr.vocabulary import VOCABULARY_KEY, IdVocabularies, Vocabulary
 
 ODD = ['a, "quoted" one', "comma,item", "two  spaces", "title 1"]
@@ -90,8 +93,6 @@ def test_csv_output_round_trips_ids_with_spaces_commas_and_quotes(run, tmp_path,
     assert _predict(run, "--input", source, "--output", tmp_path / "top.parquet", "--k", "15",
                     "--include-seen") == 0
     capsys.readouterr()
-    import pyarrow.parquet as pq
-
     got = _read_csv(tmp_path / "top.csv")
     want = pq.read_table(tmp_path / "top.parquet").to_pylist()
     assert [r["item_ids"] for r in got] == [r["item_ids"] for r in want]
@@ -181,9 +182,6 @@ def test_inputs_in_the_formats_training_reads(run, tmp_path, capsys, name):
 def test_every_text_format_of_training_is_an_input_format():
     """The container rules are written twice (tzrec-gr cannot import tzrec-bench): every
     suffix training reads as CSV, JSON lines or Parquet, plain or .gz, predict reads."""
-    from tzrec_bench.data.event_log import FORMATS
-    from tzrec_gr.serving.files import input_format
-
     kinds = {"csv": "csv", "json": "jsonl", "parquet": "parquet", "tsv": "tsv"}
     for suffix, fmt in FORMATS.items():
         if fmt in kinds:
@@ -193,13 +191,8 @@ def test_every_text_format_of_training_is_an_input_format():
 
 
 def test_seen_items_are_excluded_by_default_in_python_and_cli(run, tmp_path, capsys):
-    assert inspect.signature(predict_file).parameters  # (options pass through)
-    from tzrec_gr.serving.files import predict_records
-
     assert inspect.signature(predict_records).parameters["exclude_seen"].default is True
     assert inspect.signature(ServingSession.recommend).parameters["exclude_seen"].default is True
-    import argparse
-
     parser = argparse.ArgumentParser()
     add_predict_arguments(parser)
     base = ["--input", "u.csv", "--output", "o.csv"]

@@ -37,17 +37,17 @@ ids (``"3 17 42"``; brackets and commas tolerated). An item of a history the mod
 know (``--unknown-items``) is left out of it by default, counted and reported
 (``unknown_items="drop"``: a model trained with ``--min-events`` drops rare items, and the
 rest of the user's history still says who they are), or skips the user's row
-(``"skip-user"``); an unknown candidate always skips the row. A history longer than the model takes keeps its
-newest events (as training does); with ``exclude_seen`` the dropped events' items stay
-excluded.
+(``"skip-user"``); an unknown candidate always skips the row. A history longer than the
+model takes keeps its newest events (as training does); with ``exclude_seen`` the dropped
+events' items stay excluded.
 
 Ids (``--ids``, :func:`item_vocabulary`): a checkpoint or package that carries the training
 data's :class:`~tzrec_gr.vocabulary.IdVocabularies` takes and returns *raw* item ids, the
 ids of the event log it was trained on (integers of any range, or strings; a CSV field is
 read with the vocabulary's ``parse``; in JSONL and Parquet ``"12"`` and ``12`` are the same
 id), mapped to the model's rows on the host; an id the vocabulary does not hold is a bad
-row (or is dropped, above). Raw integer ids are never read as the model's rows, even when they fall inside
-``0..N-1``. The model's own ids ``[0, num_items)`` are read and written only with
+row (or is dropped, above). Raw integer ids are never read as the model's rows, even when
+they fall inside ``0..N-1``. The model's own ids ``[0, num_items)`` are read and written only with
 ``--ids model`` (``items=None``), and by a file that carries no vocabulary (the commands
 print a note).
 
