@@ -58,7 +58,7 @@ def _probs(path, tasks=("task_0", "task_1")):
     """[L_t, K] from a CSV of scores."""
     rows = _read_csv(path)
     return torch.cat(
-        [torch.tensor([[float(x) for x in r[t].split()] for t in tasks]).t() for r in rows]
+        [torch.tensor([json.loads(r[t]) for t in tasks]).t() for r in rows]
     )
 
 
@@ -95,14 +95,14 @@ def test_predict_from_a_checkpoint_equals_the_session(tmp_path, capsys):
 
 
 def test_retrieval_checkpoint_recommends(tmp_path, capsys):
-    """A checkpoint without a vocabulary (model ids, a note); seen items kept by default,
-    left out with --exclude-seen."""
+    """A checkpoint without a vocabulary (model ids, a note); seen items left out by default
+    (as ServingSession.recommend), kept with --include-seen."""
     bench_checkpoint(tmp_path / "best.pt", "hstu-retrieval")
     rows = _rows(3, ranking=False)
     out = tmp_path / "top.csv"
     session = ServingSession.from_checkpoint(tmp_path / "best.pt")
     h = Histories.from_lists([r["item_ids"] for r in rows], [r["timestamps"] for r in rows])
-    for option, exclude in (([], False), (["--exclude-seen"], True)):
+    for option, exclude in (([], True), (["--include-seen"], False), (["--exclude-seen"], True)):
         assert main(["predict", str(tmp_path / "best.pt"), "--input",
                      _jsonl(tmp_path / "u.jsonl", rows), "--output", str(out), "--k", "5",
                      *option]) == 0
@@ -110,7 +110,7 @@ def test_retrieval_checkpoint_recommends(tmp_path, capsys):
         assert f"note: {tmp_path / 'best.pt'} holds no id vocabulary" in printed
         assert ("seen items excluded" if exclude else "seen items kept") in printed
         want = session.recommend(h, 5, exclude_seen=exclude).ids.tolist()
-        assert [[int(i) for i in r["item_ids"].split()] for r in _read_csv(out)] == want
+        assert [json.loads(r["item_ids"]) for r in _read_csv(out)] == want
     assert main(["predict", str(tmp_path / "best.pt"), "--input", str(tmp_path / "u.jsonl"),
                  "--output", str(out), "--ids", "raw"]) == 2
     assert "--ids raw: " in capsys.readouterr().err
@@ -139,8 +139,7 @@ def test_a_run_folder_with_a_vocabulary_predicts_raw_ids(tmp_path, capsys):
     assert "skipped row 2: timestamps[" in captured.err and "outside the 64-bit" in captured.err
     assert "skipped row 3: unknown item id 0 in candidates (position 0)" in captured.err
     got = _read_csv(out)
-    assert [r["candidates"] for r in got] == [" ".join(map(str, raw[i]["candidates"]))
-                                              for i in (0, 3)]
+    assert [json.loads(r["candidates"]) for r in got] == [raw[i]["candidates"] for i in (0, 3)]
     good = [rows[0], rows[3]]
     torch.testing.assert_close(_probs(out), _session_probs(run, good), rtol=1e-5, atol=1e-6)
 

@@ -163,7 +163,7 @@ def test_parquet_log_with_string_ids_trains_predicts_and_exports_by_raw_ids(tmp_
     top = tmp_path / "top10.parquet"
     capsys.readouterr()
     assert main(["predict", str(run), "--input", str(users), "--output", str(top), "--k", "10",
-                 "--no-progress"]) == 0
+                 "--no-progress", "--unknown-items", "skip-user"]) == 0
     captured = capsys.readouterr()
     assert "unknown item id 'no-such-sku'" in captured.err and "skipped row 2" in captured.err
     got = pq.read_table(top).to_pylist()
@@ -176,6 +176,7 @@ def test_parquet_log_with_string_ids_trains_predicts_and_exports_by_raw_ids(tmp_
                      "--output", str(package)]) == 0
     from_package = tmp_path / "top10-package.parquet"
     assert acc_main(["predict", str(package), "--input", str(users), "--output",
-                     str(from_package), "--k", "10", "--no-progress"]) == 0
+                     str(from_package), "--k", "10", "--no-progress", "--unknown-items",
+                     "skip-user"]) == 0
     assert [r["item_ids"] for r in pq.read_table(from_package).to_pylist()] == [
         r["item_ids"] for r in got]

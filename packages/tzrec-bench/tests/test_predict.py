@@ -5,7 +5,7 @@ on the same histories in the same batches (the session is tested against brute f
 tzrec-gr); item ids are the raw ids of the trained run's vocabulary in and out (a file
 without a vocabulary reads model ids, with a note); every kind of bad row is reported by its
 row number and skipped (counted) or failed on (exit 1, nothing written); Parquet, CSV and
-JSONL inputs give the same output; seen items are kept unless --exclude-seen.
+JSONL inputs give the same output; seen items are left out unless --include-seen.
 """
 
 from __future__ import annotations
@@ -122,9 +122,8 @@ def _read(path: Path):
     out = []
     for r in rows:
         row = {"user_id": r.pop("user_id")}
-        for k, v in r.items():
-            cast = int if k in ("item_ids", "candidates") else float
-            row[k] = [cast(x) for x in v.split()]
+        for k, v in r.items():  # each list is a JSON list in its cell
+            row[k] = json.loads(v)
         out.append(row)
     return out
 
@@ -161,7 +160,7 @@ def test_top10_file_equals_the_session_from_one_command(runs, tmp_path, capsys, 
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "users/s" in captured.out and "11 users" in captured.out
-    assert "; seen items excluded (--exclude-seen)\n" in captured.out
+    assert "; seen items excluded (--include-seen to rank them too)\n" in captured.out
     assert f"item ids: raw ({len(items)} int ids" in captured.out
     got = _read(target)
     assert [r["user_id"] for r in got] == [r["user_id"] for r in rows]
@@ -177,10 +176,10 @@ def test_top10_file_equals_the_session_from_one_command(runs, tmp_path, capsys, 
         assert not set(got[i]["item_ids"]) & set(rows[i]["item_ids"])
 
 
-@pytest.mark.parametrize("option", [[], ["--no-exclude-seen"]])
-def test_seen_items_are_kept_by_default_and_k(runs, tmp_path, capsys, option):
+@pytest.mark.parametrize("option", [["--include-seen"], ["--no-exclude-seen"]])
+def test_seen_items_are_kept_with_include_seen_and_k(runs, tmp_path, capsys, option):
     """The trainer's rule (TrainConfig.exclude_seen is False): seen items are ranked like
-    any other; --no-exclude-seen says the same."""
+    any other with --include-seen, and with --no-exclude-seen (its older spelling)."""
     rows = _users(3)
     short = [{**r, "item_ids": r["item_ids"][-5:], "timestamps": r["timestamps"][-5:]}
              for r in rows]
@@ -188,7 +187,8 @@ def test_seen_items_are_kept_by_default_and_k(runs, tmp_path, capsys, option):
     target = tmp_path / "top.csv"
     assert main(["predict", str(runs / "hstu-retrieval" / checkpoint.BEST), "--input",
                  str(source), "--output", str(target), "--k", "3", *option]) == 0
-    assert "; seen items kept, as the trainer's metrics rank them" in capsys.readouterr().out
+    assert "; seen items kept, as the trainer's metrics rank them (--include-seen)" in (
+        capsys.readouterr().out)
     session = ServingSession.from_checkpoint(runs / "hstu-retrieval" / checkpoint.BEST)
     h = Histories.from_lists([r["item_ids"] for r in short], [r["timestamps"] for r in short])
     top = session.recommend(h, k=3, exclude_seen=False)
@@ -258,11 +258,11 @@ def test_bad_rows_are_named_by_row_number_skipped_or_failed(runs, tmp_path, caps
     source = _write(tmp_path / "users.jsonl", rows)
     target = tmp_path / "top.parquet"
     argv = ["predict", str(runs / "hstu-retrieval"), "--input", str(source), "--output",
-            str(target), "--no-progress"]
+            str(target), "--no-progress", "--unknown-items", "skip-user"]
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert f"skipped row 3: {message}" in captured.err
-    assert "4 rows read, 1 skipped" in captured.out
+    assert "4 rows read: 3 answered, 1 skipped" in captured.out
     assert [r["user_id"] for r in pq.read_table(target).to_pylist()] == ["u0", "u1", "u3"]
     target.unlink()
     assert main([*argv, "--on-error", "fail"]) == 1

@@ -94,7 +94,7 @@ def test_raw_integer_ids_are_mapped_never_read_as_rows(session, tmp_path, suffix
     out = tmp_path / "top.parquet"
     items = session.vocabularies.items
     summary = predict_file(session, session_limits(session), source, out, k=5, items=items,
-                           progress=False)
+                           exclude_seen=False, progress=False)
     assert summary.written == 3 and not summary.skipped
     got = pq.read_table(out).to_pylist()
     rows = [[i - 1 for i in r["item_ids"]] for r in ROWS]  # the rows, mapped by hand
@@ -136,7 +136,7 @@ def test_string_ids_in_and_out_and_model_ids_behind_the_option(ranking, tmp_path
     assert items is None and "--ids model" in line
     predict_file(ranking, limits, _write(tmp_path / "rows.csv.jsonl", as_rows), model_out,
                  items=items, progress=False)
-    assert [r["candidates"] for r in _read(model_out)] == ["9 0 29", "7"]
+    assert [r["candidates"] for r in _read(model_out)] == ["[9, 0, 29]", "[7]"]
 
 
 def test_ids_rule_without_a_vocabulary():
@@ -156,14 +156,14 @@ def test_an_unknown_raw_id_is_a_bad_row_named_by_row_column_and_id(session, tmp_
     log = []
     items = session.vocabularies.items
     summary = predict_file(session, session_limits(session), source, out, items=items,
-                           progress=False, log=log.append)
+                           unknown_items="skip-user", progress=False, log=log.append)
     assert [str(b) for b in summary.skipped] == [
         "row 2: unknown item id 0 in item_ids (position 1): not one of the model's 30 raw "
-        "item ids"]
+        "item ids (--unknown-items drop leaves it out)"]
     assert [r["user_id"] for r in _read(out)] == ["u0", "u2"]
     with pytest.raises(BadRowError, match=r"row 2: unknown item id 0 in item_ids"):
         predict_file(session, session_limits(session), source, tmp_path / "again.csv",
-                     items=items, on_error="fail", progress=False)
+                     items=items, on_error="fail", unknown_items="skip-user", progress=False)
     assert not (tmp_path / "again.csv").exists()
     with pytest.raises(ValueError, match=r"item_ids of user 1 \(position 1\): unknown raw item "
                                          r"id 0"):
@@ -211,7 +211,8 @@ def test_an_integer_past_int64_is_a_bad_row_in_every_column_and_format(
     items = session.vocabularies.items if ids == "raw" else None
     log = []
     summary = predict_file(session, session_limits(session), source, tmp_path / "top.csv",
-                           items=items, progress=False, log=log.append)
+                           items=items, unknown_items="skip-user", progress=False,
+                           log=log.append)
     assert [r["user_id"] for r in _read(tmp_path / "top.csv")] == ["u0", "u2"]
     (problem,) = [str(b) for b in summary.skipped]
     big = 2**64 - 1 if case == "uint64" else BIG
@@ -223,12 +224,13 @@ def test_an_integer_past_int64_is_a_bad_row_in_every_column_and_format(
         assert problem.startswith(f"row 2: unknown item id {big} in item_ids (position 1)")
 
 
-def test_seen_items_are_kept_by_default_as_the_trainer_ranks_them(session, tmp_path):
+def test_seen_items_are_excluded_by_default_as_the_session_does(session, tmp_path):
     source = _write(tmp_path / "users.jsonl", ROWS)
     items = session.vocabularies.items
-    for exclude, out in ((False, tmp_path / "kept.parquet"), (True, tmp_path / "out.parquet")):
+    for exclude, out in ((False, tmp_path / "kept.parquet"), (None, tmp_path / "out.parquet")):
+        options = {} if exclude is None else {"exclude_seen": exclude}  # None: the default
         predict_file(session, session_limits(session), source, out, k=30, items=items,
-                     exclude_seen=exclude, progress=False)
+                     progress=False, **options)
     kept, excluded = pq.read_table(tmp_path / "kept.parquet").to_pylist(), pq.read_table(
         tmp_path / "out.parquet").to_pylist()
     for row, k, e in zip(ROWS, kept, excluded):

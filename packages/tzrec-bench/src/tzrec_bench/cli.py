@@ -8,6 +8,8 @@ and ``plan`` (also ``python -m tzrec_bench``).
     tzrec-bench plan --items 1e9 --embedding-dim 256 --world-size 64 --device cuda
     tzrec-bench evaluate tzrec-bench-runs/run --split test
     tzrec-bench predict tzrec-bench-runs/run --input users.parquet --output top10.parquet
+    tzrec-bench predict tzrec-bench-runs/run --users 17,42 --output top10.csv
+    tzrec-bench show tzrec-bench-runs/run --user 17
     tzrec-bench ops --op hstu_mha --backends pytorch,triton --mode fwd,bwd
     tzrec-bench run-configs hstu-retrieval-synthetic --repeats 3
 
@@ -399,6 +401,18 @@ def _run_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     return run(args, parser)
 
 
+def _add_show(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from tzrec_bench.show import add_parser
+
+    return add_parser(subparsers, _HelpFormatter)
+
+
+def _run_show(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from tzrec_bench.show import run
+
+    return run(args, parser)
+
+
 # -- ops -----------------------------------------------------------------------------------
 
 
@@ -467,6 +481,7 @@ SUBCOMMANDS: Dict[str, Tuple[Callable[..., argparse.ArgumentParser], Runner]] = 
     "train": (_add_train, _run_train),
     "evaluate": (_add_evaluate, _run_evaluate),
     "predict": (_add_predict, _run_predict),
+    "show": (_add_show, _run_show),
     "ops": (_add_ops, _run_ops),
     "run-configs": (_add_run_configs, _run_run_configs),
     "plan": (_add_plan, _run_plan),

@@ -1,25 +1,37 @@
-"""``tzrec-bench predict``: top-K recommendations or candidate scores for a file of users.
+"""``tzrec-bench predict``: top-K recommendations or candidate scores for users.
 
 ::
 
     tzrec-bench predict runs/hstu --input users.parquet --output top10.parquet --k 10
     tzrec-bench predict runs/ranking/best.pt --input users.csv --output scores.csv
+    tzrec-bench predict runs/hstu --users 17,42 --output top10.csv       # histories from
+    tzrec-bench predict runs/hstu --users-file ids.txt --data events.csv   # the run's log
 
 The model is a checkpoint of ``tzrec-bench train`` (``best.pt``, or a run's folder: its
 ``best.pt``, else ``checkpoint.pt``, :func:`tzrec_gr.checkpoint.resolve_checkpoint`) of
 ``hstu-retrieval`` (top-K of the catalogue per user) or ``hstu-ranking`` (per-task
-probabilities of each user's candidates), served by
+probabilities of each user's candidates), loaded by :func:`tzrec_gr.checkpoint.load_model`
+(which checks its vocabulary against its catalogue) and served by
 :class:`tzrec_gr.serving.ServingSession`. Item ids are the raw ids of the data the model was
 trained on, through the vocabulary the checkpoint carries (``--ids model``: the model's rows;
-a checkpoint without a vocabulary reads model ids, with a note). Seen items are kept unless
-``--exclude-seen`` (the trainer's rule). The first lines say which rules apply. Reading,
-checking, batching and writing are :func:`tzrec_gr.serving.files.predict_file`, shared with
-``python -m tzrec_acc predict``; the input columns and the output are described there and
-in the README.
+a checkpoint without a vocabulary reads model ids, with a note). Seen items are left out
+unless ``--include-seen``; an item the model does not know is dropped from a history
+(counted) unless ``--unknown-items skip-user``. The first lines say which rules apply.
 
-Exit status: 0 on success; 1 for a missing input file, or a bad row under
-``--on-error fail`` (named by its row number; no output written); 2 for bad options, a
-missing output folder, a damaged checkpoint or one of a model ``predict`` does not serve.
+The users are the rows of ``--input`` (the columns: :mod:`tzrec_gr.serving.files`), or
+(retrieval) the raw user ids of ``--users`` / ``--users-file``, whose histories are read from
+the run's event log (``--data`` for another copy or path) through the same reader, column
+mapping, ``--min-events`` and cache as training (:mod:`tzrec_bench.predict_users`); ids the
+log does not hold are counted and named, not an error. Reading, checking, batching, writing
+and the summary are :func:`tzrec_gr.serving.files.write_predictions`, shared with ``python
+-m tzrec_acc predict``. A CSV output holds one row per user with each list as a JSON list in
+its cell (``["a b", "c,d"]``), so any id reads back with a CSV reader.
+
+Exit status: 0 when at least one user was answered (the last line counts answered and
+skipped rows); 1 for a missing input, users or data file, a bad row under ``--on-error
+fail`` (named by its row number), or no user answered (every row skipped, no --users id in
+the log); no output is written then; 2 for bad options, a missing output folder, a damaged
+checkpoint or one of a model ``predict`` does not serve.
 """
 
 from __future__ import annotations
@@ -27,9 +39,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["add_parser", "run", "task_names"]
+__all__ = ["EXPECTED", "add_parser", "load_session", "run", "task_names"]
+
+#: what predict and show read, for the messages about other files
+EXPECTED = "a checkpoint.pt or best.pt written by `tzrec-bench train`"
 
 
 def add_parser(subparsers: argparse._SubParsersAction, formatter: type) -> argparse.ArgumentParser:
@@ -38,30 +53,44 @@ def add_parser(subparsers: argparse._SubParsersAction, formatter: type) -> argpa
 
     p = subparsers.add_parser(
         "predict",
-        help="top-K recommendations or candidate scores for a file of users' histories",
+        help="top-K recommendations or candidate scores for users (a file of histories, or "
+        "user ids of the run's log)",
         description=(
             "Load a model trained by `tzrec-bench train` (hstu-retrieval or hstu-ranking) "
-            "and write, for every user of --input, the top --k items of the catalogue "
-            "(retrieval; the user's own items ranked like any other, as the trainer's "
-            "metrics do, unless --exclude-seen) or each candidate's probability per task "
-            "(ranking). Item ids are raw: the ids of the event log the model was trained "
-            "on, through the vocabulary its checkpoint carries (an unknown id is a bad "
-            "row); --ids model reads and writes the model's rows 0..num_items-1 instead. "
-            "Bad rows are reported by row number (the first data row is 1)."
+            "and write, for every user of --input (or of --users/--users-file: their "
+            "histories are read from the run's event log), the top --k items of the "
+            "catalogue (retrieval; the user's own items left out unless --include-seen) or "
+            "each candidate's probability per task (ranking). Item ids are raw: the ids of "
+            "the event log the model was trained on, through the vocabulary its checkpoint "
+            "carries; an item the model does not know is dropped from the history and "
+            "counted (--unknown-items skip-user: the row is skipped); --ids model reads and "
+            "writes the model's rows 0..num_items-1 instead. Bad rows are reported by row "
+            "number (the first data row is 1). Exit 1 when no user could be answered."
         ),
         epilog=(
             "input columns: user_id, item_ids, timestamps, and for ranking actions and "
             "candidates (contextual too for a model with contextual features); lists are "
-            "lists in Parquet and JSONL, space-separated strings in CSV ('3 17 42').\n"
+            "lists in Parquet and JSON lines, JSON lists or space-separated ids in CSV/TSV.\n"
+            "output: one row per user; in CSV each list is a JSON list in its cell "
+            "(read back with csv + json.loads).\n"
             "examples:\n"
             "  tzrec-bench predict runs/hstu --input users.parquet --output top10.parquet\n"
-            "  tzrec-bench predict runs/ranking/best.pt --input users.csv --output scores.csv"
+            "  tzrec-bench predict runs/ranking/best.pt --input users.csv --output scores.csv\n"
+            "  tzrec-bench predict runs/hstu --users 17,42 --output top10.csv\n"
+            "  tzrec-bench show runs/hstu --user 17     # the history predict uses"
         ),
         formatter_class=formatter,
     )
     p.add_argument("checkpoint", metavar="PATH",
                    help="a run's --out-dir (its best.pt, else checkpoint.pt) or a .pt file")
-    add_predict_arguments(p)
+    add_predict_arguments(p, input_required=False)
+    users = p.add_argument_group("users by id (retrieval; instead of --input)")
+    users.add_argument("--users", metavar="ID,ID,...",
+                       help="raw user ids of the run's event log, comma-separated")
+    users.add_argument("--users-file", metavar="FILE", help="raw user ids, one a line")
+    users.add_argument("--data", metavar="LOG",
+                       help="the event log to read the users' histories from, with the "
+                       "run's --columns and --min-events (default: the run's --data)")
     p.add_argument("--backend", metavar="NAME",
                    help="tzrec-ops backend to serve with, e.g. pytorch or triton (default: "
                    "the one saved with the model)")
@@ -82,97 +111,142 @@ def _fail(parser: argparse.ArgumentParser, message: str, status: int) -> int:
     return status
 
 
+def _check_source(args: argparse.Namespace) -> None:
+    """One source of users: ``--input``, or ``--users``/``--users-file`` (PredictError)."""
+    from tzrec_gr.serving.files import PredictError, input_format
+
+    by_id = [o for o, v in (("--users", args.users), ("--users-file", args.users_file)) if v]
+    if args.input is not None and by_id:
+        raise PredictError(f"--input and {by_id[0]} are two sources of users; give one")
+    if len(by_id) == 2:
+        raise PredictError("--users and --users-file: give one")
+    if args.input is None and not by_id:
+        raise PredictError("give the users: --input FILE, --users ID,... or --users-file FILE")
+    if args.data is not None and not by_id:
+        raise PredictError("--data applies with --users or --users-file (the histories of "
+                           "--input are in the file)")
+    if args.input is not None:
+        input_format(args.input)
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Runs ``predict``; returns the exit status."""
-    from tzrec_bench.train import checkpoint
+    from tzrec_bench.data import DataFormatError
+    from tzrec_bench.predict_users import read_user_ids
     from tzrec_gr.checkpoint import resolve_checkpoint
     from tzrec_gr.serving.files import (
-        BadRowError,
         PredictError,
         check_output_path,
-        input_format,
         item_vocabulary,
         pick_device,
-        predict_file,
         seen_rule,
+        session_limits,
+        write_predictions,
     )
-    from tzrec_gr.vocabulary import IdVocabularies, VocabularyError
 
     # every option, the output folder and the input file first: no model is loaded for a
     # run that cannot finish
     try:
         check_output_path(args.output)
-        input_format(args.input)
+        _check_source(args)
+        user_ids = None if args.input is not None else read_user_ids(args.users, args.users_file)
         device = pick_device(args.device)
         if args.batch_size < 1:
             raise PredictError(f"--batch-size must be >= 1, got {args.batch_size}")
         if args.k < 1:
             raise PredictError(f"--k must be >= 1, got {args.k}")
-    except (PredictError, ImportError) as exc:
+    except (PredictError, ImportError, ValueError) as exc:
         return _fail(parser, str(exc), 2)
-    if not Path(args.input).is_file():
+    if args.input is not None and not Path(args.input).is_file():
         return _fail(parser, f"--input: no file at {args.input}", 1)
     file = resolve_checkpoint(args.checkpoint)
     if not file.is_file():
         return _fail(parser, f"checkpoint: no checkpoint at {file}", 2)
-    payload = checkpoint.load(file)  # CheckpointError: exit 2, naming the file
     try:
-        vocabularies = IdVocabularies.from_payload(payload, str(file))
-        items, ids_line = item_vocabulary(args.ids, vocabularies, str(file))
-        session, tasks = _session(payload, file, device, args.backend, vocabularies)
-    except (ValueError, TypeError, PredictError, VocabularyError) as exc:
+        session, tasks, config = load_session(file, device, args.backend)
+        items, ids_line = item_vocabulary(args.ids, session.vocabularies, str(file))
+        limits = session_limits(session, tasks)
+    except (ValueError, TypeError, PredictError) as exc:  # CheckpointError is a ValueError
         return _fail(parser, str(exc), 2)
-    from tzrec_gr.serving.files import session_limits
-
-    limits = session_limits(session, tasks)
+    if args.input is None and limits.kind != "retrieval":
+        return _fail(parser, "--users: a ranking model scores candidates; give them in "
+                     "--input FILE (columns user_id, item_ids, timestamps, actions, "
+                     "candidates)", 2)
     what = (
         f"top {args.k} of {limits.num_items} items" if limits.kind == "retrieval"
         else f"{len(limits.tasks)} task probabilities ({', '.join(limits.tasks)}) per candidate"
     )
     rules = f"; {seen_rule(args.exclude_seen)}" if limits.kind == "retrieval" else ""
-    print(f"tzrec-bench predict: {payload['config'].get('model', '?')} from {file} on "
-          f"{device}: {what}{rules}")
+    print(f"tzrec-bench predict: {config.get('model', type(session.model).__name__)} from "
+          f"{file} on {device}: {what}{rules}")
     print(ids_line)
+    records = None
+    if user_ids is not None:
+        try:
+            records = _users(user_ids, args.data, config, items is not None)
+        except DataFormatError:
+            raise  # a malformed log: exit 1, by main
+        except ValueError as exc:
+            return _fail(parser, str(exc), 2)
+        if isinstance(records, int):
+            return records
     try:
-        summary = predict_file(
-            session,
-            limits,
-            args.input,
-            args.output,
-            k=args.k,
-            exclude_seen=args.exclude_seen,
-            items=items,
-            batch_size=args.batch_size,
-            on_error=args.on_error,
-            progress=args.progress,
-        )
-    except BadRowError as exc:
-        return _fail(parser, f"{args.input} {exc} (--on-error fail: nothing written)", 1)
+        return write_predictions(session, limits, args, prog=parser.prog, items=items,
+                                 batch_size=args.batch_size, records=records)
     except PredictError as exc:
         return _fail(parser, str(exc), 2)
-    print(f"wrote {args.output}: {summary}")
-    return 0
 
 
-def _session(
-    payload: Dict[str, Any], file: Path, device: Any, backend: Any, vocabularies: Any
-) -> Tuple[Any, Any]:
-    """The serving session over the checkpoint's model, and its task names (ranking)."""
-    from tzrec_gr.models import build_from_config
+def load_session(
+    file: Path, device: Any = "cpu", backend: Optional[str] = None
+) -> Tuple[Any, Optional[Tuple[str, ...]], Dict[str, Any]]:
+    """The serving session over the checkpoint's model (through
+    :func:`tzrec_gr.checkpoint.load_model`: its weights and its vocabulary checked against
+    its catalogue), its task names (ranking) and the run's saved settings.
+
+    Raises:
+        CheckpointError (a ValueError): a damaged checkpoint, or one of a model predict does
+            not serve; ValueError: an unknown backend.
+    """
+    from tzrec_gr.checkpoint import CheckpointError, load_model
+    from tzrec_gr.models import HSTURanking, HSTURetrieval
     from tzrec_gr.serving import ServingSession
 
-    spec = payload.get("model_config")
-    name = payload["config"].get("model", "?")
-    if not isinstance(spec, dict) or spec.get("model") not in ("HSTURetrieval", "HSTURanking"):
-        raise ValueError(
-            f"{file} holds a {name} model; predict serves hstu-retrieval and hstu-ranking "
-            "checkpoints"
-        )
-    model = build_from_config(spec, backend)
-    try:
-        model.load_state_dict(payload["model"])
-    except RuntimeError as exc:
-        raise ValueError(f"the state dict in {file} does not fit its model: {exc}") from exc
-    bits: List[int] = list(spec["kwargs"].get("task_bitmasks", []))
-    tasks = task_names(bits) if spec["model"] == "HSTURanking" else None
-    return ServingSession(model, device=device, vocabularies=vocabularies), tasks
+    model, vocabularies = load_model(file, backend, expected=EXPECTED)
+    config = _settings(file)
+    if not isinstance(model, (HSTURetrieval, HSTURanking)):
+        name = config.get("model", type(model).__name__)
+        raise CheckpointError(f"{file} holds a {name} model; predict serves hstu-retrieval and "
+                              "hstu-ranking checkpoints")
+    tasks = None
+    if isinstance(model, HSTURanking):  # the label bits the model was built with
+        tasks = task_names(model.get_buffer("_task_bits").tolist())
+    return ServingSession(model, device=device, vocabularies=vocabularies), tasks, config
+
+
+def _settings(file: Path) -> Dict[str, Any]:
+    """The run's saved settings (``config``; empty for a checkpoint written without them),
+    read with the tensors memory-mapped: the weights were read once by load_model."""
+    import torch
+
+    payload = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    config = payload.get("config") if isinstance(payload, dict) else None
+    return dict(config) if isinstance(config, dict) else {}
+
+
+def _users(ids: List[str], data_path: Optional[str], config: Dict[str, Any],
+           raw_items: bool) -> Any:
+    """``(total, records)`` of the users ``ids`` found in the run's log (or ``data_path``),
+    after a line naming those it does not hold; an exit status when none is found."""
+    from tzrec_bench.predict_users import load_run_data, lookup_users, user_records
+
+    data = load_run_data(config, data_path)  # FileNotFoundError, DataFormatError: exit 1
+    lookup = lookup_users(data.dataset, ids)
+    if lookup.unknown:
+        print(f"{lookup.unknown_line(data.source)}", file=sys.stderr)
+    if not lookup.found:
+        print(f"tzrec-bench predict: error: no user could be answered ({len(ids)} ids, none "
+              f"in {data.source}); nothing written", file=sys.stderr)
+        return 1
+    print(f"users: {len(lookup.found)} of {len(ids)} found in {data.source}")
+    return len(lookup.found), user_records(data.dataset, lookup, raw_items)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import sys
 from typing import Any, Optional, Tuple
 
 from tzrec_acc.cli._options import UsageError, _files, _model_file
@@ -51,26 +50,12 @@ def _predict(args: argparse.Namespace, destination: Optional[str] = None) -> int
     rules = f"; {files.seen_rule(args.exclude_seen)}" if limits.kind == "retrieval" else ""
     print(f"python -m tzrec_acc predict: {what} ({limits.kind}){rules}")
     print(ids_line)
-    try:
-        summary = files.predict_file(
-            predictor,
-            limits,
-            args.input,
-            args.output,
-            k=args.k,
-            exclude_seen=args.exclude_seen,
-            items=items,
-            batch_size=batch_size,
-            on_error=args.on_error,
-            progress=args.progress,
-        )
-    except files.BadRowError as exc:
-        print(f"error: {args.input} {exc} (--on-error fail: nothing written)", file=sys.stderr)
-        return 1
+    try:  # the summary line and the exit status: the rules tzrec-bench predict follows too
+        return files.write_predictions(predictor, limits, args, prog="python -m tzrec_acc "
+                                       "predict", items=items, batch_size=batch_size,
+                                       destination=destination)
     except files.PredictError as exc:
         raise UsageError(str(exc)) from exc
-    print(f"wrote {destination or args.output}: {summary}")
-    return 0
 
 
 def _package_predictor(path: pathlib.Path, batch_size: int) -> Tuple[Any, Any, int]:

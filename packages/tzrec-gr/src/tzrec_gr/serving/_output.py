@@ -1,12 +1,15 @@
 """Writing predictions: rows to a CSV or Parquet file under a temporary name, renamed when
 the run ends (:func:`~tzrec_gr.serving.files.predict_file`), so that a failed run leaves no
 partial output. Parquet needs pyarrow (imported for a Parquet file only); CSV is written
-with the standard library.
+with the standard library, one row per user like Parquet: a list (item ids, scores) is a JSON
+list in its cell (``["a b", "c,d"]``, ``[0.91, 0.5]``), so that any id, one with spaces,
+commas or quotes too, reads back with a CSV reader and ``json.loads``.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import pathlib
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
@@ -105,7 +108,7 @@ class Writer:
 
 def _cell(value: Any, kind: str) -> str:
     if kind == "items":
-        return " ".join(str(v) for v in value)
+        return json.dumps(list(value), ensure_ascii=False)
     if kind == "floats":
-        return " ".join(repr(float(v)) for v in value)
+        return json.dumps([float(v) for v in value])
     return str(value)

@@ -1,6 +1,11 @@
 """Reading and checking the rows of a predictions input file (see :mod:`tzrec_gr.serving.files`
 for the columns and the rules): the file formats, the errors, the :class:`Limits` a row must
-fit, the record readers (Parquet, CSV, JSONL, read as needed) and the check of one row.
+fit, the record readers (Parquet, CSV, TSV, JSONL, read as needed) and the check of one row.
+
+The container rules are training's (``tzrec_bench.data.event_log``): the format goes by the
+suffix before an optional ``.gz``, ``.json`` is JSON lines like ``.jsonl``/``.ndjson``, and
+text is UTF-8 with an optional byte-order mark. They are written here again, not imported:
+tzrec-gr does not depend on tzrec-bench (a test there checks that the two agree).
 """
 
 from __future__ import annotations
@@ -8,23 +13,31 @@ from __future__ import annotations
 import csv
 import dataclasses
 import decimal
+import gzip
 import json
 import math
 import pathlib
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import IO, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from tzrec_gr.serving.inputs import _id_array
 from tzrec_gr.vocabulary import Vocabulary
 from tzrec_ops.extras import require
 
-#: input file suffix -> format
+#: input file suffix (before an optional ``.gz``, except Parquet's) -> format
 INPUT_FORMATS = {
     ".parquet": "parquet",
     ".pq": "parquet",
     ".csv": "csv",
+    ".tsv": "tsv",
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
+    ".json": "jsonl",
 }
+#: the delimiter of each delimited format
+DELIMITERS = {"csv": ",", "tsv": "\t"}
+#: ``--unknown-items``: leave an item the model does not know out of the history, or skip
+#: the user's row
+UNKNOWN_ITEMS = ("drop", "skip-user")
 REQUIRED = ("user_id", "item_ids", "timestamps")
 #: the range of the integers a row may hold (they travel as int64 tensors)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -41,6 +54,11 @@ class BadRowError(PredictError):
         super().__init__(f"row {row}: {problem}")
         self.row = row
         self.problem = problem
+
+
+class NothingAnsweredError(PredictError):
+    """Not one row could be predicted (every row skipped, or none read): no output is
+    written; the message gives the counts."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,13 +94,27 @@ def suffix_format(path: Union[str, pathlib.Path], formats: Dict[str, str], optio
 
 
 def input_format(path: Union[str, pathlib.Path]) -> str:
-    """``"parquet"``, ``"csv"`` or ``"jsonl"`` from the suffix; PredictError naming
-    ``--input`` otherwise."""
-    return suffix_format(path, INPUT_FORMATS, "--input")
+    """``"parquet"``, ``"csv"``, ``"tsv"`` or ``"jsonl"`` from the suffix (a text format may
+    be gzip-compressed: ``users.csv.gz``); PredictError naming ``--input`` otherwise."""
+    path = pathlib.Path(path)
+    if path.suffix.lower() != ".gz":
+        return suffix_format(path, INPUT_FORMATS, "--input")
+    fmt = suffix_format(path.with_suffix(""), INPUT_FORMATS, "--input (before .gz)")
+    if fmt == "parquet":
+        raise PredictError(f"--input {path}: Parquet compresses its own columns; give the "
+                           "file without .gz")
+    return fmt
+
+
+def _open_text(path: pathlib.Path) -> IO[str]:
+    """A text input file, gunzipped when it ends in ``.gz``, without its byte-order mark."""
+    if path.suffix.lower() == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    return open(path, encoding="utf-8-sig", newline="")
 
 
 def _count_lines(path: pathlib.Path) -> int:
-    with open(path, "rb") as f:
+    with _open_text(path) as f:
         return sum(1 for line in f if line.strip())
 
 
@@ -113,11 +145,14 @@ def read_records(
             raise PredictError(f"--input {path}: not a readable Parquet file ({exc})") from exc
         _check_columns(path, reader.schema_arrow.names)
         return reader.metadata.num_rows, _parquet_records(reader)
-    with open(path, newline="" if fmt == "csv" else None) as f:
-        header = f.readline()
-    if fmt == "csv":
-        _check_columns(path, next(csv.reader([header]), []))
-        return max(_count_lines(path) - 1, 0), _csv_records(path)
+    try:
+        with _open_text(path) as f:
+            header = f.readline()
+    except (OSError, EOFError, UnicodeDecodeError) as exc:  # not gzip, truncated, not UTF-8
+        raise PredictError(f"--input {path}: cannot be read as {fmt} ({exc})") from exc
+    if fmt in DELIMITERS:
+        _check_columns(path, next(csv.reader([header], delimiter=DELIMITERS[fmt]), []))
+        return max(_count_lines(path) - 1, 0), _csv_records(path, DELIMITERS[fmt])
     return _count_lines(path), _jsonl_records(path)
 
 
@@ -139,15 +174,17 @@ def _parquet_records(reader: Any) -> Iterator[Tuple[int, Union[Dict[str, Any], s
             yield row, record
 
 
-def _csv_records(path: pathlib.Path) -> Iterator[Tuple[int, Union[Dict[str, Any], str]]]:
-    with open(path, newline="") as f:
-        for row, record in enumerate(csv.DictReader(f), start=1):
+def _csv_records(
+    path: pathlib.Path, delimiter: str
+) -> Iterator[Tuple[int, Union[Dict[str, Any], str]]]:
+    with _open_text(path) as f:
+        for row, record in enumerate(csv.DictReader(f, delimiter=delimiter), start=1):
             yield row, {k: v for k, v in record.items() if k is not None}
 
 
 def _jsonl_records(path: pathlib.Path) -> Iterator[Tuple[int, Union[Dict[str, Any], str]]]:
     row = 0
-    with open(path) as f:
+    with _open_text(path) as f:
         for line in f:
             if not line.strip():
                 continue
@@ -176,6 +213,7 @@ class Row:
     candidates: Optional[List[int]]
     contextual: Optional[List[float]]
     older: List[int]  # item ids of the events dropped for the model's bound
+    dropped: int = 0  # events left out for an item the model does not know
 
 
 def _int(name: str, i: int, value: Any) -> int:
@@ -189,6 +227,20 @@ def _int(name: str, i: int, value: Any) -> int:
     return value
 
 
+def _cell(value: Any) -> Any:
+    """A CSV/TSV list field as a list when it holds a JSON list (``["a b", "c,d"]``: what
+    predictions CSVs write, and the one way to give ids with spaces or commas), else as
+    given."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            return value
+        if isinstance(parsed, list):
+            return parsed
+    return value
+
+
 def _parts(value: str) -> List[str]:
     """The items of a CSV list field: ``"3 17 42"`` (brackets and commas tolerated)."""
     return value.strip().strip("[]").replace(",", " ").split()
@@ -196,6 +248,7 @@ def _parts(value: str) -> List[str]:
 
 def _ints(name: str, value: Any) -> List[int]:
     """A list of int64 integers from a list, or from a string of space-separated ints (CSV)."""
+    value = _cell(value)
     if isinstance(value, str):
         try:
             parsed = [int(p) for p in _parts(value)]
@@ -222,27 +275,40 @@ def _raw_id(name: str, i: int, value: Any, items: Vocabulary) -> Any:
     return value if items.kind == "int" else str(value)
 
 
-def _rows_of_raw(name: str, value: Any, items: Vocabulary) -> List[int]:
-    """The model rows of a list of raw item ids (a list, or a CSV field of ids separated by
-    spaces); ValueError naming the first unknown id and its position."""
+def _item_rows(
+    name: str, value: Any, items: Optional[Vocabulary], num_items: int
+) -> Tuple[List[int], List[str]]:
+    """The model rows of a list of item ids (a list, or a CSV field), ``-1`` where an id is
+    unknown to the model, and a problem per unknown id (naming it and its position).
+
+    ``items``: the model's raw ids (None: the ids are the model's rows ``[0, num_items)``).
+    """
+    if items is None:
+        rows = _ints(name, value)
+        problems = [
+            f"unknown item id {v} in {name} (position {i}); the model's items are "
+            f"0..{num_items - 1}"
+            for i, v in enumerate(rows) if not 0 <= v < num_items
+        ]
+        return [v if 0 <= v < num_items else -1 for v in rows], problems
+    value = _cell(value)
     if isinstance(value, str):
         raw = [items.parse(p) for p in _parts(value)]
     elif isinstance(value, (list, tuple)):
         raw = [_raw_id(name, i, v, items) for i, v in enumerate(value)]
     else:
         raise ValueError(f"{name} must be a list of raw item ids, got {type(value).__name__}")
-    rows = items.rows(_id_array(raw))
-    unknown = (rows < 0).nonzero()[0]
-    if unknown.size:
-        i = int(unknown[0])
-        raise ValueError(
-            f"unknown item id {raw[i]!r} in {name} (position {i}): not one of the model's "
-            f"{len(items)} raw item ids"
-        )
-    return rows.tolist()
+    rows = items.rows(_id_array(raw)).tolist()
+    problems = [
+        f"unknown item id {raw[i]!r} in {name} (position {i}): not one of the model's "
+        f"{len(items)} raw item ids"
+        for i, r in enumerate(rows) if r < 0
+    ]
+    return rows, problems
 
 
 def _floats(name: str, value: Any) -> List[float]:
+    value = _cell(value)
     if isinstance(value, str):
         parts = value.strip().strip("[]").replace(",", " ").split()
     elif isinstance(value, (list, tuple)):
@@ -262,25 +328,22 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, str) and not value.strip())
 
 
-def _unknown(name: str, ids: List[int], num_items: int) -> Optional[str]:
-    for i, v in enumerate(ids):
-        if not 0 <= v < num_items:
-            return (
-                f"unknown item id {v} in {name} (position {i}); the model's items are "
-                f"0..{num_items - 1}"
-            )
-    return None
-
-
 def check_row(
-    number: int, record: Dict[str, Any], limits: Limits, items: Optional[Vocabulary] = None
+    number: int,
+    record: Dict[str, Any],
+    limits: Limits,
+    items: Optional[Vocabulary] = None,
+    unknown_items: str = "drop",
 ) -> Union[Row, str]:
     """The row, checked against ``limits``, or the problem with it.
 
     Args:
         items: the raw item ids of the model: ``item_ids`` and ``candidates`` are raw ids,
-            mapped to the model's rows (an unknown one is the row's problem). None: they are
-            the model's ids ``[0, num_items)``.
+            mapped to the model's rows. None: they are the model's ids ``[0, num_items)``.
+        unknown_items: an item of ``item_ids`` the model does not know: ``"drop"`` leaves
+            its event out of the history (counted in :attr:`Row.dropped`; a history of
+            nothing else is the row's problem), ``"skip-user"`` makes it the row's problem.
+            An unknown candidate is always the row's problem: it cannot be scored.
     """
     ranking = limits.kind == "ranking"
     required = [*REQUIRED, *(("actions", "candidates") if ranking else ())]
@@ -294,18 +357,14 @@ def check_row(
         return "user_id is missing"
     if isinstance(user, int) and not isinstance(user, bool) and not INT64_MIN <= user <= INT64_MAX:
         return f"user_id is {user}, outside the 64-bit integer range"
-    vocabulary = items
-
-    def ids(name: str) -> List[int]:  # the model's rows of an item column
-        if vocabulary is None:
-            return _ints(name, record[name])
-        return _rows_of_raw(name, record[name], vocabulary)
-
     try:
-        history = ids("item_ids")
+        history, unknown = _item_rows("item_ids", record["item_ids"], items, limits.num_items)
         times = _ints("timestamps", record["timestamps"])
         actions = _ints("actions", record["actions"]) if ranking else None
-        candidates = ids("candidates") if ranking else None
+        candidates, bad_candidates = (
+            _item_rows("candidates", record["candidates"], items, limits.num_items)
+            if ranking else (None, [])
+        )
         contextual = (
             _floats("contextual", record["contextual"])
             if ranking and limits.contextual_width
@@ -325,9 +384,15 @@ def check_row(
                 f"timestamps are not sorted: position {p} ({times[p]}) is older than "
                 f"position {p - 1} ({times[p - 1]})"
             )
-    problem = _unknown("item_ids", history, limits.num_items)
-    if problem:
-        return problem
+    if unknown:
+        if unknown_items != "drop":
+            return f"{unknown[0]} (--unknown-items drop leaves it out)"
+        known = [p for p, item in enumerate(history) if item >= 0]
+        if not known:
+            return (f"no item of item_ids is known to the model ({len(history)} events, "
+                    f"the first: {unknown[0]})")
+        history, times = [history[p] for p in known], [times[p] for p in known]
+        actions = None if actions is None else [actions[p] for p in known]
     if candidates is not None:
         if not candidates:
             return "candidates is empty: a ranking model scores at least one"
@@ -336,9 +401,8 @@ def check_row(
                 f"{len(candidates)} candidates, more than the model's max_targets "
                 f"({limits.max_candidates}); split them over several rows"
             )
-        problem = _unknown("candidates", candidates, limits.num_items)
-        if problem:
-            return problem
+        if bad_candidates:
+            return bad_candidates[0]
     if contextual is not None and len(contextual) != limits.contextual_width:
         return (
             f"contextual has {len(contextual)} values; the model takes "
@@ -357,4 +421,5 @@ def check_row(
         candidates=candidates,
         contextual=contextual,
         older=older,
+        dropped=len(unknown),
     )

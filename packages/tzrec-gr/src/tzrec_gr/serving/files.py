@@ -5,17 +5,20 @@ Legend: B = users per batch, K = items returned (retrieval) or tasks (ranking).
 The one implementation behind ``tzrec-bench predict`` (from a training checkpoint) and
 ``python -m tzrec_acc predict`` (from a checkpoint or an exported package): both build a
 *predictor* (a :class:`~tzrec_gr.serving.ServingSession`, or anything with its
-``recommend`` / ``score``) and its :class:`Limits`, then call :func:`predict_file`; their
-options come from :func:`add_predict_arguments`.
+``recommend`` / ``score``) and its :class:`Limits`, then call :func:`write_predictions`
+(:func:`predict_file` or :func:`predict_records`, the summary line and the exit status);
+their options come from :func:`add_predict_arguments`.
 
 Why it lives here: tzrec-gr is the one package both commands import (tzrec-bench depends on
 it; tzrec-acc serves tzrec-gr models only with its ``[gr]`` extra), it holds the serving API
 the predictions come from, and nothing here adds a hard dependency to it: Parquet needs
 pyarrow, imported only for a Parquet file (:func:`tzrec_ops.extras.require`; tzrec-bench
-installs it), the progress bar tqdm when installed (none without it); CSV and JSONL are read
-and written with the standard library.
+installs it), the progress bar tqdm when installed (none without it); CSV, TSV and JSONL are
+read and written with the standard library.
 
-Input (one row per user; ``--input`` ``.parquet``/``.pq``, ``.csv`` or ``.jsonl``/``.ndjson``):
+Input (one row per user; ``--input`` ``.parquet``/``.pq``, ``.csv``, ``.tsv`` or
+``.jsonl``/``.ndjson``/``.json`` (JSON lines), the text ones optionally ``.gz`` and with a
+UTF-8 byte-order mark, as training reads them):
 
 =============== ======== ====================================================================
 column          required what
@@ -28,32 +31,40 @@ column          required what
 ``contextual``  some     ranking models with a contextual prefix: ``C * Fc`` floats
 =============== ======== ====================================================================
 
-Lists are lists in Parquet and JSONL, and space-separated strings in CSV (``"3 17 42"``;
-brackets and commas are tolerated, so a raw id in a CSV list cannot hold a space or a
-comma: use JSONL or Parquet for such ids). A history longer than the model takes keeps its
-newest events (as training does); with ``exclude_seen`` the dropped events' items stay
-excluded.
+Lists are lists in Parquet and JSONL; in CSV and TSV a JSON list (``["a b", "c,d"]``: what
+the output's CSV writes, and the way to give ids with spaces or commas) or space-separated
+ids (``"3 17 42"``; brackets and commas tolerated). An item of a history the model does not
+know (``--unknown-items``) is left out of it by default, counted and reported
+(``unknown_items="drop"``: a model trained with ``--min-events`` drops rare items, and the
+rest of the user's history still says who they are), or skips the user's row
+(``"skip-user"``); an unknown candidate always skips the row. A history longer than the
+model takes keeps its newest events (as training does); with ``exclude_seen`` the dropped
+events' items stay excluded.
 
 Ids (``--ids``, :func:`item_vocabulary`): a checkpoint or package that carries the training
 data's :class:`~tzrec_gr.vocabulary.IdVocabularies` takes and returns *raw* item ids, the
 ids of the event log it was trained on (integers of any range, or strings; a CSV field is
 read with the vocabulary's ``parse``; in JSONL and Parquet ``"12"`` and ``12`` are the same
 id), mapped to the model's rows on the host; an id the vocabulary does not hold is a bad
-row. Raw integer ids are never read as the model's rows, even when they fall inside
-``0..N-1``. The model's own ids ``[0, num_items)`` are read and written only with
+row (or is dropped, above). Raw integer ids are never read as the model's rows, even when
+they fall inside ``0..N-1``. The model's own ids ``[0, num_items)`` are read and written only with
 ``--ids model`` (``items=None``), and by a file that carries no vocabulary (the commands
 print a note).
 
-Seen items (retrieval): kept by default, as tzrec-bench's trainer ranks them
-(``TrainConfig.exclude_seen`` is False); ``--exclude-seen`` leaves the user's own items
-out.
+Seen items (retrieval): left out by default, as ``ServingSession.recommend`` and
+``PackageSession.recommend`` do (``exclude_seen=True``): a user's own items are not
+recommended again; ``--include-seen`` (or ``--no-exclude-seen``) ranks them like any other
+item, as tzrec-bench's trainer metrics do.
 
 Output (``--output`` ``.parquet``/``.pq`` or ``.csv``; one row per valid input row, in input
 order): retrieval: ``user_id``, ``item_ids`` (the top ``k``, best first, in the input's
 kind of ids; fewer when the user has seen nearly the whole catalogue) and ``scores``;
 ranking: ``user_id``, ``candidates`` and one column of probabilities per task (in the
-candidates' order). The file is written under a temporary name and renamed at the end, so
-a failed run leaves no partial output.
+candidates' order). In CSV every list is a JSON list in its cell (``["a b", "c,d"]``,
+``[0.91, 0.5]``): any id reads back with a CSV reader and ``json.loads``. The file is
+written under a temporary name and renamed at the end, so a failed run leaves no partial
+output, and a run that answers no row (every one skipped, or none read) writes none and
+raises :class:`NothingAnsweredError`.
 
 Bad rows are found on the host before any batch runs: a missing column value, a value of
 the wrong type, an integer outside the 64-bit range (any integer column, any format:
@@ -68,42 +79,36 @@ and either skipped and counted (``on_error="skip"``) or raised as a :class:`BadR
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
-import pathlib
 import sys
-import time
-from typing import (
-    Any,
-    Callable,
-    Dict,
-    List,
-    Optional,
-    Protocol,
-    Sequence,
-    Tuple,
-    Union,
-)
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 
-from tzrec_gr.serving._output import Writer
+from tzrec_gr.serving._predict import (
+    ON_ERROR,
+    OUTPUT_FORMATS,
+    BadRow,
+    PredictSummary,
+    Predictor,
+    Records,
+    check_options,
+    check_output_path,
+    output_format,
+    predict_file,
+    predict_records,
+)
 from tzrec_gr.serving._rows import (
     INPUT_FORMATS,
+    UNKNOWN_ITEMS,
     BadRowError,
     Limits,
+    NothingAnsweredError,
     PredictError,
-    Row,
-    check_row,
     input_format,
     read_records,
-    suffix_format,
 )
-from tzrec_gr.serving.inputs import Histories
-from tzrec_gr.serving.topk import TopK
 from tzrec_gr.vocabulary import IdVocabularies, Vocabulary
 from tzrec_ops.devices import DeviceError, resolve_device
-from tzrec_ops.extras import require
 
 __all__ = [
     "BadRow",
@@ -111,38 +116,30 @@ __all__ = [
     "IDS",
     "INPUT_FORMATS",
     "Limits",
+    "NothingAnsweredError",
     "OUTPUT_FORMATS",
     "PredictError",
     "PredictSummary",
     "Predictor",
+    "UNKNOWN_ITEMS",
     "add_predict_arguments",
+    "check_options",
     "check_output_path",
     "input_format",
     "item_vocabulary",
     "output_format",
     "pick_device",
     "predict_file",
+    "predict_records",
     "read_records",
     "seen_rule",
     "session_limits",
+    "write_predictions",
 ]
 
 #: output file suffix -> format
-OUTPUT_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
-ON_ERROR = ("skip", "fail")
 #: ``--ids``: the users' raw ids (through the model's vocabulary) or the model's own rows
 IDS = ("raw", "model")
-_SHOWN = 20  # skipped rows printed one by one; the rest are counted
-
-
-class Predictor(Protocol):
-    """What :func:`predict_file` calls (a :class:`~tzrec_gr.serving.ServingSession` is one)."""
-
-    def recommend(self, users: Histories, k: int = 10, *, exclude_seen: bool = True) -> TopK:
-        """Top-``k`` items per user (retrieval)."""
-
-    def score(self, users: Histories, candidates: Sequence[Sequence[int]]) -> torch.Tensor:
-        """[L_t, K] per-task probabilities of the candidates, in input order (ranking)."""
 
 
 def session_limits(session: Any, tasks: Optional[Sequence[str]] = None) -> Limits:
@@ -202,262 +199,54 @@ def item_vocabulary(
 
 
 def seen_rule(exclude_seen: bool) -> str:
-    """The header's words for ``--exclude-seen``."""
+    """The header's words for ``--exclude-seen`` / ``--include-seen``."""
     if exclude_seen:
-        return "seen items excluded (--exclude-seen)"
-    return "seen items kept, as the trainer's metrics rank them (--exclude-seen to leave out)"
+        return "seen items excluded (--include-seen to rank them too)"
+    return "seen items kept, as the trainer's metrics rank them (--include-seen)"
 
 
-# -- files ----------------------------------------------------------------------------------
-
-
-def output_format(path: Union[str, pathlib.Path]) -> str:
-    """``"parquet"`` or ``"csv"`` from the suffix; PredictError naming ``--output``
-    otherwise."""
-    return suffix_format(path, OUTPUT_FORMATS, "--output")
-
-
-def check_output_path(path: Union[str, pathlib.Path]) -> str:
-    """The output format, after checking that the file can be written (its folder exists
-    and is writable, it is not a folder). No file is created.
-
-    Raises:
-        PredictError: naming ``--output`` and what is wrong.
-    """
-    fmt = output_format(path)
-    path = pathlib.Path(path)
-    folder = path.parent
-    if path.is_dir():
-        raise PredictError(f"--output {path} is a folder; give a file name")
-    if not folder.is_dir():
-        raise PredictError(f"--output {path}: its folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise PredictError(f"--output {path}: its folder {folder} is not writable")
-    if fmt == "parquet":
-        require("pyarrow.parquet", "pyarrow", "writing Parquet (--output *.parquet)")
-    return fmt
-
-
-# -- predictions ----------------------------------------------------------------------------
-
-
-def _recommend(
-    predictor: Predictor,
-    rows: List[Row],
-    limits: Limits,
-    k: int,
-    exclude_seen: bool,
-    items: Optional[Vocabulary],
-) -> List[Dict[str, Any]]:
-    histories = Histories.from_lists([r.item_ids for r in rows], [r.timestamps for r in rows])
-    # the items of events dropped for the bound are seen too: ask for enough more to
-    # remove them after (exact: the order of the rest does not change)
-    extra = [set(r.older) - set(r.item_ids) if exclude_seen else set() for r in rows]
-    wanted = min(limits.num_items, k + max(len(e) for e in extra))
-    top = predictor.recommend(histories, wanted, exclude_seen=exclude_seen)
-    ids, scores = top.ids.tolist(), top.scores.float().tolist()
-    out = []
-    for r, seen, row_ids, row_scores in zip(rows, extra, ids, scores):
-        kept = [(i, s) for i, s in zip(row_ids, row_scores) if i >= 0 and i not in seen][:k]
-        top = [i for i, _ in kept]
-        out.append(
-            {
-                "user_id": r.user_id,
-                "item_ids": top if items is None else items.raw(top),
-                "scores": [s for _, s in kept],
-            }
-        )
-    return out
-
-
-def _score(
-    predictor: Predictor, rows: List[Row], limits: Limits, items: Optional[Vocabulary]
-) -> List[Dict[str, Any]]:
-    histories = Histories.from_lists(
-        [r.item_ids for r in rows],
-        [r.timestamps for r in rows],
-        actions=[r.actions for r in rows],  # type: ignore[misc]
-        contextual=[r.contextual for r in rows] if limits.contextual_width else None,
-    )
-    probs = predictor.score(histories, [r.candidates for r in rows])  # type: ignore[misc]
-    probs = probs.detach().float().cpu()
-    out, start = [], 0
-    for r in rows:
-        n = len(r.candidates)  # type: ignore[arg-type]
-        block = probs[start : start + n].t().tolist()
-        start += n
-        out.append(
-            {
-                "user_id": r.user_id,
-                "candidates": r.candidates if items is None else items.raw(r.candidates),
-                **{task: block[t] for t, task in enumerate(limits.tasks)},
-            }
-        )
-    return out
-
-
-@dataclasses.dataclass
-class PredictSummary:
-    """What :func:`predict_file` did.
-
-    Attributes:
-        rows (int): input rows read.
-        written (int): output rows (users predicted).
-        skipped (list[BadRow]): the bad rows skipped, in file order.
-        truncated (int): histories cut to the model's bound (newest events kept).
-        seconds (float): wall time from the first row read to the output renamed.
-    """
-
-    rows: int = 0
-    written: int = 0
-    skipped: List[BadRow] = dataclasses.field(default_factory=list)
-    truncated: int = 0
-    seconds: float = 0.0
-
-    @property
-    def users_per_second(self) -> float:
-        return self.written / self.seconds if self.seconds > 0 else float("inf")
-
-    def __str__(self) -> str:
-        line = (
-            f"{self.written} users in {self.seconds:.2f} s ({self.users_per_second:,.1f} "
-            f"users/s); {self.rows} rows read, {len(self.skipped)} skipped"
-        )
-        if self.truncated:
-            line += f", {self.truncated} histories cut to the model's newest events"
-        return line
-
-
-@dataclasses.dataclass(frozen=True)
-class BadRow:
-    """A row that was skipped: its number (from 1) and the problem."""
-
-    row: int
-    problem: str
-
-    def __str__(self) -> str:
-        return f"row {self.row}: {self.problem}"
-
-
-def _progress(total: Optional[int], enabled: bool) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # the bar is optional; the summary line is printed all the same
-        return None
-    return tqdm(total=total, unit="user", desc="predict", file=sys.stderr, leave=False)
-
-
-def predict_file(
+def write_predictions(
     predictor: Predictor,
     limits: Limits,
-    input_path: Union[str, pathlib.Path],
-    output_path: Union[str, pathlib.Path],
+    args: argparse.Namespace,
     *,
-    k: int = 10,
-    exclude_seen: bool = False,
-    items: Optional[Vocabulary] = None,
-    batch_size: int = 64,
-    on_error: str = "skip",
-    progress: bool = True,
-    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
-) -> PredictSummary:
-    """Predict for every row of ``input_path`` and write ``output_path``.
-
-    Args:
-        predictor: a :class:`~tzrec_gr.serving.ServingSession` (or the same interface).
-        limits (Limits): what rows must fit, and the kind of prediction.
-        input_path: ``.parquet``/``.pq``, ``.csv`` or ``.jsonl``/``.ndjson`` (columns in the
-            module docstring).
-        output_path: ``.parquet``/``.pq`` or ``.csv``; its folder must exist.
-        k (int): retrieval: items per user, in ``[1, num_items]``. Default: 10.
-        exclude_seen (bool): retrieval: never return an item of the user's history.
-            Default: False (the trainer's rule: seen items are ranked like any other).
-        items (Vocabulary | None): the model's raw item ids (:func:`item_vocabulary`):
-            ``item_ids`` and ``candidates`` are read and written as raw ids, an unknown one
-            is a bad row. None: they are the model's ids ``[0, num_items)``. Default: None.
-        batch_size (int): users per call of the predictor. Default: 64.
-        on_error (str): ``"skip"`` (report bad rows by number, count them, go on) or
-            ``"fail"`` (raise at the first). Default: ``"skip"``.
-        progress (bool): a progress bar on stderr (when tqdm is installed). Default: True.
-        log: where the skipped rows are reported. Default: stderr.
+    prog: str,
+    items: Optional[Vocabulary],
+    batch_size: int,
+    records: Optional[Tuple[Optional[int], Records]] = None,
+    destination: Optional[str] = None,
+) -> int:
+    """The end of both ``predict`` commands: the predictions of ``args.input`` (or of
+    ``records``: ``(total, records)``, e.g. users looked up by id) to ``args.output`` with
+    the options of :func:`add_predict_arguments`, then the summary line on stdout
+    (``wrote DESTINATION: ...``, default ``args.output``).
 
     Returns:
-        PredictSummary: rows read, written and skipped, and the time taken.
+        0, or 1 after one line ``{prog}: error: ...`` on stderr for a bad row under
+        ``--on-error fail`` or no row answered (nothing written either way).
 
     Raises:
-        PredictError: a bad option or file (named), before any row is predicted.
-        BadRowError: ``on_error="fail"`` and a bad row (named by its number); no output
-            file is left behind.
+        PredictError: a bad option or file (the caller's exit status 2).
     """
-    if on_error not in ON_ERROR:
-        raise PredictError(f"--on-error must be 'skip' or 'fail', got {on_error!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise PredictError(f"--batch-size must be an int >= 1, got {batch_size!r}")
-    retrieval = limits.kind == "retrieval"
-    if retrieval and (
-        isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits.num_items
-    ):
-        raise PredictError(f"--k must be in [1, {limits.num_items}] (the catalogue), got {k!r}")
-    output = pathlib.Path(output_path)
-    fmt = check_output_path(output)
-    total, records = read_records(input_path)
-    if items is not None and len(items) != limits.num_items:
-        raise PredictError(
-            f"the item vocabulary has {len(items)} ids but the model {limits.num_items} items"
-        )
-    if retrieval:
-        columns = [("user_id", "id"), ("item_ids", "items"), ("scores", "floats")]
-    else:
-        columns = [("user_id", "id"), ("candidates", "items")]
-        columns += [(task, "floats") for task in limits.tasks]
-    summary = PredictSummary()
-    start = time.perf_counter()
-    writer = Writer(output, fmt, columns, "int" if items is None else items.kind)
-    bar = _progress(total, progress)
-    batch: List[Row] = []
-
-    def flush() -> None:
-        if not batch:
-            return
-        if retrieval:
-            out = _recommend(predictor, batch, limits, k, exclude_seen, items)
-        else:
-            out = _score(predictor, batch, limits, items)
-        writer.write(out)
-        summary.written += len(out)
-        batch.clear()
-
+    options = dict(k=args.k, exclude_seen=args.exclude_seen, items=items,
+                   batch_size=batch_size, on_error=args.on_error,
+                   unknown_items=args.unknown_items, progress=args.progress)
+    source = args.input if records is None else "the users"
     try:
-        for number, record in records:
-            summary.rows += 1
-            row = record if isinstance(record, str) else check_row(number, record, limits, items)
-            if isinstance(row, str):
-                if on_error == "fail":
-                    raise BadRowError(number, row)
-                summary.skipped.append(BadRow(number, row))
-                if len(summary.skipped) <= _SHOWN:
-                    log(f"skipped row {number}: {row}")
-            else:
-                summary.truncated += bool(row.older)
-                batch.append(row)
-                if len(batch) == batch_size:
-                    flush()
-            if bar is not None:
-                bar.update(1)
-        flush()
-        writer.commit()
-    except BaseException:
-        writer.abort()
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-    summary.seconds = time.perf_counter() - start
-    if len(summary.skipped) > _SHOWN:
-        log(f"... and {len(summary.skipped) - _SHOWN} more rows skipped")
-    return summary
+        if records is None:
+            summary = predict_file(predictor, limits, args.input, args.output, **options)
+        else:
+            summary = predict_records(predictor, limits, records[1], args.output,
+                                      total=records[0], **options)
+    except BadRowError as exc:
+        print(f"{prog}: error: {source} {exc} (--on-error fail: nothing written)",
+              file=sys.stderr)
+        return 1
+    except NothingAnsweredError as exc:
+        print(f"{prog}: error: {source}: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {destination or args.output}: {summary}")
+    return 0
 
 
 # -- command-line options -------------------------------------------------------------------
@@ -476,32 +265,50 @@ def pick_device(name: str) -> torch.device:
         raise PredictError(f"--device {exc}") from None
 
 
-def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options both ``predict`` commands share: ``--input``, ``--output``, ``--k``,
-    ``--exclude-seen/--no-exclude-seen`` (default: seen items kept), ``--ids``,
-    ``--batch-size``, ``--device``, ``--on-error``, ``--no-progress``."""
+def add_predict_arguments(parser: argparse.ArgumentParser, input_required: bool = True) -> None:
+    """The options both ``predict`` commands share: ``--input`` (required unless
+    ``input_required`` is False: the command has another source of users), ``--output``,
+    ``--k``, ``--exclude-seen/--no-exclude-seen/--include-seen`` (default: seen items
+    excluded), ``--unknown-items``, ``--ids``, ``--batch-size``, ``--device``,
+    ``--on-error``, ``--no-progress``."""
     parser.add_argument(
         "--input",
-        required=True,
+        required=input_required,
         metavar="FILE",
-        help="users' histories: .parquet, .csv or .jsonl with columns "
-        "user_id, item_ids, timestamps (lists; space-separated in CSV), and "
-        "for ranking actions and candidates (and contextual when the model "
-        "has contextual features)",
+        help="users' histories: .parquet, .csv, .tsv or .jsonl/.json (JSON lines; the text "
+        "ones may be .gz) with columns user_id, item_ids, timestamps (lists; in CSV a JSON "
+        "list or ids separated by spaces), and for ranking actions and candidates (and "
+        "contextual when the model has contextual features)",
     )
     parser.add_argument(
         "--output",
         required=True,
         metavar="FILE",
-        help="predictions, one row per user: .parquet or .csv (its folder must exist)",
+        help="predictions, one row per user: .parquet or .csv (its folder must exist; in CSV "
+        "every list is a JSON list in its cell, so any id reads back)",
     )
     parser.add_argument("--k", type=int, default=10, help="retrieval: items recommended per user")
     parser.add_argument(
         "--exclude-seen",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="retrieval: never recommend an item of the user's history (default: they are "
-        "ranked like any other item, as the trainer's metrics rank them)",
+        default=True,
+        help="retrieval: never recommend an item of the user's history (the default, as "
+        "ServingSession.recommend; --no-exclude-seen or --include-seen: rank them like any "
+        "other item, as the trainer's metrics do)",
+    )
+    parser.add_argument(
+        "--include-seen",
+        dest="exclude_seen",
+        action="store_false",
+        help="retrieval: rank the user's own items like any other (= --no-exclude-seen)",
+    )
+    parser.add_argument(
+        "--unknown-items",
+        choices=UNKNOWN_ITEMS,
+        default="drop",
+        help="an item of a history the model does not know (e.g. one --min-events left out "
+        "of training): drop it from the history (the default: counted and reported) or skip "
+        "the user (a bad row); an unknown candidate always skips the row",
     )
     parser.add_argument(
         "--ids",
@@ -524,9 +331,8 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
         "--on-error",
         choices=ON_ERROR,
         default="skip",
-        help="a bad row (unknown item id, unsorted timestamps, empty "
-        "history...): skip it, report its row number and count it; or fail "
-        "naming it (exit 1, no output written)",
+        help="a bad row (unknown candidate, unsorted timestamps, empty history...): skip it, "
+        "report its row number and count it; or fail naming it (exit 1, no output written)",
     )
     parser.add_argument(
         "--no-progress", dest="progress", action="store_false", help="no progress bar"
