@@ -5,7 +5,6 @@ option is one line on stderr, exit status 2, with ``--help`` unchanged."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch

@@ -79,8 +79,8 @@ def add_parser(subparsers: argparse._SubParsersAction,
 
 
 def run_command(args: argparse.Namespace, trainer: Trainer = train_and_test) -> int:
-    """Runs the configs; 0, or 1 on a regression, a failed metric or a run that raised. Bad options raise
-    :class:`RunConfigError` (the CLI exits 2)."""
+    """Runs the configs; 0, or 1 on a regression, a failed metric or a run that raised. Bad
+    options raise :class:`RunConfigError` (the CLI exits 2)."""
     if args.list:
         for name, path in shipped_configs().items():
             print(f"{name:<28} {load_config(str(path)).description}")
