@@ -144,11 +144,12 @@ def test_planted_verdicts_and_exit_codes(planted, capsys):
     broken = next(c for c in summary["configs"] if c["name"] == "broken")
     assert broken["errors"] == ["seed 11: ZeroDivisionError: division by zero"]
     assert summary["counts"] == {"improved": 2, "unchanged": 1, "regressed": 1, "failed": 4,
-                                 "skipped configs": 0}
+                                 "skipped configs": 0, "failed runs": 1}
     table = capsys.readouterr().out
     assert "run failed: seed 11: ZeroDivisionError" in table
-    # the floors are reported, not judged: the counts are the configs' alone
-    assert "2 improved, 1 unchanged, 1 regressed, 4 failed, 0 skipped configs" in table
+    # the floors are reported, not judged: the verdicts are the configs' alone
+    assert "2 improved, 1 unchanged, 1 regressed, 4 failed, 0 skipped configs, 1 failed runs" in (
+        table)
     assert {name: cells[1] for name, cells in _gain_lines(table).items()} == PLANTED_GAINS
     assert _gain_lines(table)["better"] == ["ndcg@10", "+104.0%", "(floor:item-knn,", "0.2500)"]
     floor_lines = [line.split() for line in table.splitlines() if line.startswith("  floor:")]

@@ -31,3 +31,20 @@ def test_a_bare_cuda_is_the_local_ranks_gpu(monkeypatch):
 def test_a_name_that_is_no_device_is_a_value_error():
     with pytest.raises(ValueError, match="^'gpu' is not a device"):
         resolve_device("gpu")
+
+
+def test_the_device_option_resolves_as_parsed_and_refuses_in_one_line(monkeypatch, capsys):
+    from tzrec_ops.commandline import ArgumentParser
+    from tzrec_ops.devices import add_device_option
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    parser = ArgumentParser(prog="cmd")
+    add_device_option(parser, "cpu")
+    assert parser.parse_args([]).device == torch.device("cpu")
+    assert parser.parse_args(["--device", "auto"]).device == torch.device("cpu")
+    with pytest.raises(SystemExit) as info:
+        parser.parse_args(["--device", "cuda:1"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == ("cmd: error: argument --device: cuda:1: no CUDA device "
+                                       "is visible to this process (cmd --help lists the "
+                                       "options)\n")

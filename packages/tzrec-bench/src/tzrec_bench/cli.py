@@ -45,6 +45,7 @@ from tzrec_bench.train.config import (
     metric_names,
 )
 from tzrec_bench.train.metrics import NonFiniteError
+from tzrec_ops.commandline import ArgumentParser
 from tzrec_ops.registry import BackendError, resolve_backend
 
 DEFAULTS = TrainConfig()
@@ -491,7 +492,7 @@ SUBCOMMANDS: Dict[str, Tuple[Callable[..., argparse.ArgumentParser], Runner]] = 
 
 def build_parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParser]]:
     """The top-level parser and each subcommand's parser."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="tzrec-bench",
         description="Train and evaluate tzrec-gr models and baselines on recommendation data, "
         "check them against baselines, and time tzrec-ops ops per backend.",

@@ -16,7 +16,6 @@ an empty cache folder.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -28,6 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from tzrec_ops.commandline import ArgumentParser
 
 _CHILD = """
 import json, resource, sys, time
@@ -78,7 +79,7 @@ def _size(path: Path) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tzrec_bench.data_bench",
+    parser = ArgumentParser(prog="python -m tzrec_bench.data_bench",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=float, default=10e6, help="events to generate")
     parser.add_argument("--files", type=int, default=10, help="Parquet files to write")

@@ -50,6 +50,8 @@ import torch
 from tzrec_bench.data import DataFormatError, SequenceDataset, load_dataset
 from tzrec_bench.opbench.report import triton_version
 from tzrec_ops.aoti import preloaded_env
+from tzrec_ops.commandline import ArgumentParser
+from tzrec_ops.devices import add_device_option
 from tzrec_ops.measure import cuda_graph_replay, median_ms
 
 __all__ = ["main"]
@@ -58,10 +60,10 @@ _PRELOADED = "TZREC_BENCH_EXPORT_PRELOADED"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m tzrec_bench.export_bench", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--device", default="cpu")
+    add_device_option(p, "cpu")
     p.add_argument("--backend", default="pytorch", help="tzrec-ops backend (triton on a GPU)")
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
     p.add_argument("--batch", type=int, default=8, help="B users")
@@ -341,7 +343,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (FileNotFoundError, DataFormatError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    device = torch.device(args.device)
+    device = args.device
     model = _model(args, device)
     print(_versions(device))
     shape = (

@@ -23,7 +23,6 @@ the eager server's.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Optional, Sequence
 
 import torch
@@ -40,6 +39,8 @@ from tzrec_gr.features import (
 )
 from tzrec_gr.models import HSTURanking
 from tzrec_gr.serving import Candidates, Histories, RankingServer, ServingSession
+from tzrec_ops.commandline import ArgumentParser
+from tzrec_ops.devices import add_device_option
 from tzrec_ops.measure import cuda_graph_replay, median_ms
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -47,9 +48,9 @@ GAP_S = 60
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tzrec_bench.serving_bench",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="cuda")
+    p = ArgumentParser(prog="python -m tzrec_bench.serving_bench",
+                       description=__doc__.split("\n")[0])
+    add_device_option(p, "cuda")
     p.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     p.add_argument("--backend", help="ops backend (default: the best available)")
     p.add_argument("--users", type=int, default=64)
@@ -64,10 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("serving_bench: no CUDA device; pass --device cpu", file=sys.stderr)
-        return 2
+    device = args.device
     b, n, t = args.users, args.history, args.candidates
     torch.manual_seed(0)
     model = HSTURanking(

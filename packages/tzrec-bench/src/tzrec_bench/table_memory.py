@@ -13,7 +13,6 @@ the memory is the peak of a run minus that of the same run over a tiny catalogue
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import time
@@ -26,6 +25,7 @@ from tzrec_bench.train.config import SHARDING_TYPES, SHARDINGS, TrainConfig
 from tzrec_bench.train.distributed import close, gather_objects, init_distributed
 from tzrec_bench.train.sharding import ShardedTables, meta_table
 from tzrec_gr.models import HSTURetrieval
+from tzrec_ops.commandline import ArgumentParser
 
 WARMUP_STEPS = 3
 
@@ -43,7 +43,7 @@ class _Step(nn.Module):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tzrec_bench.table_memory",
+    parser = ArgumentParser(prog="python -m tzrec_bench.table_memory",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--items", type=int, required=True, help="catalogue rows")
     parser.add_argument("--embedding-dim", type=int, default=64)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import os
 import platform
@@ -13,6 +12,7 @@ from typing import List, Optional
 import torch
 
 from tzrec_ops import registry
+from tzrec_ops.commandline import ArgumentParser
 
 _PACKAGES = ("tzrec-ops", "tzrec-gr", "tzrec-acc", "tzrec-bench", "torch", "triton",
              "pluggy", "fbgemm-gpu", "fbgemm-gpu-cpu", "torchrec", "torch-tensorrt")
@@ -75,7 +75,7 @@ def info_lines() -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tzrec_ops")
+    parser = ArgumentParser(prog="python -m tzrec_ops")
     parser.add_argument("command", choices=["info", "contract"], help="what to print")
     args = parser.parse_args(argv)
     if args.command == "contract":

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+from typing import Any
+
 import torch
 
-__all__ = ["DeviceError", "resolve_device"]
+__all__ = ["DEVICE_HELP", "DeviceError", "add_device_option", "device_option", "resolve_device"]
+
+#: what every ``--device`` help says (a command may add what its own default means)
+DEVICE_HELP = ("auto: the GPU when CUDA is available, else the CPU; cpu; cuda: the first GPU; "
+               "cuda:N: GPU N")
 
 
 class DeviceError(ValueError):
@@ -36,3 +43,23 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         if device.index is None:
             device = torch.device("cuda", local_rank)
     return device
+
+
+def device_option(text: str) -> torch.device:
+    """The argparse ``type`` of every ``--device``: :func:`resolve_device` of the value, so a
+    command reads it once, as its command line is parsed, and uses that device thereafter;
+    a name that is no device, or CUDA on a machine without it, is the option's error."""
+    try:
+        return resolve_device(text)
+    except DeviceError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_device_option(parser: Any, default: str = "auto", help: str = "") -> argparse.Action:
+    """Adds ``--device`` to ``parser`` (a parser or an argument group) the one way every
+    command takes it: :func:`device_option` over ``default``, the shared help, then ``help``.
+    """
+    text = f"{DEVICE_HELP}. {help}".strip() if help else f"{DEVICE_HELP}."
+    return parser.add_argument("--device", type=device_option, default=default,
+                               metavar="{auto,cpu,cuda,cuda:N}",
+                               help=f"{text} Default: {default}")

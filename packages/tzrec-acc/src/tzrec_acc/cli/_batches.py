@@ -58,7 +58,7 @@ def _restrict(shapes: Any, dims: Sequence[str]) -> Any:
     return fix(shapes)
 
 
-def _to(value: Any, device: str) -> Any:
+def _to(value: Any, device: torch.device) -> Any:
     from torch.utils import _pytree as pytree
 
     return pytree.tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, value)

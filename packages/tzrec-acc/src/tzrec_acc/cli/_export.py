@@ -13,7 +13,6 @@ import torch
 from tzrec_acc.cli._batches import _module_and_batches, _restrict, _to
 from tzrec_acc.cli._options import DYNAMIC, UsageError, _model_file
 from tzrec_acc.cli._quality import _against_float, _float_outputs, _lossy
-from tzrec_ops.devices import DeviceError, resolve_device
 
 
 def _check_export_options(args: argparse.Namespace) -> None:
@@ -35,10 +34,6 @@ def _check_export_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--model: no checkpoint or state dict at {where}")
     if args.config is not None and not pathlib.Path(args.config).is_file():
         raise UsageError(f"--config: no model config at {args.config}")
-    try:
-        resolve_device(args.device)
-    except DeviceError as exc:
-        raise UsageError(f"--device {exc}") from None
 
 
 def _check_output(output: str) -> None:

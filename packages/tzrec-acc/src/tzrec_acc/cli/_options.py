@@ -7,6 +7,9 @@ import argparse
 import pathlib
 from typing import Any, Optional, Tuple
 
+from tzrec_ops.commandline import ArgumentParser
+from tzrec_ops.devices import add_device_option
+
 FORMATS = ("aoti", "fx", "trt")
 FORMS = ("full", "serving")
 QUANTIZE = ("none", "emb-int8", "emb-int4", "emb-fp16", "dense-int8")
@@ -33,7 +36,7 @@ def _dynamic(text: str) -> Tuple[str, ...]:
 def _parser() -> argparse.ArgumentParser:
     from tzrec_acc import cli  # the first line of its docstring describes the command
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m tzrec_acc", description=cli.__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     ex.add_argument("--precision", choices=PRECISIONS, default="fp32")
     ex.add_argument("--backend", help="ops backend to build the model with (e.g. pytorch)")
-    ex.add_argument("--device", default="cpu")
+    add_device_option(ex, "cpu", "The device the package is exported for and served on.")
     ex.add_argument("--batch", type=int, default=4, help="users in the sample batch")
     ex.add_argument("--history", type=int, help="history events per user (default: bound)")
     ex.add_argument("--new", type=int, default=4, help="candidates / new events per user")

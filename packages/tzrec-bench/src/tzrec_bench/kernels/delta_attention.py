@@ -22,6 +22,7 @@ import torch
 
 from tzrec_bench.opbench.command import DTYPES
 from tzrec_ops import delta_hstu_mha, set_value_checks, to_device
+from tzrec_ops.commandline import ArgumentParser
 from tzrec_ops.jagged import offsets_from_lengths
 from tzrec_ops.measure import cuda_graph_replay, median_ms
 
@@ -54,7 +55,7 @@ def make_calls(args: argparse.Namespace, provider: str) -> Dict[str, Callable[[]
 
 
 def main(argv: Optional[List[str]] = None) -> List[Dict[str, object]]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--providers", default="triton", help="comma-separated backend names")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--delta", type=int, default=8, help="D, new queries per sequence")

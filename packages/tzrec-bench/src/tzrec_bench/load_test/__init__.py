@@ -68,6 +68,8 @@ from tzrec_bench.load_test.run import (
 from tzrec_bench.load_test.search import search_rates, sustained, sweep_rates, table
 from tzrec_bench.load_test.stream import Check, Request, make_stream
 from tzrec_gr.serving import ServingSession
+from tzrec_ops.commandline import ArgumentParser
+from tzrec_ops.devices import add_device_option
 
 __all__ = [
     "CPU_DEFAULTS",
@@ -116,10 +118,11 @@ def _comma_list(kind: type, what: str) -> Callable[[str], List[Any]]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m tzrec_bench.load_test", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--device", default="cpu", help="cpu or cuda. Default: cpu")
+    add_device_option(p, "cpu", "A GPU sets the defaults of the options left out to "
+                      "CUDA_DEFAULTS, else CPU_DEFAULTS.")
     p.add_argument("--model", choices=["ranking", "retrieval"], default="ranking")
     p.add_argument("--dtype", choices=list(DTYPES), help="default: fp32 on CPU, bf16 on CUDA")
     p.add_argument("--backend", help="ops backend (default: the best available)")
@@ -176,7 +179,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _resolve(args: argparse.Namespace) -> argparse.Namespace:
     """Fill the options left out from the device's defaults and check them all."""
-    defaults = CUDA_DEFAULTS if torch.device(args.device).type == "cuda" else CPU_DEFAULTS
+    defaults = CUDA_DEFAULTS if args.device.type == "cuda" else CPU_DEFAULTS
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -302,10 +305,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     options. A rate that is not sustained is a measurement, not a failure."""
     parser = _parser()
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("load_test: no CUDA device; pass --device cpu", file=sys.stderr)
-        return 2
+    device = args.device
     try:
         args = _resolve(args)
     except ValueError as exc:

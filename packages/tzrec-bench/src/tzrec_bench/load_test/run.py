@@ -163,7 +163,7 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
     head = args.dim // args.heads
     common = dict(num_heads=args.heads, attention_dim=head, hidden_dim=head,
                   num_layers=args.layers, dropout_ratio=0.0, backend=args.backend,
-                  device=torch.device(args.device))
+                  device=args.device)
     model: torch.nn.Module
     if args.model == "ranking":
         model = HSTURanking(

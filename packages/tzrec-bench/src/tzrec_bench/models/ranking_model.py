@@ -32,7 +32,6 @@ for 200 ms). Inputs come as a server gets them: index tensors built on the CPU a
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 from collections import Counter
@@ -53,6 +52,7 @@ from tzrec_gr.features import (
 )
 from tzrec_gr.models import HSTURanking
 from tzrec_gr.serving import RankingServer
+from tzrec_ops.commandline import ArgumentParser
 from tzrec_ops.jagged import to_device
 from tzrec_ops.measure import cuda_graph_replay, median_ms
 
@@ -391,7 +391,7 @@ def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--providers", default="pytorch,triton", help="comma-separated backend names")
     p.add_argument("--modes", default="train,serve")
     p.add_argument("--batch", type=int, default=64, help="serving: users per request batch")

@@ -24,7 +24,6 @@ off, from the same run.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Callable, Dict, List, Optional
 
@@ -34,6 +33,7 @@ from tzrec_bench.opbench.report import device_name, triton_version
 from tzrec_bench.opbench.shapes import Shape, jagged_batch
 from tzrec_gr import STULayer, STUStack
 from tzrec_ops import set_value_checks, to_device
+from tzrec_ops.commandline import ArgumentParser
 from tzrec_ops.jagged import offsets_from_lengths
 from tzrec_ops.measure import cuda_graph_replay, median_ms
 
@@ -121,7 +121,7 @@ def bench_serve(provider: str, args, device, dtype) -> Dict[str, float]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--providers", default="pytorch,triton", help="comma-separated backend names")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--max-seq-len", type=int, default=2048)

@@ -7,6 +7,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+from tzrec_ops.devices import DEVICE_HELP, resolve_device
+
 TABLE = "item"
 FEATURE = "item_id"
 EXTRA = "tzrec-bench[torchrec]"
@@ -73,6 +75,18 @@ def _count(text: str) -> int:
     return value
 
 
+def _device_kind(text: str) -> str:
+    """``--device``: the planned devices' kind, spelled as every ``--device`` is; ``auto`` is
+    this machine's (the GPU when CUDA is available, else the CPU). The cluster is simulated,
+    so ``cuda`` needs no GPU here and a GPU's index does not matter."""
+    if text == "auto":
+        return resolve_device(text).type
+    kind, _, index = text.partition(":")
+    if kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit())):
+        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}")
+    return kind
+
+
 def _gib(text: str) -> float:
     try:
         value = float(text)
@@ -134,8 +148,9 @@ def add_parser(subparsers: argparse._SubParsersAction,
     g = p.add_argument_group("the cluster")
     g.add_argument("--world-size", type=_count, required=True, metavar="W",
                    help="devices (one process each)")
-    g.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="the devices' kind")
+    g.add_argument("--device", type=_device_kind, default="cuda",
+                   metavar="{auto,cpu,cuda,cuda:N}",
+                   help=f"the devices' kind ({DEVICE_HELP}; any GPU is the kind cuda)")
     g.add_argument("--devices-per-host", type=_count, metavar="K",
                    help="devices sharing a host, linked by --intra-host-bw (default: 8 for "
                    "cuda, --world-size for cpu; at most --world-size)")

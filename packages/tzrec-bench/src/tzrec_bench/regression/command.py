@@ -24,6 +24,7 @@ from tzrec_bench.regression.configs import (
 from tzrec_bench.regression.harness import (
     Trainer,
     exit_code,
+    failed_runs,
     run_configs,
     summary_json,
     summary_table,
@@ -44,8 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction,
             "and sort each "
             "metric into improved / unchanged / regressed / failed against the baseline "
             "thresholds (failed: a run raised, or the metric is missing or NaN). Exits 1 on "
-            "a regression or a failure. A config whose data is absent is skipped, with the "
-            "reason."
+            "a regression or a failure, and whenever a run raised (a floor's too, judged or "
+            "not: the last line counts them as failed runs). A config whose data is absent "
+            "is skipped, with the reason."
         ),
         epilog=f"shipped configs: {', '.join(shipped_configs())}",
         formatter_class=formatter,
@@ -57,7 +59,8 @@ def add_parser(subparsers: argparse._SubParsersAction,
                    help="thresholds per config and metric, TOML or JSON (default: the "
                    f"shipped {SHIPPED_BASELINES})")
     p.add_argument("--no-baseline", action="store_true",
-                   help="judge nothing: report means only (runs that fail still fail)")
+                   help="judge nothing: report means only (a run that raises still "
+                   "fails: exit status 1)")
     p.add_argument("--no-floors", dest="floors", action="store_false",
                    help="do not run the simple baselines (most popular, item transitions, "
                    "item-kNN; popularity for ranking) beside each config")
@@ -76,8 +79,8 @@ def add_parser(subparsers: argparse._SubParsersAction,
 
 
 def run_command(args: argparse.Namespace, trainer: Trainer = train_and_test) -> int:
-    """Runs the configs; 0, or 1 on a regression or failure. Bad options raise
-    :class:`RunConfigError` (the CLI exits 2)."""
+    """Runs the configs; 0, or 1 on a regression, a failed metric or a run that raised. Bad
+    options raise :class:`RunConfigError` (the CLI exits 2)."""
     if args.list:
         for name, path in shipped_configs().items():
             print(f"{name:<28} {load_config(str(path)).description}")
@@ -107,6 +110,10 @@ def run_command(args: argparse.Namespace, trainer: Trainer = train_and_test) -> 
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(summary_json(results, args.repeats), indent=2) + "\n")
         print(f"summary: {out}")
+    raised = failed_runs(results)
+    if raised:
+        print(f"run-configs: {raised} run(s) raised (their 'run failed' lines above)",
+              file=sys.stderr)
     return exit_code(results)
 
 

@@ -4,7 +4,8 @@ metrics and judge them against the baseline.
 The trainer is a function of a :class:`~tzrec_bench.train.config.TrainConfig` returning the
 test metrics (:func:`train_and_test`, the ``tzrec-bench train`` loop, by default), so tests
 can stand a fast one in. A run that raises is recorded with its error, and every metric of
-its config is then *failed*; the other runs still go ahead.
+its config is then *failed*; the other runs still go ahead. Every raised run, a floor's
+included, is counted (``failed runs``) and makes the exit status 1, judged or not.
 
 No table appears without a floor: beside each config, the simple baselines of its task
 (:data:`FLOORS`: most popular, item transitions and item-kNN for retrieval, item and user
@@ -167,21 +168,31 @@ def floor_gains(result: ConfigResult) -> Dict[str, Tuple[str, float, Optional[fl
     return gains
 
 
+def failed_runs(results: Sequence[ConfigResult]) -> int:
+    """How many runs raised: the configs' and their floors' (a floor shared by several
+    configs is one set of runs, counted once)."""
+    floors = {id(f): f for r in results for f in r.floors}
+    return sum(len(r.errors) for r in [*results, *floors.values()])
+
+
 def counts(results: Sequence[ConfigResult]) -> Dict[str, int]:
-    """How many metrics got each verdict, and how many configs were skipped."""
+    """How many metrics got each verdict, how many configs were skipped and how many runs
+    raised. A run that raised is counted even where no metric could be judged (every run
+    of a config raised with no baseline for it, or a floor's run raised)."""
     tally = {status: 0 for status in STATUSES}
     for r in results:
         for m in r.metrics.values():
             if m.status is not None:
                 tally[m.status] += 1
     tally["skipped configs"] = sum(r.skipped is not None for r in results)
+    tally["failed runs"] = failed_runs(results)
     return tally
 
 
 def exit_code(results: Sequence[ConfigResult]) -> int:
-    """1 when a metric regressed or failed, else 0."""
+    """1 when a metric regressed or failed or a run raised, else 0."""
     tally = counts(results)
-    return 1 if tally[REGRESSED] or tally[FAILED] else 0
+    return 1 if tally[REGRESSED] or tally[FAILED] or tally["failed runs"] else 0
 
 
 def _fmt(value: Optional[float]) -> str:
