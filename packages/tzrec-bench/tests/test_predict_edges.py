@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from tzrec_bench.cli import main
-from tzrec_bench.data.event_log import FORMATS
+from tzrec_bench.data.log_files import FORMATS
 from tzrec_bench.train.config import TrainConfig
 from tzrec_bench.train.loop import train
 from tzrec_gr.checkpoint import BEST
