@@ -22,12 +22,17 @@ import pytest
 import torch
 
 from tzrec_bench.cli import main
-from tzrec_bench.data.log_files import FORMATS
 from tzrec_bench.train.config import TrainConfig
 from tzrec_bench.train.loop import train
 from tzrec_gr.checkpoint import BEST
+from tzrec_gr.file_formats import FORMATS
 from tzrec_gr.serving import ServingSession
-from tzrec_gr.serving.files import add_predict_arguments, input_format, predict_records
+from tzrec_gr.serving.files import (
+    PredictError,
+    add_predict_arguments,
+    input_format,
+    predict_records,
+)
 from tzrec_gr.vocabulary import VOCABULARY_KEY, IdVocabularies, Vocabulary
 
 ODD = ['a, "quoted" one', "comma,item", "two  spaces", "title 1"]
@@ -179,15 +184,20 @@ def test_inputs_in_the_formats_training_reads(run, tmp_path, capsys, name):
     assert _read_csv(tmp_path / "got.csv") == _read_csv(tmp_path / "want.csv")
 
 
-def test_every_text_format_of_training_is_an_input_format():
-    """The container rules are written twice (tzrec-gr cannot import tzrec-bench): every
-    suffix training reads as CSV, JSON lines or Parquet, plain or .gz, predict reads."""
-    kinds = {"csv": "csv", "json": "jsonl", "parquet": "parquet", "tsv": "tsv"}
+def test_every_format_of_training_but_text_is_an_input_format():
+    """One suffix table for both readers: predict reads each format training reads, plain or
+    .gz, except ``user item`` text (no list columns) and gzipped Parquet."""
     for suffix, fmt in FORMATS.items():
-        if fmt in kinds:
-            assert input_format(f"users{suffix}") == kinds[fmt], suffix
-            if fmt != "parquet":
-                assert input_format(f"users{suffix}.gz") == kinds[fmt], suffix
+        if fmt == "text":
+            with pytest.raises(PredictError, match=r"^--input must end with one of .*users\.txt"):
+                input_format(f"users{suffix}")
+            continue
+        assert input_format(f"users{suffix.upper()}") == fmt, suffix
+        if fmt == "parquet":
+            with pytest.raises(PredictError, match="Parquet compresses its own columns"):
+                input_format(f"users{suffix}.gz")
+        else:
+            assert input_format(f"users{suffix}.gz") == fmt, suffix
 
 
 def test_seen_items_are_excluded_by_default_in_python_and_cli(run, tmp_path, capsys):

@@ -1,7 +1,8 @@
 """The files of an event log given by path, and the rules for a folder of them.
 
-A file given by path must end in a known suffix (:data:`FORMATS`, optionally ``.gz``). A
-folder is searched recursively, and its files are sorted by their path in it:
+A file given by path must end in a known suffix (:data:`tzrec_gr.file_formats.FORMATS`,
+optionally ``.gz``). A folder is searched recursively, and its files are sorted by their
+path in it:
 
 - names starting with ``.`` or ``_`` (``_SUCCESS``, ``.DS_Store``, ``_temporary/``), at any
   depth, are a writer's bookkeeping and are passed over without a word;
@@ -25,24 +26,14 @@ import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from tzrec_bench.data.text_format import DataFormatError
+from tzrec_gr.file_formats import FORMATS, format_of
 
-#: file suffix (before an optional .gz) -> format
-FORMATS = {
-    ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv",
-    ".jsonl": "json", ".ndjson": "json", ".json": "json", ".txt": "text",
-}
 #: names listed in full in a header; longer lists show the first and the last
 SHOWN = 4
 _BLOCK = 1 << 24  # bytes hashed per read
-
-
-def format_of(path: Path) -> Optional[str]:
-    """The file's format by its suffix (``.gz`` looked through), or None."""
-    suffixes = path.suffixes[-2:] if path.suffix == ".gz" else path.suffixes[-1:]
-    return FORMATS.get(suffixes[0].lower()) if suffixes else None
 
 
 def _stem(path: Path) -> str:

@@ -2,10 +2,9 @@
 for the columns and the rules): the file formats, the errors, the :class:`Limits` a row must
 fit, the record readers (Parquet, CSV, TSV, JSONL, read as needed) and the check of one row.
 
-The container rules are training's (``tzrec_bench.data.event_log``): the format goes by the
-suffix before an optional ``.gz``, ``.json`` is JSON lines like ``.jsonl``/``.ndjson``, and
-text is UTF-8 with an optional byte-order mark. They are written here again, not imported:
-tzrec-gr does not depend on tzrec-bench (a test there checks that the two agree).
+The suffixes are training's (:mod:`tzrec_gr.file_formats`, one table for both readers): the
+format goes by the suffix before an optional ``.gz``, ``.json`` is JSON lines like
+``.jsonl``/``.ndjson``, and text is UTF-8 with an optional byte-order mark.
 """
 
 from __future__ import annotations
@@ -19,20 +18,14 @@ import math
 import pathlib
 from typing import IO, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+from tzrec_gr.file_formats import FORMATS
 from tzrec_gr.serving.inputs import _id_array
 from tzrec_gr.vocabulary import Vocabulary
 from tzrec_ops.extras import require
 
-#: input file suffix (before an optional ``.gz``, except Parquet's) -> format
-INPUT_FORMATS = {
-    ".parquet": "parquet",
-    ".pq": "parquet",
-    ".csv": "csv",
-    ".tsv": "tsv",
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".json": "jsonl",
-}
+#: input file suffix (before an optional ``.gz``, except Parquet's) -> format: those of
+#: event logs but their ``user item`` text
+INPUT_FORMATS = {suffix: fmt for suffix, fmt in FORMATS.items() if fmt != "text"}
 #: the delimiter of each delimited format
 DELIMITERS = {"csv": ",", "tsv": "\t"}
 #: ``--unknown-items``: leave an item the model does not know out of the history, or skip
@@ -94,7 +87,7 @@ def suffix_format(path: Union[str, pathlib.Path], formats: Dict[str, str], optio
 
 
 def input_format(path: Union[str, pathlib.Path]) -> str:
-    """``"parquet"``, ``"csv"``, ``"tsv"`` or ``"jsonl"`` from the suffix (a text format may
+    """``"parquet"``, ``"csv"``, ``"tsv"`` or ``"json"`` from the suffix (a text format may
     be gzip-compressed: ``users.csv.gz``); PredictError naming ``--input`` otherwise."""
     path = pathlib.Path(path)
     if path.suffix.lower() != ".gz":
