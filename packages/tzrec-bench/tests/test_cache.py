@@ -220,3 +220,20 @@ def test_entries_of_other_options_on_the_same_log_are_kept(tmp_path, parses):
     filtered = load_dataset(str(log), cache_dir=cache, min_events=2).num_events
     assert load_dataset(str(log), cache_dir=cache).num_events == everything != filtered
     assert len(parses) == 2  # two configurations on one log do not evict each other
+
+
+def test_the_command_line_reports_a_lock_timeout_in_one_line(tmp_path, monkeypatch, capsys):
+    from tzrec_bench.cli import main
+
+    log, cache = tmp_path / "log.csv", tmp_path / "cache"
+    _write_log(log, 0)
+    load_dataset(str(log), cache_dir=cache)
+    (lock_file,) = cache.glob("*.lock")
+    _write_log(log, 1)
+    monkeypatch.setattr(cache_module, "LOCK_TIMEOUT", 0.2)
+    with FileLock(str(lock_file)):
+        code = main(["train", "--data", str(log), "--cache-dir", str(cache),
+                     "--out-dir", str(tmp_path / "run"), "--max-steps", "1", "--device", "cpu"])
+    assert code == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"tzrec-bench train: error: waited 0.2 s for the cache lock {lock_file}")

@@ -30,6 +30,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from tzrec_bench import __version__
 from tzrec_bench.data import DATASETS, DataFormatError
+from tzrec_bench.data.cache import CacheLockTimeout
 from tzrec_bench.data.load import DATA_ENV
 from tzrec_bench.train.checkpoint import CheckpointError, DataMismatchError
 from tzrec_bench.train.config import (
@@ -514,7 +515,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (CheckpointError, DataMismatchError) as exc:  # a damaged or foreign checkpoint,
         print(f"{sub.prog}: error: {exc}", file=sys.stderr)  # or data it was not trained on
         return 2
-    except (FileNotFoundError, DataFormatError) as exc:
+    except (FileNotFoundError, DataFormatError, CacheLockTimeout) as exc:
         print(f"{sub.prog}: error: {exc}", file=sys.stderr)
         return 1
     except NonFiniteError as exc:  # a diverged run: no metric, a non-zero exit

@@ -67,6 +67,11 @@ DIGEST_LIMIT = 256 << 20
 LOCK_TIMEOUT = 3600.0
 
 
+class CacheLockTimeout(TimeoutError):
+    """Another process held an entry's build lock for longer than the wait allowed (the
+    message names the lock file and how to clear it)."""
+
+
 def default_cache_dir() -> Path:
     """``$TZREC_BENCH_CACHE`` if set, else ``~/.cache/tzrec-bench``."""
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "tzrec-bench")
@@ -168,7 +173,7 @@ def load_cached(
     are removed once the new one is in place.
 
     Raises:
-        TimeoutError: another process held the lock for ``lock_timeout`` seconds.
+        CacheLockTimeout: another process held the lock for ``lock_timeout`` seconds.
     """
     cached = _read(path, name)
     if cached is not None:
@@ -211,7 +216,7 @@ def _locked(lock_path: Path, timeout: float) -> Iterator[None]:
         try:
             lock.acquire(timeout=timeout)
         except Timeout:
-            raise TimeoutError(
+            raise CacheLockTimeout(
                 f"waited {timeout:g} s for the cache lock {lock_path}, held by another process "
                 f"building the same entry: let it finish or stop it (if no process uses this "
                 f"cache folder, delete {lock_path})"
