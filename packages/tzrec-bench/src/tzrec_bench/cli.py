@@ -333,7 +333,8 @@ def _add_evaluate(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
         help="evaluate a saved model on the test (or validation) events",
         description=(
             "Evaluate a model saved by `tzrec-bench train` with the settings it was trained "
-            "with (stored in the checkpoint), over every evaluated user of the split."
+            "with (stored in the checkpoint), over every evaluated user of the split (or a "
+            "fixed subset of them: --max-users)."
         ),
         formatter_class=_HelpFormatter,
     )
