@@ -102,12 +102,12 @@ def test_buffered_scoring_gives_exactly_the_metrics_of_fresh_tensors(tmp_path, m
 
 
 class _LastItem(nn.Module):
-    """A user is the embedding of its last item: the scoring alone costs anything."""
+    """A user is the embedding of its last item, so that the scoring is the whole cost."""
 
     def __init__(self, num_items: int, dim: int) -> None:
         super().__init__()
-        self.table = nn.Parameter(torch.randn(num_items, dim, generator=torch.Generator()
-                                              .manual_seed(0)))
+        generator = torch.Generator().manual_seed(0)
+        self.table = nn.Parameter(torch.randn(num_items, dim, generator=generator))
 
     def item_embedding(self, ids: torch.Tensor) -> torch.Tensor:
         return self.table[ids]
