@@ -192,8 +192,10 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     g.add_argument("--eval-every", type=POSITIVE, metavar="N",
                    help="validate every N steps (default: once per epoch) and at the end")
     g.add_argument("--eval-users", type=POSITIVE, metavar="N",
-                   help="validate on a fixed random subset of N users (default: all); the "
-                   "test evaluation always uses every user")
+                   help="validate on a fixed random subset of N users (default: all)")
+    g.add_argument("--test-users", type=POSITIVE, metavar="N",
+                   help="test on a fixed random subset of N users (default: all), for quick "
+                   "runs; the metrics table and metrics.json say how many of how many")
     g.add_argument("--eval-batch-size", type=POSITIVE, default=d.eval_batch_size, metavar="B",
                    help="users per evaluation batch")
     g.add_argument("--exclude-seen", action="store_true",
@@ -257,7 +259,8 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     g.add_argument("--no-plot", dest="plot", action="store_false",
                    help="do not draw curves.png (it needs matplotlib: tzrec-bench[plot])")
     g.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar (the metrics are printed all the same)")
+                   help="no progress bars, of training or evaluation (the metrics are "
+                   "printed all the same)")
     return p
 
 
@@ -334,7 +337,8 @@ def _add_evaluate(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
         help="evaluate a saved model on the test (or validation) events",
         description=(
             "Evaluate a model saved by `tzrec-bench train` with the settings it was trained "
-            "with (stored in the checkpoint), over every evaluated user of the split."
+            "with (stored in the checkpoint), over every evaluated user of the split (or a "
+            "fixed subset of them: --max-users)."
         ),
         formatter_class=_HelpFormatter,
     )
@@ -357,6 +361,11 @@ def _add_evaluate(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
                    help="users per evaluation batch")
     p.add_argument("--eval-negatives", type=COUNT, metavar="N",
                    help="retrieval: also the sampled protocol against N negatives (see train)")
+    p.add_argument("--max-users", type=POSITIVE, metavar="N",
+                   help="evaluate a fixed random subset of N users of the split (default: "
+                   "all; the same users as train's --test-users N, or --eval-users N)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                   help="no progress bar")
     return p
 
 
@@ -377,14 +386,14 @@ def _run_evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     overrides = {
         name: getattr(args, name)
         for name in ("data", "data_dir", "columns", "cache_dir", "device", "backend",
-                     "eval_batch_size", "eval_negatives")
+                     "eval_batch_size", "eval_negatives", "progress")
         if getattr(args, name) is not None
     }
     if args.data is not None:  # other data: the saved folder and mapping may not apply
         overrides.setdefault("data_dir", None)
         if args.data in DATASETS:
             overrides["columns"] = None
-    evaluate(args.checkpoint, args.split, overrides)
+    evaluate(args.checkpoint, args.split, overrides, args.max_users)
     return 0
 
 

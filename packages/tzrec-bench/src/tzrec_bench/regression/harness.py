@@ -48,7 +48,7 @@ FLOOR_METRICS_ALL = tuple(m for task in FLOOR_METRICS.values() for m in task)
 # the settings a floor shares with its config: the data, its split and the evaluation
 FLOOR_SETTINGS = ("data", "data_dir", "cache_dir", "columns", "min_events", "synthetic_users",
                   "synthetic_items", "max_seq_len", "num_candidates", "eval_batch_size",
-                  "exclude_seen", "eval_negatives", "metric", "device", "seed")
+                  "exclude_seen", "eval_negatives", "test_users", "metric", "device", "seed")
 
 
 def train_and_test(config: TrainConfig) -> Mapping[str, float]:

@@ -42,6 +42,7 @@ RESUMABLE_CHANGES = frozenset(
         "data", "columns", "data_dir", "cache_dir", "device", "backend", "out_dir", "resume",
         "max_steps", "epochs", "eval_batch_size", "exclude_seen", "patience", "min_delta",
         "checkpoint_every", "log_every", "plot", "progress", "compile", "eval_negatives",
+        "test_users",
     }
 )
 
@@ -105,6 +106,7 @@ class TrainConfig:
     # evaluation and early stopping
     eval_every: Optional[int] = None
     eval_users: Optional[int] = None
+    test_users: Optional[int] = None
     eval_batch_size: int = 256
     exclude_seen: bool = False
     eval_negatives: int = 0
@@ -162,7 +164,8 @@ class TrainConfig:
                       "num_layers", "num_heads", "num_negatives", "num_candidates",
                       "batch_size", "eval_batch_size", "log_every"):
             _at_least(field, getattr(self, field), 1)
-        for field in ("epochs", "max_steps", "eval_every", "eval_users", "checkpoint_every"):
+        for field in ("epochs", "max_steps", "eval_every", "eval_users", "test_users",
+                      "checkpoint_every"):
             if getattr(self, field) is not None:
                 _at_least(field, getattr(self, field), 1)
         for field in ("warmup_steps", "patience", "seed", "min_events", "eval_negatives"):

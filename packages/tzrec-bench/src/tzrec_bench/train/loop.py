@@ -21,14 +21,12 @@ stays eager, and checkpoints hold the same keys as an eager run's.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple, Type, Union
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from tzrec_bench.data.log_files import describe_files
 from tzrec_bench.train import checkpoint, validation
@@ -45,7 +43,7 @@ from tzrec_bench.train.factory import build_model, is_fitted, make_task
 from tzrec_bench.train.fitted import FittedRun
 from tzrec_bench.train.interrupts import Interrupted, deferred_interrupts
 from tzrec_bench.train.metrics import NonFiniteError
-from tzrec_bench.train.report import metrics_table, open_ended_progress
+from tzrec_bench.train.report import metrics_table, open_ended_progress, progress_bar
 from tzrec_bench.train.run import Run, RunResult, backend_name, load_data
 from tzrec_bench.train.strategies import Replicated, Sharded, Strategy
 from tzrec_bench.train.task import amp_dtype, autocast
@@ -193,12 +191,10 @@ class Trainer(Run):
                                        config.patience, self.stopper.bad_evaluations)
 
         layout = open_ended()
-        bar = tqdm(
+        bar = progress_bar(
+            self.ctx.is_main and config.progress,
             total=None if layout else self.total_steps, initial=self.step, unit="step",
             desc=config.model, bar_format=layout,
-            # a log file (not a terminal) gets a redraw every 10 s, not a line of them per second
-            dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 10.0,
-            disable=not (self.ctx.is_main and config.progress),
         )
         train_seconds, tokens = 0.0, 0
         window_seconds, window_tokens, window_samples = 0.0, 0, 0
@@ -283,7 +279,10 @@ def train(config: TrainConfig) -> RunResult:
 
 
 def evaluate(
-    path: Union[str, Path], split: str = "test", overrides: Optional[Mapping[str, Any]] = None
+    path: Union[str, Path],
+    split: str = "test",
+    overrides: Optional[Mapping[str, Any]] = None,
+    max_users: Optional[int] = None,
 ) -> Dict[str, float]:
     """Metrics of a saved model on ``split``, printed as a table by rank 0.
 
@@ -291,6 +290,9 @@ def evaluate(
         path: a checkpoint file or a run's folder (see :func:`resolve_checkpoint`).
         split: ``"test"`` or ``"valid"``.
         overrides: settings to change from the saved ones (``data_dir``, ``device``, ...).
+        max_users: evaluate a fixed seeded subset of this many users of the split (the
+            users of ``train --test-users`` or ``--eval-users`` of the same number); None:
+            every user.
     """
     file = resolve_checkpoint(path)
     state = checkpoint.load(file)
@@ -306,14 +308,15 @@ def evaluate(
         model = build_model(config, task.num_items, task.task_bits, ctx.device)
         model.load_state_dict(state["model"])
         model.eval()
-        metrics = task.evaluate(model, split, None)
+        metrics = task.evaluate(model, split, max_users)
         if ctx.is_main:
             print(f"{config.model} on {config.data}, {file} (step {state['step']})")
             files = describe_files(dataset.files, dataset.skipped_files)
             if files:
                 print(f"  read {files}")
             print(metrics_table({split: metrics}, exclude_seen=(
-                config.exclude_seen if config.task == "retrieval" else None)))
+                config.exclude_seen if config.task == "retrieval" else None),
+                users_of={split: len(getattr(task.split, split))}))
         return metrics
     finally:
         close(ctx)

@@ -15,14 +15,27 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["NonFiniteError", "RetrievalMetrics", "TaskAUC", "target_ranks"]
+__all__ = [
+    "NonFiniteError", "RetrievalMetrics", "ScoreBuffers", "TaskAUC", "non_finite_rows",
+    "target_ranks",
+]
 
 
 class NonFiniteError(FloatingPointError):
     """A loss or a score is NaN or infinite: the run diverged, and no metric is reported."""
 
 
-def target_ranks(scores: torch.Tensor, targets: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def count_dtype(num_items: int) -> torch.dtype:
+    """The dtype that the item comparisons of :func:`target_ranks` are counted in: float32
+    sums 0/1 values exactly while every partial sum is below 2**24, float64 beyond. A float
+    sum needs no cast, where the sum of a bool mask first copies it into int64 ([B, I] x 8
+    bytes, the largest temporary of a full-catalogue ranking)."""
+    return torch.float32 if num_items < 2**24 else torch.float64
+
+
+def target_ranks(
+    scores: torch.Tensor, targets: torch.Tensor, work: Optional[torch.Tensor] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Where each user's target falls among all items: items scoring above it, and its ties.
 
     A target's rank is not defined by the scores alone when other items score exactly the
@@ -33,6 +46,8 @@ def target_ranks(scores: torch.Tensor, targets: torch.Tensor) -> Tuple[torch.Ten
     Args:
         scores (torch.Tensor): [B, I] scores of every item for each user, higher is better.
         targets (torch.Tensor): [B] target item ids in ``[0, I)``.
+        work (torch.Tensor | None): [B, I] buffer of :func:`count_dtype` that the
+            comparisons are written to (e.g. :attr:`ScoreBuffers.work`); None allocates one.
 
     Returns:
         (higher [B], ties [B]) int64: items scoring strictly above the target, and items
@@ -42,11 +57,57 @@ def target_ranks(scores: torch.Tensor, targets: torch.Tensor) -> Tuple[torch.Ten
         raise ValueError(f"scores must be [B, I], got {tuple(scores.shape)}")
     if targets.shape != scores.shape[:1]:
         raise ValueError(f"targets must be [{scores.shape[0]}], got {tuple(targets.shape)}")
+    if work is None:
+        work = torch.empty(scores.shape, dtype=count_dtype(scores.shape[1]),
+                           device=scores.device)
+    elif work.shape != scores.shape:
+        raise ValueError(f"work must be {tuple(scores.shape)}, got {tuple(work.shape)}")
     # the target's score is read from the same matrix, so it compares equal to itself
     target_score = scores.gather(1, targets.unsqueeze(1))
-    higher = (scores > target_score).sum(dim=1)
-    ties = (scores == target_score).sum(dim=1) - 1
+    higher = torch.gt(scores, target_score, out=work).sum(dim=1).long()
+    ties = torch.eq(scores, target_score, out=work).sum(dim=1).long() - 1
     return higher, ties
+
+
+def non_finite_rows(scores: torch.Tensor) -> torch.Tensor:
+    """[] int64 on the scores' device: the rows of [B, I] ``scores`` holding a NaN or an
+    infinite value. A row's minimum and maximum are finite exactly when all of it is (both
+    propagate NaN), and reading them allocates [B], where ``isfinite`` would allocate
+    [B, I]."""
+    low, high = torch.aminmax(scores, dim=1)
+    return (~(torch.isfinite(low) & torch.isfinite(high))).sum()
+
+
+class ScoreBuffers:
+    """The [B, I] tensors of a full-catalogue evaluation, allocated once and reused by every
+    batch: the scores, and the comparisons that :func:`target_ranks` counts.
+
+    A fresh [B, I] tensor per batch is costly on the CPU: at 256 users x 80k items each is
+    tens of MB, which glibc maps afresh for every allocation and unmaps on free, so every
+    page faults in again on each batch (most of an evaluation's time went to the kernel).
+
+    Args:
+        rows (int): the most users of a batch.
+        num_items (int): the catalogue's size I.
+        dtype (torch.dtype): the scores' dtype.
+        device (torch.device | None): where the buffers live.
+    """
+
+    def __init__(self, rows: int, num_items: int, dtype: torch.dtype,
+                 device: Optional[torch.device] = None) -> None:
+        self.scores = torch.empty((rows, num_items), dtype=dtype, device=device)
+        self.work = torch.empty((rows, num_items), dtype=count_dtype(num_items), device=device)
+
+    def dot(self, user: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """[B, I] ``user @ items.T`` ([B, E] and [I, E], both cast to the scores' dtype),
+        written into the buffer: a view valid until the next call."""
+        out = self.scores[: user.shape[0]]
+        dtype = out.dtype
+        return torch.mm(user.to(dtype), items.to(dtype).t(), out=out)
+
+    def work_for(self, scores: torch.Tensor) -> torch.Tensor:
+        """The comparison buffer for [B, I] ``scores`` (of this catalogue, B at most rows)."""
+        return self.work[: scores.shape[0]]
 
 
 class RetrievalMetrics:
@@ -73,7 +134,8 @@ class RetrievalMetrics:
     Args:
         ks (Sequence[int]): cut-offs K. Default: (10, 50, 200).
         chunk_size (int): users scored at once by :meth:`update`, so memory peaks at
-            ``chunk_size x I`` scores. Default: 1024.
+            ``chunk_size x I`` scores and as many comparisons (:class:`ScoreBuffers`).
+            Default: 1024.
         device (torch.device | None): where the sums live; under NCCL, the rank's GPU.
             Default: CPU.
     """
@@ -113,9 +175,12 @@ class RetrievalMetrics:
                 f"user [B, E] and items [I, E] must share E; got {tuple(user.shape)} and "
                 f"{tuple(items.shape)}"
             )
+        buffers = ScoreBuffers(min(self.chunk_size, user.shape[0]), items.shape[0],
+                               torch.result_type(user, items), user.device)
         for start in range(0, user.shape[0], self.chunk_size):
             stop = start + self.chunk_size
-            self.update_scores(user[start:stop] @ items.t(), targets[start:stop])
+            scores = buffers.dot(user[start:stop], items)
+            self.update_scores(scores, targets[start:stop], work=buffers.work_for(scores))
 
     @torch.no_grad()
     def update_scores(
@@ -123,6 +188,9 @@ class RetrievalMetrics:
         scores: torch.Tensor,
         targets: torch.Tensor,
         excluded: Optional[torch.Tensor] = None,
+        *,
+        seen: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+        work: Optional[torch.Tensor] = None,
     ) -> None:
         """Adds a batch of users by their scores of every item.
 
@@ -131,13 +199,20 @@ class RetrievalMetrics:
             targets (torch.Tensor): [B] target item ids in ``[0, I)``.
             excluded (torch.Tensor | None): [B, I] bool, items left out of a user's ranking
                 (e.g. the items already in its history); a target is never left out.
+            seen ((torch.Tensor, torch.Tensor) | None): items left out as (row [P], item
+                [P]) int64 pairs instead of a mask: they are set to -inf in ``scores`` in
+                place, so the caller leaves out the pairs of the targets themselves.
+            work (torch.Tensor | None): [B, I] comparison buffer for :func:`target_ranks`
+                (see :class:`ScoreBuffers`); None allocates one.
         """
-        finite = torch.isfinite(scores).all(dim=1)
+        non_finite = non_finite_rows(scores)
         if excluded is not None:
             keep = torch.zeros_like(excluded).scatter_(1, targets.unsqueeze(1), True)
             scores = scores.masked_fill(excluded & ~keep, -math.inf)
-        higher, ties = target_ranks(scores, targets)
-        self.update_ranks(higher, ties, (~finite).sum())
+        if seen is not None:
+            scores[seen] = -math.inf
+        higher, ties = target_ranks(scores, targets, work)
+        self.update_ranks(higher, ties, non_finite)
 
     @torch.no_grad()
     def update_ranks(

@@ -30,7 +30,15 @@ from tzrec_bench.data.dataset import segment_index
 from tzrec_bench.train.config import RANKING_TASKS, ConfigError, TrainConfig
 from tzrec_bench.train.distributed import DistContext
 from tzrec_bench.train.metrics import TaskAUC
-from tzrec_bench.train.task import Batch, amp_dtype, autocast, eval_rows, eval_shard
+from tzrec_bench.train.report import evaluation_progress
+from tzrec_bench.train.task import (
+    Batch,
+    amp_dtype,
+    autocast,
+    eval_rows,
+    eval_shard,
+    held_out_users,
+)
 from tzrec_gr.features import (
     CANDIDATE_ITEM_ID,
     CANDIDATE_LENGTHS,
@@ -186,9 +194,10 @@ class RankingTask:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, max_users: Optional[int]) -> Dict[str, float]:
         held = getattr(self.split, split)
-        rows, own = eval_shard(eval_rows(len(held), max_users, self.config.seed), self.ctx,
-                               self.config.sharding == "torchrec")
+        evaluated = eval_rows(len(held), max_users, self.config.seed)
+        rows, own = eval_shard(evaluated, self.ctx, self.config.sharding == "torchrec")
         auc = TaskAUC(list(self.tasks)).to(self.ctx.device)
+        bar = evaluation_progress(self.ctx.is_main and self.config.progress, split, own)
         for start in range(0, len(rows), self.config.eval_batch_size):
             chunk = rows[start : start + self.config.eval_batch_size]
             batch = self._held_out_batch(held, chunk)
@@ -196,9 +205,13 @@ class RankingTask:
                 logits = self._logits(model, batch).float()[: max(own - start, 0)]
             scores, labels = self._per_task(logits, batch["labels"][: len(logits)])
             auc.update(scores, labels)
+            bar.update(len(logits))
+        bar.close()
         per_task = auc.compute()
         result = {"auc": float(np.mean(list(per_task.values())))}
         result.update({f"auc_{name}": value for name, value in per_task.items()})
+        # every rank's rows together, the lockstep's repeats left out: one candidate a user
+        result["count"] = float(len(evaluated))
         return result
 
     def _per_task(
@@ -212,5 +225,5 @@ class RankingTask:
         train = self.split.train
         return (
             f"{train.num_users} users, {self.num_items} items, tasks "
-            f"{', '.join(self.tasks)}, {len(self.split.valid)} evaluated users"
+            f"{', '.join(self.tasks)}, {held_out_users(len(self.split.valid), self.config)}"
         )

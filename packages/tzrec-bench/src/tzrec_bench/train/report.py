@@ -1,11 +1,15 @@
-"""Plain-text reports: the metrics table and the throughput line printed after a run, and
-the training progress bar's layout while early stopping decides the run's length."""
+"""Plain-text reports: the metrics table and the throughput line printed after a run, the
+progress bars of training and evaluation, and the training bar's layout while early stopping
+decides the run's length."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from typing import Dict, Mapping, Optional, Sequence
+import sys
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+from tqdm import tqdm
 
 
 def _cell(name: str, value: float) -> str:
@@ -25,23 +29,35 @@ def seen_items_rule(exclude_seen: bool) -> str:
 
 
 def metrics_table(
-    columns: Mapping[str, Mapping[str, float]], exclude_seen: Optional[bool] = None
+    columns: Mapping[str, Mapping[str, float]],
+    exclude_seen: Optional[bool] = None,
+    users_of: Optional[Mapping[str, int]] = None,
 ) -> str:
     """One row per metric, one column per evaluation (e.g. ``valid`` and ``test``).
 
-    ``count`` (users evaluated) is shown as ``users``; a metric missing from a column is
-    left blank. ``exclude_seen`` (retrieval) adds a last line with :func:`seen_items_rule`;
-    None (ranking, where no item is ranked against the catalogue) adds none.
+    ``count`` (users evaluated) is shown as ``users``; where ``users_of`` gives a column's
+    users in all (its split's) and fewer were evaluated (``--eval-users``, ``--test-users``),
+    the cell says so: ``2000 of 9000``. A metric missing from a column is left blank.
+    ``exclude_seen`` (retrieval) adds a last line with :func:`seen_items_rule`; None
+    (ranking, where no item is ranked against the catalogue) adds none.
     """
     names: Dict[str, None] = {}
     for values in columns.values():
         names.update(dict.fromkeys(values))
     header = ["metric", *columns]
-    rows = [
-        ["users" if name == "count" else name,
-         *(_cell(name, values[name]) if name in values else "" for values in columns.values())]
-        for name in names
-    ]
+
+    def shown(column: str, name: str) -> str:
+        values = columns[column]
+        if name not in values:
+            return ""
+        text = _cell(name, values[name])
+        total = (users_of or {}).get(column)
+        if name == "count" and total is not None and values[name] < total:
+            text += f" of {total}"
+        return text
+
+    rows = [["users" if name == "count" else name, *(shown(column, name) for column in columns)]
+            for name in names]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
              for row in [header, *rows]]
@@ -49,6 +65,33 @@ def metrics_table(
     if exclude_seen is not None:
         lines.append(seen_items_rule(exclude_seen))
     return "\n".join(lines)
+
+
+def evaluated_users(
+    metrics: Mapping[str, Mapping[str, float]], users_of: Mapping[str, int]
+) -> Dict[str, Dict[str, int]]:
+    """metrics.json's ``users``: for each split, the users evaluated and the split's users
+    in all, e.g. ``{"test": {"evaluated": 2000, "of": 9000}}``."""
+    return {split: {"evaluated": int(values["count"]), "of": users_of[split]}
+            for split, values in metrics.items() if "count" in values}
+
+
+def progress_bar(enabled: bool, **options: Any) -> tqdm:
+    """A tqdm bar on stderr, drawn alike by training and evaluation; ``enabled`` False (not
+    rank 0, or ``--no-progress``) draws nothing.
+
+    A log file (not a terminal) gets a redraw every 10 s, not a line of them per second.
+    """
+    return tqdm(dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 10.0,
+                disable=not enabled, **options)
+
+
+def evaluation_progress(enabled: bool, split: str, users: int) -> tqdm:
+    """The bar of one evaluation of ``split`` over ``users`` users (this process's), e.g.
+    ``evaluating test:  40%|####      | 800/2000 [00:03<00:04, 262users/s]``; it is cleared
+    when done (the metrics follow), and under training it is drawn below the training bar."""
+    return progress_bar(enabled, total=users, desc=f"evaluating {split}", unit="users",
+                        leave=False)
 
 
 def open_ended_progress(

@@ -23,9 +23,18 @@ from tzrec_bench.data import HeldOut, SequenceDataset, leave_one_out, make_batch
 from tzrec_bench.data.dataset import segment_index
 from tzrec_bench.train.config import RETRIEVAL_KS, TrainConfig
 from tzrec_bench.train.distributed import DistContext, shard
-from tzrec_bench.train.metrics import RetrievalMetrics
+from tzrec_bench.train.metrics import RetrievalMetrics, ScoreBuffers
+from tzrec_bench.train.report import evaluation_progress
 from tzrec_bench.train.sampled import NEGATIVES_SEED, SampledMetrics, sampled_negatives
-from tzrec_bench.train.task import Batch, amp_dtype, autocast, chunks, eval_rows, eval_shard
+from tzrec_bench.train.task import (
+    Batch,
+    amp_dtype,
+    autocast,
+    chunks,
+    eval_rows,
+    eval_shard,
+    held_out_users,
+)
 from tzrec_ops.jagged import to_device
 
 
@@ -38,22 +47,20 @@ def step_negatives(seed: int, step: int, num_items: int, count: int) -> torch.Te
     return torch.from_numpy(rng.integers(0, num_items, size=count, dtype=np.int64))
 
 
-def seen_pairs(history: SequenceDataset, rows: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(row position, item id) of every event in each row's whole history (int64 each)."""
+def seen_pairs(
+    history: SequenceDataset, rows: np.ndarray, targets: Optional[np.ndarray] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(row position, item id) of every event in each row's whole history (int64 each);
+    with ``targets`` ([len(rows)] item ids), the pairs of each row's own target are left
+    out (on the host, so that no device read picks them out)."""
     lengths = history.lengths[rows]
     events = segment_index(history.offsets[rows], lengths)
-    user = torch.from_numpy(np.repeat(np.arange(len(rows)), lengths))
-    return user, torch.from_numpy(history.item_ids[events].astype(np.int64))
-
-
-def seen_items(history: SequenceDataset, rows: np.ndarray, num_items: int) -> torch.Tensor:
-    """[len(rows), num_items] bool: the items in each row's whole history."""
-    lengths = history.lengths[rows]
-    events = segment_index(history.offsets[rows], lengths)
-    seen = torch.zeros(len(rows), num_items, dtype=torch.bool)
-    user = torch.from_numpy(np.repeat(np.arange(len(rows)), lengths))
-    seen[user, torch.from_numpy(history.item_ids[events])] = True
-    return seen
+    user = np.repeat(np.arange(len(rows)), lengths)
+    item = history.item_ids[events].astype(np.int64)
+    if targets is not None:
+        other = item != targets[user]
+        user, item = user[other], item[other]
+    return torch.from_numpy(user), torch.from_numpy(item)
 
 
 #: catalogue rows looked up at once by the evaluation of a sharded table
@@ -110,7 +117,7 @@ class RetrievalTask:
         held = getattr(self.split, split)
         rows = eval_rows(len(held), max_users, self.config.seed)
         if self.config.sharding == "torchrec":
-            return self._evaluate_sharded(model, held, rows)
+            return self._evaluate_sharded(model, split, held, rows)
         rows = shard(rows, self.ctx)
         device = self.ctx.device
         metrics = RetrievalMetrics(RETRIEVAL_KS, device=device)
@@ -118,25 +125,37 @@ class RetrievalTask:
         negatives = self._sampled_negatives(split, held) if sampled is not None else None
         # the count baselines score the catalogue themselves; embedding models by dot product
         score_catalogue = getattr(model, "catalogue_scores", None)
-        with autocast(device, self._amp):
-            if score_catalogue is None:
-                items = model.item_embedding(torch.arange(self.num_items, device=device)).float()
-            for chunk in chunks(rows, self.config.eval_batch_size):
-                cpu = make_eval_batch(held, chunk, self.config.max_seq_len)
-                history = self._history(cpu)
-                if score_catalogue is None:
-                    scores = model.user_embedding(*history).float() @ items.t()
+        items = None
+        if score_catalogue is None:
+            with autocast(device, self._amp):
+                items = model.item_embedding(torch.arange(self.num_items, device=device))
+            # in the dtype that autocast multiplies in, so the scores are those of a plain
+            # ``user @ items.T`` under it
+            items = items.float().to(self._amp or torch.float32)
+        buffers = ScoreBuffers(min(len(rows), self.config.eval_batch_size), self.num_items,
+                               torch.float32 if items is None else items.dtype, device)
+        bar = evaluation_progress(self.ctx.is_main and self.config.progress, split, len(rows))
+        for chunk in chunks(rows, self.config.eval_batch_size):
+            cpu = make_eval_batch(held, chunk, self.config.max_seq_len)
+            with autocast(device, self._amp):
+                if items is None:
+                    scores = score_catalogue(*self._history(cpu)).float()
                 else:
-                    scores = score_catalogue(*history).float()
-                targets = cpu.targets.to(device)
-                if sampled is not None:
-                    drawn = torch.from_numpy(negatives[chunk]).to(device)
-                    sampled.update(scores.gather(1, targets.unsqueeze(1)).squeeze(1),
-                                   scores.gather(1, drawn))
-                excluded = None
-                if self.config.exclude_seen:
-                    excluded = seen_items(held.history, chunk, self.num_items).to(device)
-                metrics.update_scores(scores, targets, excluded)
+                    user = model.user_embedding(*self._history(cpu)).float()
+            if items is not None:
+                scores = buffers.dot(user, items)
+            targets = cpu.targets.to(device)
+            if sampled is not None:
+                drawn = torch.from_numpy(negatives[chunk]).to(device)
+                sampled.update(scores.gather(1, targets.unsqueeze(1)).squeeze(1),
+                               scores.gather(1, drawn))
+            seen = None
+            if self.config.exclude_seen:
+                seen = tuple(t.to(device) for t in
+                             seen_pairs(held.history, chunk, held.targets[chunk]))
+            metrics.update_scores(scores, targets, seen=seen, work=buffers.work_for(scores))
+            bar.update(len(chunk))
+        bar.close()
         return {**metrics.compute(), **(sampled.compute() if sampled is not None else {})}
 
     def _sampled_negatives(self, split: str, held: HeldOut) -> np.ndarray:
@@ -156,11 +175,12 @@ class RetrievalTask:
         )
 
     def _evaluate_sharded(
-        self, model: nn.Module, held: HeldOut, rows: np.ndarray
+        self, model: nn.Module, split: str, held: HeldOut, rows: np.ndarray
     ) -> Dict[str, float]:
         """The ranks of a sharded table's evaluation: the catalogue is read in chunks of
         :data:`CATALOGUE_CHUNK` items (each a lookup that every rank makes together), never
-        whole, and each user's target is compared with every chunk.
+        whole, and each user's target is compared with every chunk (the progress bar
+        counts the users embedded, before the comparisons).
 
         The target's own score is computed once from its row and its comparison with itself
         in its chunk is taken back out, so a target never outranks or ties itself.
@@ -168,6 +188,7 @@ class RetrievalTask:
         device = self.ctx.device
         rows, own = eval_shard(rows, self.ctx, lockstep=True)
         users, targets, target_scores = [], [], []
+        bar = evaluation_progress(self.ctx.is_main and self.config.progress, split, len(rows))
         with autocast(device, self._amp):
             for chunk in chunks(rows, self.config.eval_batch_size):
                 cpu = make_eval_batch(held, chunk, self.config.max_seq_len)
@@ -176,6 +197,8 @@ class RetrievalTask:
                 users.append(user)
                 targets.append(target)
                 target_scores.append((user * model.item_embedding(target).float()).sum(-1))
+                bar.update(len(chunk))
+            bar.close()
             users_, targets_ = torch.cat(users)[:own], torch.cat(targets)[:own]
             target_score = torch.cat(target_scores)[:own].unsqueeze(1)
             seen = None
@@ -208,5 +231,5 @@ class RetrievalTask:
         train = self.split.train
         return (
             f"{train.num_users} users, {self.num_items} items, {train.num_events} training "
-            f"events, {len(self.split.valid)} evaluated users"
+            f"events, {held_out_users(len(self.split.valid), self.config)}"
         )

@@ -28,7 +28,12 @@ from tzrec_bench.train.distributed import DistContext, barrier, gather_objects
 from tzrec_bench.train.early_stopping import EarlyStopping
 from tzrec_bench.train.factory import build_model, make_task, model_config
 from tzrec_bench.train.plot import plot_curves
-from tzrec_bench.train.report import metrics_table, steady_state, throughput_line
+from tzrec_bench.train.report import (
+    evaluated_users,
+    metrics_table,
+    steady_state,
+    throughput_line,
+)
 from tzrec_bench.train.strategies import Strategy, WholeModel
 from tzrec_gr.embeddings import TableFactory
 from tzrec_gr.vocabulary import VOCABULARY_KEY
@@ -171,7 +176,7 @@ class Run:
         if self._saved_step != self.step:
             self.save_checkpoint()
         self.strategy.load_best()
-        test = self.evaluate("test", None)
+        test = self.evaluate("test", self.config.test_users)
         valid = next(
             (r for r in self.history["valid"] if r["step"] == self.stopper.best_step),
             self.history["valid"][-1],
@@ -232,15 +237,18 @@ class Run:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         # retrieval ranks targets against the catalogue: say whether history items took part
         seen = config.exclude_seen if config.task == "retrieval" else None
+        users_of = {split: len(getattr(self.task.split, split)) for split in ("valid", "test")}
         summary = {
             "steps": result.steps, "best_step": result.best_step,
             "stopped_early": result.stopped_early, "valid": result.valid, "test": result.test,
+            "users": evaluated_users({"valid": result.valid, "test": result.test}, users_of),
             **({} if seen is None else {"exclude_seen": seen}),
         }
         (self.out_dir / METRICS_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         (self.out_dir / HISTORY_FILE).write_text(json.dumps(self.history) + "\n")
-        print(metrics_table({f"valid (step {result.best_step})": result.valid,
-                             "test": result.test}, exclude_seen=seen))
+        valid_column = f"valid (step {result.best_step})"
+        print(metrics_table({valid_column: result.valid, "test": result.test}, exclude_seen=seen,
+                            users_of={valid_column: users_of["valid"], "test": users_of["test"]}))
         if result.tokens:
             print(throughput_line(result.steps - self.start_step, result.train_seconds,
                                   result.tokens, self.ctx.placement, backend_name(config)))
@@ -253,8 +261,8 @@ class Run:
             gib = ", ".join(f"{p / 2**30:.2f}" for p in result.peak_memory)
             print(f"peak resident memory by the end of training (GiB, per rank): {gib}")
         if config.plot:
-            shown = [config.key_metric, "hr@10"] if config.task == "retrieval" else list(
-                result.test)
+            shown = [config.key_metric, "hr@10"] if config.task == "retrieval" else [
+                name for name in result.test if name != "count"]
             try:
                 path = plot_curves(self.history, list(dict.fromkeys(shown)),
                                    self.out_dir / PLOT_FILE, f"{config.model} on {config.data}",

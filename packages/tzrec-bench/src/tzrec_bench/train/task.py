@@ -45,7 +45,8 @@ class Task(Protocol):
         """The mean loss over the batch's terms."""
 
     def evaluate(self, model: nn.Module, split: str, max_users: Optional[int]) -> Dict[str, float]:
-        """Metrics of ``split`` (``"valid"`` or ``"test"``) over all ranks' users."""
+        """Metrics of ``split`` (``"valid"`` or ``"test"``) over all ranks' users, or over
+        :func:`eval_rows`' subset of ``max_users``; ``count`` is the users evaluated."""
 
     def describe(self) -> str:
         """One line about the data, for the run's header."""
@@ -70,6 +71,15 @@ def eval_rows(num_rows: int, max_users: Optional[int], seed: int) -> np.ndarray:
         return np.arange(num_rows)
     chosen = np.random.default_rng(seed).permutation(num_rows)[:max_users]
     return np.sort(chosen)
+
+
+def held_out_users(users: int, config: TrainConfig) -> str:
+    """The header's count of held-out users, with the bounds that ``--eval-users`` and
+    ``--test-users`` set, e.g. ``9000 evaluated users (validation on 500, test on 2000)``."""
+    bounds = [f"{name} on {limit}" for name, limit in (
+        ("validation", config.eval_users), ("test", config.test_users))
+        if limit is not None and limit < users]
+    return f"{users} evaluated users" + (f" ({', '.join(bounds)})" if bounds else "")
 
 
 def chunks(rows: np.ndarray, size: int) -> Iterator[np.ndarray]:
