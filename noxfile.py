@@ -551,10 +551,14 @@ def demo(session: nox.Session) -> None:
              reinstall=("tzrec-bench", *siblings))
     out_dir, named = _demo_out_dir(session.posargs)
     session.log(f"this run's folder: {out_dir}")
+    # the demo's own folder holds the last demo run, replaced (unless continued: --resume);
+    # a folder named after -- is the user's, which train refuses to mix with another run
+    own = () if named else ("--out-dir", str(out_dir), *(
+        () if "--resume" in session.posargs else ("--overwrite",)))
     session.run(
         "tzrec-bench", "train", "--model", DEMO_MODEL, "--data", DEMO_DATA,
         "--max-seq-len", "100", "--epochs", "200",  # a guard: early stopping ends it
-        *(() if named else ("--out-dir", str(out_dir))), *session.posargs,
+        *own, *session.posargs,
     )
     # a short kernel benchmark: attention and layer norm on every available backend
     session.run(
