@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from tzrec_bench.data import DATASETS
 from tzrec_bench.data.event_log import Columns
 from tzrec_gr.checkpoint import (
     BEST,
@@ -79,8 +80,10 @@ def check_same_data(payload: Dict[str, Any], path: Path, data: IdVocabularies,
     else:
         found = saved.differences(data)
         source = saved.source or "its training data"
+    trained_on = payload.get("config", {})
+    if found and trained_on.get("data") not in DATASETS:  # a named set maps no columns
+        found = _columns_first(found, trained_on.get("columns"), columns)
     if found:
-        found = _columns_first(found, payload.get("config", {}).get("columns"), columns)
         raise DataMismatchError(
             f"{what}: {data.source} is not the data {path} was trained on ({source}): "
             + "; ".join(found)
