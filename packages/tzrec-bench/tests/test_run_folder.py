@@ -135,15 +135,18 @@ def test_resume_takes_the_data_and_settings_from_the_checkpoint(tmp_path, capsys
     monkeypatch.chdir(elsewhere)
     run = tmp_path / "work" / "run"
     capsys.readouterr()
-    assert main(["train", "--out-dir", str(run), "--resume", "--max-steps", "4"]) == 0
+    # --epochs alone sets the run's length (20 users, batches of 8: 2 steps an epoch);
+    # the checkpoint's --max-steps 2 no longer caps it
+    assert main(["train", "--out-dir", str(run), "--resume", "--epochs", "2"]) == 0
     out = capsys.readouterr().out
     assert f"resumed from {run / 'checkpoint.pt'} at step 2" in out
     assert "hstu-retrieval on data/log.csv" in out
     resumed = checkpoint.load(run / "checkpoint.pt")
     assert resumed["step"] == 4
-    changed = ("max_steps", "resume", "out_dir", "paths_as_typed")  # out_dir typed absolute
+    changed = ("max_steps", "epochs", "resume", "out_dir", "paths_as_typed")
     assert {k: v for k, v in resumed["config"].items() if k not in changed} == {
         k: v for k, v in saved.items() if k not in changed}
+    assert (resumed["config"]["max_steps"], resumed["config"]["epochs"]) == (None, 2)
     assert resumed["config"]["min_events"] == 2 and resumed["config"]["columns"] == COLUMNS
     assert resumed["config"]["paths_as_typed"] == {"data": "data/log.csv"}
     assert main(["evaluate", str(run)]) == 0

@@ -80,7 +80,8 @@ def clear(folder: Path) -> List[str]:
 def resumed_config(config: TrainConfig, given: Collection[str]) -> TrainConfig:
     """The settings of a resumed run: those stored in ``config.out_dir``'s checkpoint.pt,
     but for the options in ``given`` (those typed on the command line), which are taken
-    from ``config``. ``config`` as is when there is no checkpoint.pt (a new run).
+    from ``config`` (``--max-steps`` and ``--epochs`` both, when either is typed).
+    ``config`` as is when there is no checkpoint.pt (a new run).
 
     Raises:
         CheckpointError: checkpoint.pt cannot be read, or holds settings this version does
@@ -103,6 +104,9 @@ def resumed_config(config: TrainConfig, given: Collection[str]) -> TrainConfig:
         raise ConfigError("data", f"{config.data} here but {saved.shown('data')} in {path}: "
                           "a resumed run trains on its own data (leave --data out to take "
                           "the checkpoint's, or start a new run in another --out-dir)")
-    kept = {field: getattr(config, field) for field in given}
+    # --max-steps and --epochs say together how long the run is: either typed sets both
+    length = {"max_steps", "epochs"}
+    kept = {field: getattr(config, field)
+            for field in {*given, *(length if length & set(given) else ())}}
     kept.update(out_dir=config.out_dir, resume=True, overwrite=config.overwrite)
     return saved.replaced(**kept)
