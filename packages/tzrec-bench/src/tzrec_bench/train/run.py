@@ -35,8 +35,6 @@ from tzrec_gr.embeddings import TableFactory
 from tzrec_gr.vocabulary import VOCABULARY_KEY
 from tzrec_ops.registry import resolve_backend
 
-__all__ = ["HISTORY_FILE", "METRICS_FILE", "PLOT_FILE", "Run", "RunResult", "json_text"]
-
 
 @dataclass
 class RunResult:
