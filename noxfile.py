@@ -533,6 +533,17 @@ def _demo_out_dir(train_args: List[str]) -> Tuple[pathlib.Path, bool]:
     return DEMO_RUNS / f"{known.model}-{known.data}", False
 
 
+def _demo_folder_args(train_args: List[str]) -> List[str]:
+    """The ``tzrec-bench train`` arguments that place a demo run: none when ``train_args``
+    name the folder (the user's own, which train refuses to mix with another run), else the
+    demo's folder, whose last run a new demo replaces (``--overwrite``) unless it continues
+    it (``--resume``)."""
+    out_dir, named = _demo_out_dir(train_args)
+    if named:
+        return []
+    return ["--out-dir", str(out_dir), *([] if "--resume" in train_args else ["--overwrite"])]
+
+
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job: HSTU retrieval trained on the synthetic data set, a short kernel
@@ -549,12 +560,12 @@ def demo(session: nox.Session) -> None:
         args += ["-e", _package_path(dist)]
     _install(session, *args, "-e", _package_path("tzrec-bench", "plot"),
              reinstall=("tzrec-bench", *siblings))
-    out_dir, named = _demo_out_dir(session.posargs)
+    out_dir, _ = _demo_out_dir(session.posargs)
     session.log(f"this run's folder: {out_dir}")
     session.run(
         "tzrec-bench", "train", "--model", DEMO_MODEL, "--data", DEMO_DATA,
         "--max-seq-len", "100", "--epochs", "200",  # a guard: early stopping ends it
-        *(() if named else ("--out-dir", str(out_dir))), *session.posargs,
+        *_demo_folder_args(session.posargs), *session.posargs,
     )
     # a short kernel benchmark: attention and layer norm on every available backend
     session.run(

@@ -53,6 +53,11 @@ def test_each_demo_run_gets_its_own_folder(noxfile):
     assert noxfile._demo_out_dir(["--model=sasrec", "--data=ml-1m"]) == (
         runs / "sasrec-ml-1m", False)
     assert noxfile._demo_out_dir([*movielens, "--out-dir", "mine"]) == (pathlib.Path("mine"), True)
+    # a demo run replaces the last one in its own folder, and continues it on --resume
+    default = str(runs / "hstu-retrieval-synthetic")
+    assert noxfile._demo_folder_args([]) == ["--out-dir", default, "--overwrite"]
+    assert noxfile._demo_folder_args(["--resume"]) == ["--out-dir", default]
+    assert noxfile._demo_folder_args(["--out-dir", "mine"]) == []
     # the README names the default run's folder
     readme = (ROOT / "README.md").read_text()
     assert f"{(runs / 'hstu-retrieval-synthetic').relative_to(ROOT)}/curves.png" in readme

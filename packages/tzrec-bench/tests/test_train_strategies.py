@@ -63,11 +63,11 @@ def test_checkpoint_and_best_share_one_description(tmp_path):
     run = tmp_path / "run"
     latest = checkpoint.load(run / checkpoint.CHECKPOINT)
     best = checkpoint.load(run / checkpoint.BEST)
-    for key in ("config", "model_config", "vocabulary"):
+    for key in ("config", "model_config", "vocabulary", "run_id"):
         assert key in latest and _same(latest[key], best[key]), key
-    assert set(best) == {"format", "config", "model_config", "vocabulary", "step",
+    assert set(best) == {"format", "config", "model_config", "vocabulary", "run_id", "step",
                          "metrics", "model"}
-    assert set(latest) == {"format", "config", "model_config", "vocabulary", "step",
+    assert set(latest) == {"format", "config", "model_config", "vocabulary", "run_id", "step",
                            "world_size", "model", "optimizer", "scheduler", "early_stopping",
                            "history", "rng"}
 

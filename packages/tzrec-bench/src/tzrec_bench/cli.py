@@ -14,9 +14,10 @@ and ``plan`` (also ``python -m tzrec_bench``).
     tzrec-bench run-configs hstu-retrieval-synthetic --repeats 3
 
 Each subcommand is a function that adds its parser and one that runs it (``SUBCOMMANDS``),
-so more subcommands slot in beside these. Bad option values and damaged checkpoints exit
-with status 2 and a message naming the option or file; missing or malformed data files and
-a diverged run (a NaN or infinite loss or score) exit with status 1; Ctrl-C exits 130.
+so more subcommands slot in beside these. Bad option values, damaged checkpoints and an
+``--out-dir`` holding another run's files exit with status 2 and a message naming the
+option or file; missing or malformed data files, data with nothing to evaluate and a
+diverged run (a NaN or infinite loss or score) exit with status 1; Ctrl-C exits 130.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 from tzrec_bench import __version__
 from tzrec_bench.data import DATASETS, DataFormatError
@@ -46,6 +47,7 @@ from tzrec_bench.train.config import (
     metric_names,
 )
 from tzrec_bench.train.metrics import NonFiniteError
+from tzrec_bench.train.run_folder import RunFolderError
 from tzrec_ops.commandline import ArgumentParser
 from tzrec_ops.registry import BackendError, resolve_backend
 
@@ -88,6 +90,25 @@ def _fraction(text: str) -> float:
 
 POSITIVE = _number(int, 1)
 COUNT = _number(int, 0)
+#: the namespace entry listing the options typed on the command line (see _record_given)
+GIVEN = "given_options"
+
+
+def _record_given(parser: argparse.ArgumentParser) -> None:
+    """Makes the options that ``parser`` stores (values and flags) note their ``dest`` in
+    the namespace's :data:`GIVEN` set when typed, so that ``--resume`` can tell an option
+    typed again from one left at its default. Call before adding the options."""
+    for name in ("store", "store_true", "store_false"):
+        base = parser._registry_get("action", name)
+
+        class Recorded(base):  # type: ignore[misc, valid-type]
+            def __call__(self, parser, namespace, values, option_string=None):
+                super().__call__(parser, namespace, values, option_string)
+                setattr(namespace, GIVEN, {*getattr(namespace, GIVEN, ()), self.dest})
+
+        parser.register("action", name, Recorded)
+        if name == "store":  # the action of an option that names none
+            parser.register("action", None, Recorded)
 
 
 # -- train -----------------------------------------------------------------------------------
@@ -115,6 +136,7 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         ),
         formatter_class=_HelpFormatter,
     )
+    _record_given(p)
     d = DEFAULTS
     g = p.add_argument_group("what to train")
     g.add_argument("--model", choices=list(MODEL_TASKS), default=d.model,
@@ -247,10 +269,16 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="seed of the weights, the data order, the negatives and the "
                    "synthetic data")
     g.add_argument("--out-dir", default=d.out_dir, metavar="PATH",
-                   help="folder for checkpoints, metrics and curves (a new run overwrites)")
+                   help="folder for checkpoints, metrics and curves, of this run alone: a "
+                   "new run refuses a folder holding an earlier run's files")
+    g.add_argument("--overwrite", action="store_true",
+                   help="a new run in an --out-dir holding an earlier run's files: remove "
+                   "those files (checkpoints, metrics, curves; nothing else) and start anew")
     g.add_argument("--resume", action="store_true",
-                   help="continue from --out-dir/checkpoint.pt (model, optimizer, data "
-                   "position, RNG); --max-steps/--epochs count from the start of the run")
+                   help="continue the run in --out-dir from its checkpoint.pt (model, "
+                   "optimizer, data position, RNG) with that run's settings (data, columns "
+                   "and every other option), but for the options typed again; "
+                   "--max-steps/--epochs count from the start of the run")
     g.add_argument("--checkpoint-every", type=POSITIVE, metavar="N",
                    help="write checkpoint.pt every N steps (default: at each validation) "
                    "and at the end")
@@ -278,7 +306,7 @@ def _add_log_options(group: argparse._ArgumentGroup) -> None:
                        "repeatedly, until none is left (default: no filter)")
 
 
-def _data_option_errors(args: argparse.Namespace) -> Optional[str]:
+def _data_option_errors(args: Union[argparse.Namespace, TrainConfig]) -> Optional[str]:
     """What is wrong with --data/--data-dir together, before any file is read."""
     if args.data not in DATASETS:
         if not Path(args.data).exists():
@@ -318,13 +346,17 @@ def _backend_error(name: Optional[str]) -> Optional[str]:
 
 def _run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from tzrec_bench.train.loop import train
+    from tzrec_bench.train.run_folder import resumed_config
 
-    error = _data_option_errors(args) or _backend_error(args.backend)
+    fields = {name: getattr(args, name) for name in DEFAULTS.to_dict() if hasattr(args, name)}
+    fields["min_events"] = fields["min_events"] or 0
+    config = TrainConfig(**fields)
+    if config.resume:  # the checkpoint's settings, but for the options typed again
+        config = resumed_config(config, getattr(args, GIVEN, set()))
+    error = _data_option_errors(config) or _backend_error(config.backend)
     if error:
         parser.error(error)
-    fields = {name: getattr(args, name) for name in DEFAULTS.to_dict()}
-    fields["min_events"] = fields["min_events"] or 0
-    train(TrainConfig(**fields))
+    train(config)
     return 0
 
 
@@ -521,8 +553,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return SUBCOMMANDS[args.command][1](args, sub)
     except ConfigError as exc:
         sub.error(str(exc))  # exits with status 2
-    except (CheckpointError, DataMismatchError) as exc:  # a damaged or foreign checkpoint,
-        print(f"{sub.prog}: error: {exc}", file=sys.stderr)  # or data it was not trained on
+    except (CheckpointError, DataMismatchError, RunFolderError) as exc:  # a damaged or
+        # foreign checkpoint, data it was not trained on, a folder holding another run
+        print(f"{sub.prog}: error: {exc}", file=sys.stderr)
         return 2
     except (FileNotFoundError, DataFormatError, CacheLockTimeout) as exc:
         print(f"{sub.prog}: error: {exc}", file=sys.stderr)
@@ -544,7 +577,8 @@ def _interrupted_message(exc: KeyboardInterrupt, argv: Optional[Sequence[str]]) 
 
     if not isinstance(exc, Interrupted) or exc.checkpoint is None:
         return "tzrec-bench: interrupted"
-    args = list(sys.argv[1:] if argv is None else argv)
+    # --overwrite started the run anew: the run to continue is the one it started
+    args = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--overwrite"]
     if "--resume" not in args:
         args.append("--resume")
     command, where = "tzrec-bench", ""

@@ -103,7 +103,8 @@ def run_config(config: RunConfig, repeats: int, thresholds: Mapping[str, Thresho
     for repeat in range(repeats):
         train_config = config.train_config(
             repeat, out_dir=str(work_dir / config.name / f"repeat{repeat}"), plot=False,
-            progress=False, **({"data_dir": str(folder)} if folder is not None else {}))
+            progress=False, overwrite=True,  # the folder of this config's earlier runs
+            **({"data_dir": str(folder)} if folder is not None else {}))
         result.seeds.append(train_config.seed)
         try:
             runs.append(dict(trainer(train_config)))

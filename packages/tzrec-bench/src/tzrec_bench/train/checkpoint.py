@@ -10,7 +10,9 @@ step: the order of epoch ``e`` is a permutation seeded by ``(seed, e)``, so a re
 recomputes it and skips the batches already trained on. Files are written to a temporary
 name and renamed, so an interrupted write never leaves a truncated checkpoint behind; a file
 damaged later, or one of another kind, is refused by :func:`load` with a
-:class:`CheckpointError` naming it. The format and the files' names are
+:class:`CheckpointError` naming it. Every file of a run carries the run's id (:data:`RUN_ID`),
+so that a resumed run never takes a best.pt that another run left (:func:`check_same_run`).
+The format and the files' names are
 :mod:`tzrec_gr.checkpoint`'s, which serving and tzrec-acc read through.
 """
 
@@ -18,11 +20,13 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
+from tzrec_bench.data import DATASETS
+from tzrec_bench.data.event_log import Columns
 from tzrec_gr.checkpoint import (
     BEST,
     CHECKPOINT,
@@ -33,8 +37,8 @@ from tzrec_gr.checkpoint import (
 )
 from tzrec_gr.vocabulary import IdVocabularies, VocabularyError
 
-__all__ = ["BEST", "CHECKPOINT", "FORMAT", "CheckpointError", "DataMismatchError", "RunFiles",
-           "check_same_data", "load"]
+__all__ = ["BEST", "CHECKPOINT", "FORMAT", "RUN_ID", "CheckpointError", "DataMismatchError",
+           "RunFiles", "check_same_data", "check_same_run", "load"]
 # what every file written by the trainer holds, and what a checkpoint.pt holds besides
 # (what --resume restores); best.pt holds the first set (and model_config, metrics)
 KEYS: Tuple[str, ...] = ("config", "step", "model")
@@ -42,6 +46,8 @@ RESUME_KEYS: Tuple[str, ...] = ("optimizer", "scheduler", "early_stopping", "his
 #: a sharded checkpoint.pt names its folder of shards here instead of holding the states
 SHARDED = "sharded"
 SHARDED_STATES = ("model", "optimizer")
+#: the entry of every file a run writes that names the run (a random hex string)
+RUN_ID = "run_id"
 EXPECTED = f"a {CHECKPOINT} or {BEST} written by `tzrec-bench train`"
 
 
@@ -52,11 +58,14 @@ class DataMismatchError(ValueError):
 
 
 def check_same_data(payload: Dict[str, Any], path: Path, data: IdVocabularies,
-                    what: str) -> None:
+                    what: str, columns: Optional[str] = None) -> None:
     """Raises :class:`DataMismatchError` when ``data`` (the vocabularies of the data at
-    hand) is not what the checkpoint ``payload`` (read from ``path``) was trained on.
+    hand, read with the ``--columns`` mapping ``columns``) is not what the checkpoint
+    ``payload`` (read from ``path``) was trained on.
 
-    A checkpoint written before vocabularies were saved is compared by its item count.
+    A checkpoint written before vocabularies were saved is compared by its item count. When
+    the mapping differs from the checkpoint's, the message says so first: other columns
+    read other events, which is the cause, not a changed log.
     """
     try:
         saved = IdVocabularies.from_payload(payload, str(path))
@@ -71,10 +80,44 @@ def check_same_data(payload: Dict[str, Any], path: Path, data: IdVocabularies,
     else:
         found = saved.differences(data)
         source = saved.source or "its training data"
+    trained_on = payload.get("config", {})
+    if found and trained_on.get("data") not in DATASETS:  # a named set maps no columns
+        found = _columns_first(found, trained_on.get("columns"), columns)
     if found:
         raise DataMismatchError(
             f"{what}: {data.source} is not the data {path} was trained on ({source}): "
             + "; ".join(found)
+        )
+
+
+def _columns_first(found: List[str], saved: Optional[str], given: Optional[str]) -> List[str]:
+    """``found`` led by the difference of the two ``--columns`` mappings, if they differ;
+    the events' fingerprint then differs because of it and is not named apart."""
+    try:
+        same = Columns.parse(saved) == Columns.parse(given)
+    except ValueError:  # a mapping this version does not read: compare the text
+        same = saved == given
+    if same:
+        return found
+
+    def shown(text: Optional[str]) -> str:
+        default = ",".join(p for p in Columns().text().split(",") if not p.endswith("="))
+        return text if text else f"the default {default}"
+
+    return [f"the columns differ (--columns {shown(given)} here, {shown(saved)} in "
+            "training)", *(d for d in found if not d.startswith("the events differ"))]
+
+
+def check_same_run(payload: Dict[str, Any], path: Path, run_id: Optional[str],
+                   resumed: Path) -> None:
+    """Raises :class:`CheckpointError` unless the file ``path`` (its ``payload``) belongs to
+    the run of ``resumed`` (its checkpoint.pt), whose id is ``run_id``."""
+    theirs = payload.get(RUN_ID)
+    if theirs != run_id:
+        raise CheckpointError(
+            f"{path}: written by another run than {resumed} (run id {theirs or 'none'}, "
+            f"not {run_id or 'none'}); a run's folder holds one run: remove {path.name} to "
+            "resume, or start a new run with --overwrite"
         )
 
 

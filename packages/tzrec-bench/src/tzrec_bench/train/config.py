@@ -40,11 +40,14 @@ TABLE_OPTIMIZER_NAMES = ("rowwise-adagrad", "adagrad", "sgd", "adam")
 RESUMABLE_CHANGES = frozenset(
     {
         "data", "columns", "data_dir", "cache_dir", "device", "backend", "out_dir", "resume",
+        "overwrite", "paths_as_typed",
         "max_steps", "epochs", "eval_batch_size", "exclude_seen", "patience", "min_delta",
         "checkpoint_every", "log_every", "plot", "progress", "compile", "eval_negatives",
         "test_users",
     }
 )
+#: the settings that name files or folders, stored absolute (see TrainConfig.with_absolute_paths)
+PATH_FIELDS = ("data", "data_dir", "cache_dir", "out_dir")
 
 
 class ConfigError(ValueError):
@@ -119,10 +122,13 @@ class TrainConfig:
     seed: int = 0
     out_dir: str = "tzrec-bench-runs/run"
     resume: bool = False
+    overwrite: bool = False
     checkpoint_every: Optional[int] = None
     log_every: int = 10
     plot: bool = True
     progress: bool = True
+    # the paths of PATH_FIELDS as the user typed them, where they were made absolute
+    paths_as_typed: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def task(self) -> str:
@@ -133,6 +139,31 @@ class TrainConfig:
     def key_metric(self) -> str:
         """The validation metric that early stopping and the best checkpoint follow."""
         return self.metric or ("ndcg@10" if self.task == "retrieval" else "auc")
+
+    def shown(self, field: str) -> str:
+        """A path setting as the user typed it (for messages), or the setting itself."""
+        return self.paths_as_typed.get(field, str(getattr(self, field)))
+
+    def replaced(self, **changes: Any) -> "TrainConfig":
+        """``dataclasses.replace``, forgetting the typed form of each path that changes."""
+        typed = {k: v for k, v in self.paths_as_typed.items() if k not in changes}
+        return dataclasses.replace(self, **changes, paths_as_typed=typed)
+
+    def with_absolute_paths(self) -> "TrainConfig":
+        """This config with the paths of :data:`PATH_FIELDS` absolute, so that a checkpoint
+        read from another folder still finds its data; the typed forms are kept for
+        messages in ``paths_as_typed``. A named data set is a name, not a path."""
+        changed: Dict[str, str] = {}
+        for field in PATH_FIELDS:
+            value = getattr(self, field)
+            if value is None or (field == "data" and value in DATASETS):
+                continue
+            absolute = str(Path(value).expanduser().absolute())
+            if absolute != value:
+                changed[field] = absolute
+        typed = {**self.paths_as_typed,
+                 **{f: self.paths_as_typed.get(f, getattr(self, f)) for f in changed}}
+        return dataclasses.replace(self, **changed, paths_as_typed=typed)
 
     def total_steps(self, steps_per_epoch: int) -> int:
         """Optimizer steps of the whole run: ``max_steps``, ``epochs``, whichever ends first."""
@@ -202,6 +233,9 @@ class TrainConfig:
             raise ConfigError("compile", "not supported with --sharding torchrec (its sharded "
                               "tables run outside torch.compile); expected --sharding "
                               "replicate, or no --compile")
+        if self.overwrite and self.resume:
+            raise ConfigError("overwrite", "--resume continues the run in --out-dir and "
+                              "--overwrite replaces it: give one of them")
         if self.eval_negatives and self.task != "retrieval":
             raise ConfigError("eval_negatives", f"the sampled protocol ranks retrieval targets; "
                               f"{self.model} is a ranking model")

@@ -23,7 +23,7 @@ class FittedRun(Run):
     def header(self) -> str:
         c = self.config
         return (
-            f"tzrec-bench train: {c.model} on {c.data} ({self.task.describe()})\n"
+            f"tzrec-bench train: {c.model} on {c.shown('data')} ({self.task.describe()})\n"
             f"  {self.ctx.placement}, fitted from the training events (no gradient steps)"
         )
 

@@ -80,7 +80,7 @@ class Trainer(Run):
         c = self.config
         amp = "bf16" if self.amp is not None else "off"
         return (
-            f"tzrec-bench train: {c.model} on {c.data} ({self.task.describe()})\n"
+            f"tzrec-bench train: {c.model} on {c.shown('data')} ({self.task.describe()})\n"
             f"  {self.ctx.placement}, {backend_name(c)}, amp {amp}"
             f"{', training step under torch.compile' if c.compile else ''}\n"
             f"  {'at most ' if c.patience else ''}{self.total_steps} steps "
@@ -161,7 +161,9 @@ class Trainer(Run):
         conflicts = self.config.resume_conflicts(TrainConfig.from_dict(state["config"]))
         if conflicts:
             raise ConfigError("resume", f"cannot resume from {path}: " + "; ".join(conflicts))
-        checkpoint.check_same_data(state, path, self.vocabularies, "--resume")
+        checkpoint.check_same_data(state, path, self.vocabularies, "--resume",
+                                   self.config.columns)
+        self.continue_run(state)
         self.strategy.load_states(state, path)
         self.scheduler.load_state_dict(state["scheduler"])
         # the warm-up's current lr (a sharded run's optimizer states do not hold it)
@@ -296,21 +298,21 @@ def evaluate(
     """
     file = resolve_checkpoint(path)
     state = checkpoint.load(file)
-    config = TrainConfig.from_dict({**state["config"], **(overrides or {})})
+    config = TrainConfig.from_dict(state["config"]).replaced(**(overrides or {}))
     config.check()
     ctx = init_distributed(config.device)
     try:
         checkpoint.seed_everything(config.seed)
         dataset = load_data(config, ctx)
-        checkpoint.check_same_data(state, file, dataset.id_vocabularies(config.data),
-                                   "evaluate")
+        checkpoint.check_same_data(state, file, dataset.id_vocabularies(config.shown("data")),
+                                   "evaluate", config.columns)
         task = make_task(config, dataset, ctx)
         model = build_model(config, task.num_items, task.task_bits, ctx.device)
         model.load_state_dict(state["model"])
         model.eval()
         metrics = task.evaluate(model, split, max_users)
         if ctx.is_main:
-            print(f"{config.model} on {config.data}, {file} (step {state['step']})")
+            print(f"{config.model} on {config.shown('data')}, {file} (step {state['step']})")
             files = describe_files(dataset.files, dataset.skipped_files)
             if files:
                 print(f"  read {files}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import resource
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +22,12 @@ from tqdm import tqdm
 
 from tzrec_bench.data import SequenceDataset, load_dataset
 from tzrec_bench.data.log_files import describe_files
-from tzrec_bench.train import checkpoint, validation
+from tzrec_bench.train import checkpoint, run_folder, validation
 from tzrec_bench.train.checkpoint import RunFiles
 from tzrec_bench.train.config import TrainConfig
 from tzrec_bench.train.distributed import DistContext, barrier, gather_objects
 from tzrec_bench.train.early_stopping import EarlyStopping
-from tzrec_bench.train.factory import build_model, make_task, model_config
+from tzrec_bench.train.factory import build_model, is_fitted, make_task, model_config
 from tzrec_bench.train.plot import plot_curves
 from tzrec_bench.train.report import (
     evaluated_users,
@@ -34,14 +35,11 @@ from tzrec_bench.train.report import (
     steady_state,
     throughput_line,
 )
+from tzrec_bench.train.run_folder import HISTORY_FILE, METRICS_FILE, PLOT_FILE
 from tzrec_bench.train.strategies import Strategy, WholeModel
 from tzrec_gr.embeddings import TableFactory
 from tzrec_gr.vocabulary import VOCABULARY_KEY
 from tzrec_ops.registry import resolve_backend
-
-METRICS_FILE = "metrics.json"
-HISTORY_FILE = "history.json"
-PLOT_FILE = "curves.png"
 
 
 @dataclass
@@ -73,6 +71,22 @@ class RunResult:
     tokens: int
     out_dir: Path
     peak_memory: List[int] = dataclasses.field(default_factory=list)
+
+
+def json_text(value: Any, indent: Optional[int] = None) -> str:
+    """``value`` as strict JSON: a NaN or infinite number (a metric of no user) is null,
+    never the bare ``NaN`` that JSON readers refuse."""
+    return json.dumps(_finite(value), indent=indent, allow_nan=False) + "\n"
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def load_data(config: TrainConfig, ctx: DistContext) -> SequenceDataset:
@@ -117,23 +131,29 @@ class Run:
 
     def __init__(self, config: TrainConfig, ctx: DistContext,
                  embedding_tables: Union[str, TableFactory]) -> None:
-        self.config = config
+        # stored absolute: the checkpoint finds its data from any folder
+        self.config = config = config.with_absolute_paths()
         self.ctx = ctx
         self.out_dir = Path(config.out_dir)
+        run_folder.check(config)  # before anything is read or written
         checkpoint.seed_everything(config.seed)  # the same initial weights on every rank
         dataset = load_data(config, ctx)
+        validation.check_split(dataset.lengths, config)
         self.data_files = describe_files(dataset.files, dataset.skipped_files)
-        self.vocabularies = dataset.id_vocabularies(config.data)
+        self.vocabularies = dataset.id_vocabularies(config.shown("data"))
         self.task = make_task(config, dataset, ctx)
         validation.validate(config, ctx.device, validation.DataSize(
             self.task.num_items, len(self.task.train_rows), ctx.world_size))
         self.model = build_model(config, self.task.num_items, self.task.task_bits,
                                  ctx.device, embedding_tables=embedding_tables)
         torch.manual_seed(config.seed + ctx.rank)  # each rank its own dropout masks
+        self._clear_earlier_run()
         self.files = RunFiles(self.out_dir, {
             "config": config.to_dict(),
             "model_config": model_config(config, self.task.num_items, self.task.task_bits),
             VOCABULARY_KEY: self.vocabularies.state(),  # encoded once, saved often
+            # a new run's id; a resumed one takes its checkpoint's (continue_run)
+            checkpoint.RUN_ID: gather_objects(run_folder.new_run_id(), ctx)[0],
         }, ctx.is_main)
         self.stopper = EarlyStopping(config.patience, config.min_delta)
         self.history: Dict[str, List[Dict[str, Any]]] = {"train": [], "valid": []}
@@ -144,6 +164,24 @@ class Run:
     def log(self, message: str) -> None:
         if self.ctx.is_main:
             tqdm.write(message)
+
+    def _clear_earlier_run(self) -> None:
+        """Rank 0 removes the run files that :func:`run_folder.check` let through: those of
+        an earlier run under ``--overwrite``, or those of the run a fitted baseline fits
+        again on ``--resume``."""
+        if self.config.resume and not is_fitted(self.config):
+            return
+        if self.ctx.is_main:
+            removed = run_folder.clear(self.out_dir)
+            if removed:
+                self.log(f"removed the earlier run's {', '.join(removed)} from "
+                         f"{self.config.shown('out_dir')}")
+        barrier(self.ctx)
+
+    def continue_run(self, state: Dict[str, Any]) -> None:
+        """A resumed run goes on as the run of ``state`` (its checkpoint.pt): every file
+        it writes carries that run's id."""
+        self.files.description[checkpoint.RUN_ID] = state.get(checkpoint.RUN_ID)
 
     # -- what a subclass says ----------------------------------------------------------
 
@@ -244,8 +282,8 @@ class Run:
             "users": evaluated_users({"valid": result.valid, "test": result.test}, users_of),
             **({} if seen is None else {"exclude_seen": seen}),
         }
-        (self.out_dir / METRICS_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        (self.out_dir / HISTORY_FILE).write_text(json.dumps(self.history) + "\n")
+        (self.out_dir / METRICS_FILE).write_text(json_text(summary, indent=2))
+        (self.out_dir / HISTORY_FILE).write_text(json_text(self.history))
         valid_column = f"valid (step {result.best_step})"
         print(metrics_table({valid_column: result.valid, "test": result.test}, exclude_seen=seen,
                             users_of={valid_column: users_of["valid"], "test": users_of["test"]}))
@@ -265,9 +303,10 @@ class Run:
                 name for name in result.test if name != "count"]
             try:
                 path = plot_curves(self.history, list(dict.fromkeys(shown)),
-                                   self.out_dir / PLOT_FILE, f"{config.model} on {config.data}",
+                                   self.out_dir / PLOT_FILE,
+                                   f"{config.model} on {config.shown('data')}",
                                    result.best_step)
                 print(f"curves: {path}")
             except ImportError as exc:
                 print(f"plot skipped: {exc}")
-        print(f"checkpoints and metrics: {self.out_dir}")
+        print(f"checkpoints and metrics: {config.shown('out_dir')}")

@@ -92,10 +92,15 @@ class WholeModel:
         self.files.write(checkpoint.BEST, step, metrics=metrics, model=self.best)
 
     def resume_best(self) -> None:
-        """Takes the best weights of the run being resumed from its best.pt."""
+        """Takes the best weights of the run being resumed from its best.pt, which must be
+        that run's (the run id of its checkpoint.pt)."""
         path = self.files.folder / checkpoint.BEST
         if path.exists():
-            self.best = checkpoint.load(path)["model"]
+            payload = checkpoint.load(path)
+            checkpoint.check_same_run(payload, path,
+                                      self.files.description.get(checkpoint.RUN_ID),
+                                      self.files.folder / checkpoint.CHECKPOINT)
+            self.best = payload["model"]
 
     def load_best(self) -> None:
         """Puts the best weights (if any run validated) into the model."""

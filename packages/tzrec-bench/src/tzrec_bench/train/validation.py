@@ -3,6 +3,9 @@
 A run calls it twice: before anything is built (no data, model or file yet), and again
 once the data is loaded, when the catalogue and the training users are known. Each check
 raises :class:`~tzrec_bench.train.config.ConfigError` naming the option (the CLI exits 2).
+Data that leaves nothing to evaluate or train on under the leave-one-out split is refused
+by :func:`check_split` before training, with a
+:class:`~tzrec_bench.data.DataFormatError` naming the cause (the CLI exits 1).
 """
 
 from __future__ import annotations
@@ -10,8 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
+from tzrec_bench.data import DataFormatError
+from tzrec_bench.data.split import MIN_EVALUATED_LENGTH
 from tzrec_bench.plan import require_torchrec
 from tzrec_bench.train.config import FITTED_MODELS, ConfigError, TrainConfig
 from tzrec_bench.train.distributed import pick_device
@@ -67,6 +73,34 @@ def validate(
             f"must be between the number of processes ({data.world_size}) and the "
             f"training users ({data.train_users}); got {config.batch_size}",
         )
+
+
+def check_split(lengths: np.ndarray, config: TrainConfig) -> None:
+    """Raises :class:`DataFormatError` when the users' event counts ``lengths`` leave the
+    leave-one-out split nothing to validate and test (no user with 3 events), or a trained
+    model nothing to train on (no user with a training sequence of 2 events)."""
+    source = config.shown("data")
+    if not (lengths >= MIN_EVALUATED_LENGTH).any():
+        raise DataFormatError(
+            f"{source}: nothing to validate or test: the leave-one-out split holds out each "
+            f"user's last 2 events and needs users with at least {MIN_EVALUATED_LENGTH} "
+            f"events, but there is none ({_event_counts(lengths)})"
+        )
+    # an evaluated user trains on its events before the 2 held out; the others on all
+    trained = np.where(lengths >= MIN_EVALUATED_LENGTH, lengths - 2, lengths)
+    if config.model not in FITTED_MODELS and not (trained >= 2).any():
+        raise DataFormatError(
+            f"{source}: nothing to train on: a training sequence needs 2 events besides the "
+            f"2 held out of a user with {MIN_EVALUATED_LENGTH} or more (users with 2 or at "
+            f"least 4 events), but there is none ({_event_counts(lengths)})"
+        )
+
+
+def _event_counts(lengths: np.ndarray) -> str:
+    """``40 users: 25 with 1 event, 15 with 2 events``."""
+    values, counts = np.unique(lengths, return_counts=True)
+    parts = [f"{c} with {v} event{'' if v == 1 else 's'}" for v, c in zip(values, counts)]
+    return f"{len(lengths)} users: " + ", ".join(parts) if parts else "no user"
 
 
 def _check_sharding(config: TrainConfig, device: torch.device) -> None:
