@@ -56,8 +56,7 @@ import pyarrow.dataset as pads
 
 from tzrec_bench.data.grouping import Spool, write_grouped
 from tzrec_bench.data.log_files import format_of
-from tzrec_bench.data.log_rows import (delimited_problem, json_problem, non_blank_lines,
-                                        open_text)
+from tzrec_bench.data.log_rows import delimited_problem, json_problem, non_blank_lines, open_text
 from tzrec_bench.data.text_format import DataFormatError
 
 TEXT_COLUMNS = ("user", "item", "time")
