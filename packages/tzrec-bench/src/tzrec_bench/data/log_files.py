@@ -22,18 +22,17 @@ path in it:
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
+from tzrec_bench.data.cache import file_digest
 from tzrec_bench.data.text_format import DataFormatError
 from tzrec_gr.file_formats import FORMATS, format_of
 
 #: names listed in full in a header; longer lists show the first and the last
 SHOWN = 4
-_BLOCK = 1 << 24  # bytes hashed per read
 
 
 def _stem(path: Path) -> str:
@@ -137,14 +136,6 @@ def _refuse_one_name_twice(log: LogFiles) -> None:
         seen[key] = name
 
 
-def _digest(path: Path) -> str:
-    digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(_BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _refuse_same_bytes(log: LogFiles) -> None:
     by_size: Dict[int, List[int]] = defaultdict(list)
     for index, file in enumerate(log.files):
@@ -154,7 +145,7 @@ def _refuse_same_bytes(log: LogFiles) -> None:
             continue
         seen: Dict[str, int] = {}
         for index in indices:
-            digest = _digest(log.files[index])
+            digest = file_digest(log.files[index])
             if digest in seen:
                 first, second = log.names[seen[digest]], log.names[index]
                 raise DataFormatError(f"{log.root}: {first} and {second} hold the same bytes: "
