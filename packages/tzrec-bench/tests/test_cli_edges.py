@@ -84,19 +84,18 @@ def _no_cuda(monkeypatch):
 
 
 def _parsers():
-    """(name, a parser of a command taking --device, its other required arguments)."""
-    from tzrec_acc.cli._options import _parser as acc_parser
+    """(name, a parser of a command taking --device, its other required arguments);
+    ``python -m tzrec_acc export`` is tzrec-acc's own test (test_cli_edges.py there)."""
     from tzrec_bench import export_bench, load_test, serving_bench
 
     return [
         ("serving_bench", serving_bench._parser(), []),
         ("export_bench", export_bench._parser(), []),
         ("load_test", load_test._parser(), []),
-        ("tzrec_acc export", acc_parser(), ["export", "--model", "m.pt", "--output", "m.pt2"]),
     ]
 
 
-@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("index", range(3))
 def test_every_device_option_resolves_auto_once(monkeypatch, index):
     _no_cuda(monkeypatch)
     name, parser, required = _parsers()[index]
@@ -135,7 +134,6 @@ def test_a_device_this_machine_lacks_is_the_options_one_line_error(monkeypatch, 
 def _mains():
     from tzrec_acc.cli import main as acc_main
     from tzrec_bench import data_bench, export_bench, load_test, serving_bench, table_memory
-    from tzrec_ops.__main__ import main as ops_main
 
     bench = "tzrec-bench"
     return [
@@ -156,11 +154,10 @@ def _mains():
         (load_test.main, ["--rate", "x"], "python -m tzrec_bench.load_test", "--rate"),
         (data_bench.main, ["--nope"], "python -m tzrec_bench.data_bench", "required: --folder"),
         (table_memory.main, ["--nope"], "python -m tzrec_bench.table_memory", "required: --items"),
-        (ops_main, ["nope"], "python -m tzrec_ops", "invalid choice: 'nope'"),
     ]
 
 
-@pytest.mark.parametrize("index", range(18))
+@pytest.mark.parametrize("index", range(17))
 def test_a_bad_option_is_one_line_and_status_2(capsys, index):
     run_main, argv, prog, message = _mains()[index]
     with pytest.raises(SystemExit) as info:

@@ -35,3 +35,15 @@ def test_help_is_unchanged(capsys):
         _parser().parse_args(["run", "--help"])
     assert info.value.code == 0
     assert capsys.readouterr().out.startswith("usage: tool run [-h] --n N")
+
+
+def test_python_dash_m_tzrec_ops_errors_in_one_line(capsys):
+    from tzrec_ops.__main__ import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["nope"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m tzrec_ops: error: ") and "invalid choice: 'nope'" in err
+    assert err.endswith(" (python -m tzrec_ops --help lists the options)\n")
+    assert err.count("\n") == 1

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Union
 
+__all__ = ["FORMATS", "format_of"]
+
 #: file suffix (before an optional ``.gz``) -> format
 FORMATS = {
     ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv",
