@@ -16,7 +16,11 @@ import pytest
 import torch
 
 from tzrec_bench.cli import build_parser, main
+from tzrec_bench.data import Action
+from tzrec_bench.train.config import TrainConfig
+from tzrec_bench.train.factory import build_model, model_config
 from tzrec_gr.checkpoint import write_payload
+from tzrec_gr.models.registry import get_model
 
 TINY = [
     "--synthetic-users", "40", "--synthetic-items", "100", "--max-seq-len", "12",
@@ -73,6 +77,41 @@ def test_a_bad_option_exits_2_naming_it(argv, option, capsys, tmp_path):
     assert code == 2
     assert option in out.err and "error" in out.err
     assert "Traceback" not in out.err
+
+
+MODELS = ["hstu-retrieval", "sasrec", "hstu-ranking", "most-popular", "item-transitions",
+          "item-knn", "popularity-ranking"]
+
+
+def _model_choices():
+    (action,) = [a for a in build_parser()[1]["train"]._actions if "--model" in a.option_strings]
+    return action.choices
+
+
+def test_every_model_choice_is_a_registered_record_that_builds():
+    assert _model_choices() == MODELS
+    config = dict(embedding_dim=16, max_seq_len=12, num_layers=1, num_negatives=4,
+                  num_candidates=3)
+    for name in _model_choices():
+        record = get_model(name)
+        assert record.trainer_kwargs is not None, name
+        built = build_model(TrainConfig(model=name, **config), 20, task_bits=(1, 2))
+        assert type(built) is record.model_class
+        spec = model_config(TrainConfig(model=name, **config), 20, task_bits=(1, 2))
+        assert spec["model"] == record.model_class.__name__
+        assert (record.fitted, record.task) == (
+            name in MODELS[3:], "ranking" if name.endswith("ranking") else "retrieval")
+
+
+def test_an_unknown_model_is_refused_with_the_choices(capsys, tmp_path):
+    code, out = _exit_code(["train", "--model", "bert", "--out-dir", str(tmp_path)], capsys)
+    assert code == 2 and "--model: invalid choice: 'bert'" in out.err
+    assert all(name in out.err for name in MODELS)
+
+
+def test_hstu_ranking_is_built_to_embed_every_action_bit():
+    kwargs = model_config(TrainConfig(model="hstu-ranking"), 20, (1,))["kwargs"]
+    assert kwargs["action_weights"] == [int(a) for a in Action]
 
 
 def test_evaluate_without_a_checkpoint_exits_2(tmp_path, capsys):

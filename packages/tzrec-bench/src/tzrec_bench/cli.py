@@ -38,13 +38,13 @@ from tzrec_bench.train.config import (
     AMP_MODES,
     DEFAULT_EPOCHS,
     DEVICES,
-    MODEL_TASKS,
     SHARDING_TYPES,
     SHARDINGS,
     TABLE_OPTIMIZER_NAMES,
     ConfigError,
     TrainConfig,
     metric_names,
+    model_choices,
 )
 from tzrec_bench.train.metrics import NonFiniteError
 from tzrec_bench.train.run_folder import RunFolderError
@@ -139,7 +139,7 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     _record_given(p)
     d = DEFAULTS
     g = p.add_argument_group("what to train")
-    g.add_argument("--model", choices=list(MODEL_TASKS), default=d.model,
+    g.add_argument("--model", choices=model_choices(), default=d.model,
                    help="hstu-retrieval and sasrec: next-item retrieval; hstu-ranking: "
                    "multi-task ranking of held-out events; the simple baselines, fitted "
                    "from counts in seconds: most-popular, item-transitions (first-order "

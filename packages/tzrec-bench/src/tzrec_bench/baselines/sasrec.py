@@ -11,13 +11,14 @@ softmax (not SASRec's original binary cross-entropy), so the loss is
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tzrec_gr.losses import sampled_softmax_loss
+from tzrec_gr.models.registry import ModelRecord, register_model
 from tzrec_ops.jagged import mirror, offsets_from_lengths, row_positions
 
 __all__ = ["SASRec"]
@@ -242,3 +243,27 @@ class SASRec(nn.Module):
         return sampled_softmax_loss(
             user, item_ids, lengths, self.item_embedding, negatives, self.temperature
         )
+
+
+def _trainer_kwargs(settings: Any, num_items: int, task_bits: Sequence[int]) -> Dict[str, Any]:
+    return dict(
+        num_items=num_items,
+        embedding_dim=settings.embedding_dim,
+        max_seq_len=settings.max_seq_len,
+        num_heads=settings.num_heads,
+        num_layers=settings.num_layers,
+        dropout_ratio=settings.dropout,
+        num_negatives=settings.num_negatives,
+        temperature=settings.temperature,
+    )
+
+
+register_model(
+    ModelRecord(
+        name="sasrec",
+        model_class=SASRec,
+        task="retrieval",
+        trainer_kwargs=_trainer_kwargs,
+        description="SASRec's causal softmax attention, trained with HSTU's sampled softmax",
+    )
+)

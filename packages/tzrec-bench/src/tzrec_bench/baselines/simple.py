@@ -30,7 +30,7 @@ each user's row, which takes a few transient [B, I] tensors.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Dict, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from tzrec_bench.data.dataset import SequenceDataset
 from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, UIH_ACTIONS, UIH_LENGTHS
+from tzrec_gr.models.registry import ModelRecord, register_model
 
 __all__ = ["ItemKNN", "ItemTransitions", "MostPopular", "PopularityRanking"]
 
@@ -420,3 +421,27 @@ class PopularityRanking(nn.Module):
             - torch.logit(global_rates, _LOGIT_EPS)
         )
         return logits.to(torch.float32)
+
+
+def _catalogue_kwargs(settings: Any, num_items: int, task_bits: Sequence[int]) -> Dict[str, Any]:
+    """A retrieval baseline is built from the catalogue size alone."""
+    return dict(num_items=num_items)
+
+
+def _ranking_kwargs(settings: Any, num_items: int, task_bits: Sequence[int]) -> Dict[str, Any]:
+    return dict(num_items=num_items, task_bitmasks=list(task_bits))
+
+
+register_model(ModelRecord(
+    "most-popular", MostPopular, "retrieval", fitted=True, trainer_kwargs=_catalogue_kwargs,
+    description="the items with the most training events"))
+register_model(ModelRecord(
+    "item-transitions", ItemTransitions, "retrieval", fitted=True,
+    trainer_kwargs=_catalogue_kwargs,
+    description="first-order Markov chain from the user's last item, backed off to popularity"))
+register_model(ModelRecord(
+    "item-knn", ItemKNN, "retrieval", fitted=True, trainer_kwargs=_catalogue_kwargs,
+    description="co-occurrence similarity to the user's recent items, backed off to popularity"))
+register_model(ModelRecord(
+    "popularity-ranking", PopularityRanking, "ranking", fitted=True,
+    trainer_kwargs=_ranking_kwargs, description="smoothed per-item and per-user action rates"))

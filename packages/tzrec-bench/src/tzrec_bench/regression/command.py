@@ -30,7 +30,8 @@ from tzrec_bench.regression.harness import (
     summary_table,
     train_and_test,
 )
-from tzrec_bench.train.config import MODEL_TASKS, TrainConfig
+from tzrec_bench.train.config import TrainConfig
+from tzrec_gr.models.registry import get_model
 
 
 def add_parser(subparsers: argparse._SubParsersAction,
@@ -95,7 +96,7 @@ def run_command(args: argparse.Namespace, trainer: Trainer = train_and_test) -> 
     if args.eval_negatives:
         configs = [dataclasses.replace(c, settings={**c.settings,
                                                     "eval_negatives": args.eval_negatives})
-                   if MODEL_TASKS[c.settings.get("model", TrainConfig.model)] == "retrieval"
+                   if get_model(c.settings.get("model", TrainConfig.model)).task == "retrieval"
                    else c for c in configs]
     if args.no_baseline:
         baseline = {}

@@ -30,7 +30,8 @@ from tzrec_bench.regression.baseline import (
     metric_status,
 )
 from tzrec_bench.regression.configs import RunConfig, data_dir, missing_data
-from tzrec_bench.train.config import FITTED_MODELS, MODEL_TASKS, TrainConfig
+from tzrec_bench.train.config import TrainConfig
+from tzrec_gr.models.registry import get_model
 
 Trainer = Callable[[TrainConfig], Mapping[str, float]]
 
@@ -122,13 +123,13 @@ def floor_configs(config: RunConfig) -> List[RunConfig]:
     """The simple baselines of ``config``'s task, on its data and split (none for a config
     that is itself a simple baseline)."""
     model = config.settings.get("model", TrainConfig.model)
-    if model in FITTED_MODELS:
+    if get_model(model).fitted:
         return []
     shared = {k: v for k, v in config.settings.items() if k in FLOOR_SETTINGS}
     return [
         RunConfig(f"floor:{floor}", config.path, f"{floor} on {config.name}'s data",
                   {**shared, "model": floor})
-        for floor in FLOORS[MODEL_TASKS[model]]
+        for floor in FLOORS[get_model(model).task]
     ]
 
 

@@ -9,11 +9,15 @@
 - :mod:`~tzrec_bench.train.config`: ``TrainConfig``, every setting of a run;
   :mod:`~tzrec_bench.train.validation`: ``validate``, every check of them;
 - :mod:`~tzrec_bench.train.checkpoint`: the files of a run and RNG states;
-- :mod:`~tzrec_bench.train.factory`: models and tasks by name;
+- :mod:`~tzrec_bench.train.factory`: models (from :mod:`tzrec_gr.models.registry`) and
+  tasks by name;
 - :mod:`~tzrec_bench.train.retrieval` / :mod:`~tzrec_bench.train.ranking`: the two tasks;
 - :mod:`~tzrec_bench.train.metrics`: metrics (the losses are the models' own, from
   :mod:`tzrec_gr.losses`).
 
-Nothing is imported here, so that a module of this package imports without the loop and
-its dependencies.
+Importing this package registers tzrec-bench's baselines (:mod:`tzrec_bench.baselines`) in
+the model registry, so that ``--model`` names them; nothing else is imported here, so that a
+module of this package imports without the loop and its dependencies.
 """
+
+import tzrec_bench.baselines  # noqa: F401  (registers the baselines' models)

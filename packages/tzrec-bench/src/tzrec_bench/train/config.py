@@ -13,19 +13,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from tzrec_bench.data import DATASETS
 from tzrec_bench.data.event_log import Columns
+from tzrec_gr.models.registry import get_model, model_names
 
-# model name -> the task it is trained on (the registry of builders is train/factory.py)
-MODEL_TASKS = {
-    "hstu-retrieval": "retrieval",
-    "sasrec": "retrieval",
-    "hstu-ranking": "ranking",
-    # the simple baselines, fitted from counts (tzrec_bench.baselines.simple)
-    "most-popular": "retrieval",
-    "item-transitions": "retrieval",
-    "item-knn": "retrieval",
-    "popularity-ranking": "ranking",
-}
-FITTED_MODELS = frozenset({"most-popular", "item-transitions", "item-knn", "popularity-ranking"})
 RETRIEVAL_KS = (10, 50, 200)
 RANKING_TASKS = ("click", "like", "long_view")
 DEFAULT_EPOCHS = 10
@@ -56,6 +45,13 @@ class ConfigError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         self.option = option_name(field)
         super().__init__(f"{self.option}: {message}")
+
+
+def model_choices() -> List[str]:
+    """The models ``--model`` accepts: every registered model with a trainer builder
+    (:mod:`tzrec_gr.models.registry`; importing :mod:`tzrec_bench.train` registers
+    tzrec-bench's baselines)."""
+    return [name for name in model_names() if get_model(name).trainer_kwargs is not None]
 
 
 def option_name(field: str) -> str:
@@ -133,7 +129,7 @@ class TrainConfig:
     @property
     def task(self) -> str:
         """``"retrieval"`` or ``"ranking"``."""
-        return MODEL_TASKS[self.model]
+        return get_model(self.model).task
 
     @property
     def key_metric(self) -> str:
@@ -174,9 +170,9 @@ class TrainConfig:
 
     def check(self) -> None:
         """Raises :class:`ConfigError` naming the first option out of range."""
-        if self.model not in MODEL_TASKS:
+        if self.model not in model_choices():
             raise ConfigError("model", f"unknown model {self.model!r}; expected one of "
-                              f"{', '.join(MODEL_TASKS)}")
+                              f"{', '.join(model_choices())}")
         if self.data not in DATASETS and not Path(self.data).exists():
             raise ConfigError("data", f"{self.data!r} is neither a data set ("
                               f"{', '.join(DATASETS)}) nor an existing file or folder")
@@ -225,10 +221,11 @@ class TrainConfig:
         if not 0.0 <= self.storage_reservation < 1.0:
             raise ConfigError("storage_reservation", f"must be in [0, 1); got "
                               f"{self.storage_reservation}")
-        if self.compile and self.model in FITTED_MODELS:
+        if self.compile and get_model(self.model).fitted:
+            trained = [name for name in model_choices() if not get_model(name).fitted]
             raise ConfigError("compile", f"{self.model} is fitted from counts and takes no "
                               "gradient steps: there is no training step to compile; drop "
-                              "--compile or train hstu-retrieval, sasrec or hstu-ranking")
+                              f"--compile or train {', '.join(trained[:-1])} or {trained[-1]}")
         if self.compile and self.sharding == "torchrec":
             raise ConfigError("compile", "not supported with --sharding torchrec (its sharded "
                               "tables run outside torch.compile); expected --sharding "

@@ -14,7 +14,8 @@ from tzrec_bench.train.strategies import WholeModel
 
 
 class FittedRun(Run):
-    """Fits ``config.model`` (one of ``config.FITTED_MODELS``); ``--resume`` fits again."""
+    """Fits ``config.model`` (a model whose registry record is ``fitted``); ``--resume``
+    fits again."""
 
     def __init__(self, config: TrainConfig, ctx: DistContext) -> None:
         super().__init__(config, ctx, WholeModel.embedding_tables)

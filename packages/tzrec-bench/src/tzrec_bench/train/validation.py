@@ -19,8 +19,9 @@ import torch
 from tzrec_bench.data import DataFormatError
 from tzrec_bench.data.split import MIN_EVALUATED_LENGTH
 from tzrec_bench.plan import require_torchrec
-from tzrec_bench.train.config import FITTED_MODELS, ConfigError, TrainConfig
+from tzrec_bench.train.config import ConfigError, TrainConfig
 from tzrec_bench.train.distributed import pick_device
+from tzrec_gr.models.registry import get_model
 
 #: the models whose item tables torchrec shards
 SHARDED_MODELS = ("hstu-retrieval", "hstu-ranking")
@@ -65,7 +66,7 @@ def validate(
     if config.sharding == "torchrec" and config.task == "retrieval":
         _check_sharded_catalogue(config, data.num_items)
     # a fitted baseline reads every training event at once: it has no batch to check
-    if config.model not in FITTED_MODELS and not (
+    if not get_model(config.model).fitted and not (
         data.world_size <= config.batch_size <= data.train_users
     ):
         raise ConfigError(
@@ -88,7 +89,7 @@ def check_split(lengths: np.ndarray, config: TrainConfig) -> None:
         )
     # an evaluated user trains on its events before the 2 held out; the others on all
     trained = np.where(lengths >= MIN_EVALUATED_LENGTH, lengths - 2, lengths)
-    if config.model not in FITTED_MODELS and not (trained >= 2).any():
+    if not get_model(config.model).fitted and not (trained >= 2).any():
         raise DataFormatError(
             f"{source}: nothing to train on: a training sequence needs 2 events besides the "
             f"2 held out of a user with {MIN_EVALUATED_LENGTH} or more (users with 2 or at "

@@ -6,7 +6,7 @@ K = number of tasks, C = contextual features.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -41,6 +41,7 @@ from tzrec_gr.models._inputs import (
     check_lengths,
     check_rows,
 )
+from tzrec_gr.models.registry import ModelRecord, register_model
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
 from tzrec_gr.postprocessors import TimestampLayerNormPostprocessor
 from tzrec_gr.preprocessors import ContextualInterleavePreprocessor
@@ -387,3 +388,34 @@ class HSTURanking(nn.Module):
             torch.Tensor: scalar.
         """
         return multitask_bce_loss(logits, labels, self._task_bits, self._task_weights)
+
+
+#: the bits of the history action mask the trainer embeds: all 8 (tzrec-bench's ``Action``)
+_TRAINED_ACTION_BITS = [1 << bit for bit in range(8)]
+
+
+def _trainer_kwargs(settings: Any, num_items: int, task_bits: Sequence[int]) -> Dict[str, Any]:
+    return dict(
+        num_items=num_items,
+        item_embedding_dim=settings.embedding_dim,
+        embedding_dim=settings.embedding_dim,
+        task_bitmasks=list(task_bits),
+        action_weights=list(_TRAINED_ACTION_BITS),
+        max_uih_len=settings.max_seq_len,
+        max_targets=settings.num_candidates,
+        num_heads=settings.num_heads,
+        num_layers=settings.num_layers,
+        dropout_ratio=settings.dropout,
+        backend=settings.backend,
+    )
+
+
+register_model(
+    ModelRecord(
+        name="hstu-ranking",
+        model_class=HSTURanking,
+        task="ranking",
+        trainer_kwargs=_trainer_kwargs,
+        description="HSTU over histories and candidates with a multi-task head",
+    )
+)

@@ -6,7 +6,7 @@ T = candidates per user.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -27,6 +27,7 @@ from tzrec_gr.models._inputs import (
     check_lengths,
     check_rows,
 )
+from tzrec_gr.models.registry import ModelRecord, register_model
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
 from tzrec_gr.postprocessors import L2NormPostprocessor
 from tzrec_gr.preprocessors import UIHPreprocessor
@@ -257,3 +258,28 @@ class HSTURetrieval(nn.Module):
         return sampled_softmax_loss(
             user, item_ids, lengths, self.item_embedding, negatives, self.temperature
         )
+
+
+def _trainer_kwargs(settings: Any, num_items: int, task_bits: Sequence[int]) -> Dict[str, Any]:
+    return dict(
+        num_items=num_items,
+        embedding_dim=settings.embedding_dim,
+        max_seq_len=settings.max_seq_len,  # attention scaling fixed to the trained bound
+        num_heads=settings.num_heads,
+        num_layers=settings.num_layers,
+        num_negatives=settings.num_negatives,
+        temperature=settings.temperature,
+        dropout_ratio=settings.dropout,
+        backend=settings.backend,
+    )
+
+
+register_model(
+    ModelRecord(
+        name="hstu-retrieval",
+        model_class=HSTURetrieval,
+        task="retrieval",
+        trainer_kwargs=_trainer_kwargs,
+        description="causal HSTU over item histories, trained with a sampled softmax",
+    )
+)
