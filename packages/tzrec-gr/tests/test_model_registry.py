@@ -174,7 +174,7 @@ def test_an_unknown_name_lists_the_known_ones(plugins):
     with pytest.raises(ModelRegistryError) as exc:
         get_model("hstu")
     assert str(exc.value) == f"unknown model 'hstu'; registered: {', '.join(model_names())}"
-    assert "hstu-retrieval, hstu-ranking" in str(exc.value)
+    assert {"hstu-retrieval", "hstu-ranking"} <= set(model_names())  # other packages may add
     with pytest.raises(ModelRegistryError, match=r"^unknown model class 'DLRM'; registered: .*"
                        r"HSTURetrieval"):
         record_for_class("DLRM")
