@@ -252,3 +252,107 @@ def test_a_plugin_reusing_a_name_is_an_error_naming_both_origins(plugins):
                        r"registered by tzrec_gr.models.ranking, one by model plugin 'clash' "
                        r"from distribution clash-models 1.0"):
         model_names()
+
+
+# -- serving asks the registry ---------------------------------------------------------------
+
+
+def _retrieval_model(cls=HSTURetrieval):
+    return cls(**get_model("hstu-retrieval").trainer_kwargs(SETTINGS, 50, ())).eval()
+
+
+def test_the_builtin_servers_are_registered_for_their_records():
+    from tzrec_gr.serving import RankingServer, RetrievalServer, server_for
+
+    assert type(server_for(_retrieval_model())) is RetrievalServer
+    ranking = HSTURanking(**get_model("hstu-ranking").trainer_kwargs(SETTINGS, 50, (1, 2)))
+    assert type(server_for(ranking)) is RankingServer
+    with pytest.raises(TypeError, match="model must be an HSTURetrieval or an HSTURanking, "
+                                        "got Toy"):
+        server_for(Toy(3))
+
+
+def test_a_subclass_of_a_registered_model_is_served_as_its_base():
+    from tzrec_gr.serving import RetrievalServer, server_for
+
+    class Tuned(HSTURetrieval):
+        pass
+
+    assert type(server_for(_retrieval_model(Tuned))) is RetrievalServer
+
+
+def test_a_record_server_must_be_callable():
+    with pytest.raises(ModelRegistryError, match="server must be callable"):
+        ModelRecord("toy", Toy, "retrieval", server="not callable")
+
+
+def test_register_server_refuses_a_second_factory(monkeypatch):
+    from tzrec_gr.serving import RetrievalServer, server
+
+    monkeypatch.setattr(server, "_SERVERS", dict(server._SERVERS))
+    server.register_server("toy", RetrievalServer)
+    server.register_server("toy", RetrievalServer)  # the same again: nothing
+    with pytest.raises(ValueError, match="model 'toy' is served by"):
+        server.register_server("toy", lambda model: RetrievalServer(model))
+
+
+class ToyRetrieval(HSTURetrieval):
+    """A model of its own record (its own class name), served by its record's server."""
+
+
+def test_a_registered_model_is_served_by_its_records_server_without_a_session_change(
+    plugins, tmp_path
+):
+    from tzrec_gr.models import MODEL_CLASSES, build_from_config
+    from tzrec_gr.serving import Histories, RetrievalServer, ServingSession
+    from tzrec_gr.serving.files import predict_file, session_limits
+
+    class ToyServer(RetrievalServer):
+        pass
+
+    built = []
+
+    def serve(model):
+        built.append(model)
+        return ToyServer(model)
+
+    register_model(ModelRecord("toy-retrieval", ToyRetrieval, "retrieval", server=serve))
+    model = _retrieval_model(ToyRetrieval)
+    session = ServingSession(model)
+    assert type(session.server) is ToyServer and built == [model]
+    top = session.recommend(Histories.from_lists([[3, 5, 8], [1]]), k=4)
+    assert top.ids.shape == (2, 4)
+    # predictions from files take the server's limits
+    limits = session_limits(session)
+    assert (limits.kind, limits.num_items) == ("retrieval", 50)
+    source = tmp_path / "users.jsonl"
+    source.write_text('{"user_id": 1, "item_ids": [3, 5], "timestamps": [1, 2]}\n')
+    summary = predict_file(session, limits, source, tmp_path / "top.csv", k=3, progress=False)
+    assert summary.written == 1
+    # a config naming its class rebuilds it (checkpoints store the class name)
+    assert MODEL_CLASSES["ToyRetrieval"] is ToyRetrieval and "ToyRetrieval" in list(MODEL_CLASSES)
+    spec = {"model": "ToyRetrieval",
+            "kwargs": get_model("hstu-retrieval").trainer_kwargs(SETTINGS, 50, ())}
+    assert type(build_from_config(spec)) is ToyRetrieval
+
+
+def test_configs_name_trained_models_only(plugins):
+    from tzrec_gr.models import MODEL_CLASSES, build_from_config
+
+    register_model(ModelRecord("toy-fitted", Toy, "retrieval", fitted=True))
+    assert "Toy" not in MODEL_CLASSES and "HSTURanking" in MODEL_CLASSES
+    with pytest.raises(KeyError):
+        MODEL_CLASSES["Toy"]
+    with pytest.raises(ValueError, match="model must be one of HSTURanking, HSTURetrieval, got "
+                                         "'Toy'"):
+        build_from_config({"model": "Toy", "kwargs": {"num_items": 3}})
+
+
+def test_predictions_from_files_take_their_kind_from_the_servers():
+    from tzrec_gr.serving._predict import SCORES, TOP_K
+    from tzrec_gr.serving.files import Limits
+
+    assert Limits("retrieval", 10, 5).predicts is TOP_K
+    assert Limits("ranking", 10, 5, 3, 0, ("click",)).predicts is SCORES
+    with pytest.raises(ValueError, match="kind must be 'retrieval' or 'ranking', got 'x'"):
+        Limits("x", 10, 5)

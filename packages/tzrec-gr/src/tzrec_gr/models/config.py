@@ -5,23 +5,67 @@ and what tzrec-acc reads beside a plain state dict::
 
     {"model": "HSTURanking", "kwargs": {"num_items": 1000, "item_embedding_dim": 32, ...}}
 
-with ``kwargs`` the model's constructor arguments.
+with ``kwargs`` the model's constructor arguments. The class name is looked up in the model
+registry (:func:`tzrec_gr.models.registry.record_for_class`): any trained (not fitted) model
+registered there, tzrec-gr's own or a plugin's, can be rebuilt from its config.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 from torch import nn
 
-from tzrec_gr.models.ranking import HSTURanking
-from tzrec_gr.models.retrieval import HSTURetrieval
+import tzrec_gr.models.ranking  # noqa: F401  (registers hstu-ranking)
+import tzrec_gr.models.retrieval  # noqa: F401  (registers hstu-retrieval)
+from tzrec_gr.models.registry import (
+    ModelRecord,
+    ModelRegistryError,
+    get_model,
+    model_names,
+    record_for_class,
+)
 from tzrec_ops import BackendError
 
 __all__ = ["MODEL_CLASSES", "build_from_config"]
 
-#: the models a config may name, by class name
-MODEL_CLASSES: Dict[str, type] = {"HSTURanking": HSTURanking, "HSTURetrieval": HSTURetrieval}
+
+def _buildable(name: Any) -> Optional[ModelRecord]:
+    """The record of the trained model whose class is named ``name``, else None (fitted
+    baselines are fitted from counts, not rebuilt from a config)."""
+    if not isinstance(name, str):
+        return None
+    try:
+        record = record_for_class(name)
+    except ModelRegistryError:
+        return None
+    return None if record.fitted else record
+
+
+class _ModelClasses(Mapping[str, type]):
+    """A read-only view of the model registry: class name -> class of every trained model,
+    sorted by name, read at each use (so plugins and later registrations are in it)."""
+
+    def __getitem__(self, name: str) -> type:
+        record = _buildable(name)
+        if record is None:
+            raise KeyError(name)
+        return record.model_class
+
+    def __iter__(self) -> Iterator[str]:
+        records = (get_model(n) for n in model_names())
+        return iter(sorted(r.model_class.__name__ for r in records if not r.fitted))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"MODEL_CLASSES({dict(self)!r})"
+
+
+#: the models a config may name, by class name: a view of the model registry (its trained
+#: models), not a list of its own
+MODEL_CLASSES: Mapping[str, type] = _ModelClasses()
 
 
 def build_from_config(spec: Mapping[str, Any], backend: Optional[str] = None) -> nn.Module:
@@ -47,7 +91,8 @@ def build_from_config(spec: Mapping[str, Any], backend: Optional[str] = None) ->
             f"'kwargs' (the constructor arguments), got {got}"
         )
     name = spec["model"]
-    if name not in MODEL_CLASSES:
+    record = _buildable(name)
+    if record is None:
         raise ValueError(f"model must be one of {', '.join(MODEL_CLASSES)}, got {name!r}")
     if not isinstance(spec["kwargs"], Mapping):
         raise ValueError(f"the config's kwargs must be a mapping, got {type(spec['kwargs'])}")
@@ -55,7 +100,7 @@ def build_from_config(spec: Mapping[str, Any], backend: Optional[str] = None) ->
     if backend is not None:
         kwargs["backend"] = backend
     try:
-        return MODEL_CLASSES[name](**kwargs)
+        return record.model_class(**kwargs)
     except TypeError as exc:
         raise ValueError(f"the config's kwargs do not fit {name}: {exc}") from exc
     except BackendError as exc:  # an unknown or unavailable ops backend

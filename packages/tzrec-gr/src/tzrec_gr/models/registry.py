@@ -72,6 +72,11 @@ class ModelRecord:
         trainer_kwargs: the constructor kwargs from a trainer's settings (see
             :data:`TrainerKwargs`); None for a model no trainer builds.
         description: one line on what the model is.
+        server: builds the serving server of a model instance (a
+            :class:`tzrec_gr.serving.ModelServer`), for a model whose module stands above
+            serving (a plugin); None: the server registered for this name with
+            :func:`tzrec_gr.serving.server.register_server` (tzrec-gr's own models, which
+            serving stands above), or none (the model is not served).
     """
 
     name: str
@@ -80,6 +85,7 @@ class ModelRecord:
     fitted: bool = False
     trainer_kwargs: Optional[TrainerKwargs] = None
     description: str = ""
+    server: Optional[Callable[[nn.Module], Any]] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -99,6 +105,8 @@ class ModelRecord:
             raise ModelRegistryError(
                 f"model {self.name!r}: trainer_kwargs must be callable or None"
             )
+        if self.server is not None and not callable(self.server):
+            raise ModelRegistryError(f"model {self.name!r}: server must be callable or None")
 
 
 @dataclasses.dataclass(frozen=True)

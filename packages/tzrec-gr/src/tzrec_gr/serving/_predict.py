@@ -33,6 +33,7 @@ from tzrec_gr.serving._rows import (
     Limits,
     NothingAnsweredError,
     PredictError,
+    PredictKind,
     Row,
     check_row,
     read_records,
@@ -144,6 +145,27 @@ def _score(
             }
         )
     return out
+
+
+#: the predictions of a model that recommends: each user's top ``k`` items and their scores
+#: (:class:`~tzrec_gr.serving.RetrievalServer` registers it for its kind)
+TOP_K = PredictKind(
+    columns=(),
+    takes_k=True,
+    outputs=lambda limits: [("user_id", "id"), ("item_ids", "items"), ("scores", "floats")],
+    predict=_recommend,
+)
+#: the predictions of a model that scores candidates: a probability per task of each
+#: candidate (:class:`~tzrec_gr.serving.RankingServer` registers it for its kind)
+SCORES = PredictKind(
+    columns=("actions", "candidates", "contextual"),
+    takes_k=False,
+    outputs=lambda limits: [("user_id", "id"), ("candidates", "items"),
+                            *((task, "floats") for task in limits.tasks)],
+    predict=lambda predictor, rows, limits, k, exclude_seen, items: _score(
+        predictor, rows, limits, items
+    ),
+)
 
 
 @dataclasses.dataclass
@@ -260,7 +282,7 @@ def check_options(limits: Limits, k: Any, batch_size: Any, on_error: str,
                            f"{unknown_items!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise PredictError(f"--batch-size must be an int >= 1, got {batch_size!r}")
-    if limits.kind == "retrieval" and (
+    if limits.predicts.takes_k and (
         isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits.num_items
     ):
         raise PredictError(f"--k must be in [1, {limits.num_items}] (the catalogue), got {k!r}")
@@ -321,12 +343,8 @@ def predict_records(
         raise PredictError(
             f"the item vocabulary has {len(items)} ids but the model {limits.num_items} items"
         )
-    retrieval = limits.kind == "retrieval"
-    if retrieval:
-        columns = [("user_id", "id"), ("item_ids", "items"), ("scores", "floats")]
-    else:
-        columns = [("user_id", "id"), ("candidates", "items")]
-        columns += [(task, "floats") for task in limits.tasks]
+    predicts = limits.predicts
+    columns = predicts.outputs(limits)
     summary = PredictSummary()
     start = time.perf_counter()
     writer = Writer(output, fmt, columns, "int" if items is None else items.kind)
@@ -336,10 +354,7 @@ def predict_records(
     def flush() -> None:
         if not batch:
             return
-        if retrieval:
-            out = _recommend(predictor, batch, limits, k, exclude_seen, items)
-        else:
-            out = _score(predictor, batch, limits, items)
+        out = predicts.predict(predictor, batch, limits, k, exclude_seen, items)
         writer.write(out)
         summary.written += len(out)
         batch.clear()

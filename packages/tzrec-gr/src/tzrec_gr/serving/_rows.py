@@ -16,9 +16,10 @@ import gzip
 import json
 import math
 import pathlib
-from typing import IO, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from tzrec_gr.file_formats import FORMATS
+from tzrec_gr.models.registry import TASKS
 from tzrec_gr.serving.inputs import _id_array
 from tzrec_gr.vocabulary import Vocabulary
 from tzrec_ops.extras import require
@@ -55,6 +56,54 @@ class NothingAnsweredError(PredictError):
 
 
 @dataclasses.dataclass(frozen=True)
+class PredictKind:
+    """What predictions from files read and write for one kind of model (a :class:`Limits`'
+    ``kind``, a server's ``kind``); each server module registers its own
+    (:func:`register_predict_kind`), so nothing here asks which kind it predicts for.
+
+    Attributes:
+        columns (tuple[str, ...]): the input columns a row needs besides ``user_id``,
+            ``item_ids`` and ``timestamps``, of ``actions``, ``candidates`` and
+            ``contextual`` (the last only where the model takes contextual features,
+            ``Limits.contextual_width``).
+        takes_k (bool): the predictions are each user's top ``k`` items (``--k`` is checked
+            against the catalogue).
+        outputs: ``limits -> [(column, type), ...]``, the output file's columns.
+        predict: ``(predictor, rows, limits, k, exclude_seen, items) -> records``: the
+            output records of a batch of checked rows.
+    """
+
+    columns: Tuple[str, ...]
+    takes_k: bool
+    outputs: Callable[["Limits"], List[Tuple[str, str]]]
+    predict: Callable[..., List[Dict[str, Any]]]
+
+
+_KINDS: Dict[str, PredictKind] = {}  # a kind -> its predictions, as the servers register them
+
+
+def register_predict_kind(kind: str, predict: PredictKind) -> None:
+    """What predictions from files do for ``kind`` (the server module of that kind calls it)."""
+    if _KINDS.get(kind, predict) != predict:
+        raise ValueError(f"predictions of kind {kind!r} are registered already")
+    _KINDS[kind] = predict
+
+
+def predict_kind(kind: str) -> PredictKind:
+    """The registered :class:`PredictKind` of ``kind``.
+
+    Raises:
+        ValueError: no server registered that kind.
+    """
+    if kind not in _KINDS:
+        order = sorted(_KINDS, key=lambda k: (TASKS.index(k) if k in TASKS else len(TASKS)))
+        raise ValueError(
+            f"kind must be {' or '.join(repr(k) for k in order)}, got {kind!r}"
+        )
+    return _KINDS[kind]
+
+
+@dataclasses.dataclass(frozen=True)
 class Limits:
     """What a row must fit.
 
@@ -75,8 +124,12 @@ class Limits:
     tasks: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in ("retrieval", "ranking"):
-            raise ValueError(f"kind must be 'retrieval' or 'ranking', got {self.kind!r}")
+        predict_kind(self.kind)  # a ValueError for a kind no server registered
+
+    @property
+    def predicts(self) -> PredictKind:
+        """What predictions from files read and write for this kind."""
+        return predict_kind(self.kind)
 
 
 def suffix_format(path: Union[str, pathlib.Path], formats: Dict[str, str], option: str) -> str:
@@ -338,10 +391,8 @@ def check_row(
             nothing else is the row's problem), ``"skip-user"`` makes it the row's problem.
             An unknown candidate is always the row's problem: it cannot be scored.
     """
-    ranking = limits.kind == "ranking"
-    required = [*REQUIRED, *(("actions", "candidates") if ranking else ())]
-    if ranking and limits.contextual_width:
-        required.append("contextual")
+    reads = [c for c in limits.predicts.columns if c != "contextual" or limits.contextual_width]
+    required = [*REQUIRED, *reads]
     for name in required:
         if name not in record or (name != "user_id" and _missing(record[name])):
             return f"{name} is missing"
@@ -353,15 +404,13 @@ def check_row(
     try:
         history, unknown = _item_rows("item_ids", record["item_ids"], items, limits.num_items)
         times = _ints("timestamps", record["timestamps"])
-        actions = _ints("actions", record["actions"]) if ranking else None
+        actions = _ints("actions", record["actions"]) if "actions" in reads else None
         candidates, bad_candidates = (
             _item_rows("candidates", record["candidates"], items, limits.num_items)
-            if ranking else (None, [])
+            if "candidates" in reads else (None, [])
         )
         contextual = (
-            _floats("contextual", record["contextual"])
-            if ranking and limits.contextual_width
-            else None
+            _floats("contextual", record["contextual"]) if "contextual" in reads else None
         )
     except ValueError as exc:
         return str(exc)

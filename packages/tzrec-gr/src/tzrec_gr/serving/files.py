@@ -149,17 +149,11 @@ def session_limits(session: Any, tasks: Optional[Sequence[str]] = None) -> Limit
         session: the session.
         tasks: ranking: a name per task for the output columns. Default: ``task_0``,
             ``task_1``, ...
+
+    The server says what its rows hold (:meth:`ModelServer.predict_limits
+    <tzrec_gr.serving.ModelServer.predict_limits>`).
     """
-    model, server = session.model, session.server
-    if server.kind == "retrieval":
-        return Limits(server.kind, model.num_items, server.max_events)
-    width = server.contextual_width
-    names = (
-        tuple(tasks) if tasks is not None else tuple(f"task_{i}" for i in range(model.num_tasks))
-    )
-    if len(names) != model.num_tasks:
-        raise ValueError(f"tasks has {len(names)} names but the model has {model.num_tasks} tasks")
-    return Limits(server.kind, model.num_items, server.max_events, model.max_targets, width, names)
+    return session.server.predict_limits(tasks)
 
 
 def item_vocabulary(

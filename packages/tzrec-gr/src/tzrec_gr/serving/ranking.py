@@ -31,9 +31,11 @@ from tzrec_gr.models import HSTURanking
 from tzrec_gr.models._inputs import check_appended, check_batch, check_bound
 from tzrec_gr.serving import transducer as cached
 from tzrec_gr.serving._graphs import GraphPool, GraphSet, powers_of_two_up_to
+from tzrec_gr.serving._predict import SCORES
+from tzrec_gr.serving._rows import Limits, register_predict_kind
 from tzrec_gr.serving._score_graphs import ScoreGraphs
 from tzrec_gr.serving.inputs import Histories
-from tzrec_gr.serving.server import Features, ModelServer
+from tzrec_gr.serving.server import Features, ModelServer, register_server
 from tzrec_gr.stu import ServingCache
 from tzrec_gr.stu.serving_cache import constant_lengths, longest
 
@@ -254,6 +256,27 @@ class RankingServer(ModelServer):
     def max_events(self) -> int:
         return self.model.max_uih_len
 
+    def predict_limits(self, tasks: Optional[Sequence[str]] = None) -> Limits:
+        """The :class:`~tzrec_gr.serving.files.Limits` of predictions from files: the
+        candidates and contextual features a row may hold, and an output column per task.
+
+        Args:
+            tasks: a name per task for the output columns. Default: ``task_0``,
+                ``task_1``, ...
+
+        Raises:
+            ValueError: ``tasks`` has another number of names than the model has tasks.
+        """
+        model = self.model
+        width = self.contextual_width
+        default = tuple(f"task_{i}" for i in range(model.num_tasks))
+        names = tuple(tasks) if tasks is not None else default
+        if len(names) != model.num_tasks:
+            raise ValueError(
+                f"tasks has {len(names)} names but the model has {model.num_tasks} tasks"
+            )
+        return Limits(self.kind, model.num_items, self.max_events, model.max_targets, width, names)
+
     @property
     def contextual_width(self) -> int:
         if self.model.contextual_seq_len == 0:
@@ -370,3 +393,7 @@ def _no_candidates(users: int, like: torch.Tensor) -> Batch:
 
 def _no_history(users: int, like: torch.Tensor) -> Batch:
     return _empty((UIH_ITEM_ID, UIH_LENGTHS, UIH_ACTIONS, UIH_TIMESTAMPS), users, like)
+
+
+register_server("hstu-ranking", RankingServer)  # the record tzrec_gr.models.ranking registers
+register_predict_kind(RankingServer.kind, SCORES)

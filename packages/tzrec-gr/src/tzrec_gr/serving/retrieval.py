@@ -29,9 +29,11 @@ from tzrec_gr.models._inputs import (
 )
 from tzrec_gr.serving import transducer as cached
 from tzrec_gr.serving._graphs import GraphPool, GraphSet, powers_of_two_up_to
+from tzrec_gr.serving._predict import TOP_K
 from tzrec_gr.serving._recommend_graphs import RecommendGraphs
+from tzrec_gr.serving._rows import register_predict_kind
 from tzrec_gr.serving.inputs import Histories
-from tzrec_gr.serving.server import ModelServer
+from tzrec_gr.serving.server import ModelServer, register_server
 from tzrec_gr.stu import ServingCache
 from tzrec_gr.stu.serving_cache import longest
 
@@ -351,3 +353,7 @@ class RetrievalServer(ModelServer):
             raise RuntimeError("the transducer must return full embeddings")
         users = model.last_rows(out.full_embeddings, lengths)
         return dataclasses.replace(cache, user_embeddings=users)
+
+
+register_server("hstu-retrieval", RetrievalServer)  # the record tzrec_gr.models.retrieval registers
+register_predict_kind(RetrievalServer.kind, TOP_K)

@@ -9,26 +9,108 @@ records), and this protocol, which :class:`~tzrec_gr.serving.ServingSession` cal
 request of :class:`~tzrec_gr.serving.Histories` (checked at the door,
 :mod:`tzrec_gr.serving.inputs`, and encoded without checking them again). The session never
 asks which kind it serves: what differs lives in the two subclasses.
+
+Which server serves a model is the model registry's business
+(:mod:`tzrec_gr.models.registry`): :func:`server_for` finds the model's record (by its class,
+or the nearest registered base class) and builds the server its record names
+(:attr:`ModelRecord.server <tzrec_gr.models.registry.ModelRecord>`), or else the one
+registered here for the record's name with :func:`register_server`. The models stand below
+serving and cannot name their servers: tzrec-gr's own servers register themselves here
+(at the bottom of :mod:`.ranking` and :mod:`.retrieval`); a model plugin, which stands above
+serving, may put its server in its record or register it here.
 """
 
 from __future__ import annotations
 
 import abc
+import threading
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
 from tzrec_gr.features import UIH_ITEM_ID, UIH_LENGTHS, UIH_TIMESTAMPS
+from tzrec_gr.models.registry import (
+    ModelRecord,
+    ModelRegistryError,
+    get_model,
+    model_names,
+    record_for_class,
+)
 from tzrec_gr.serving import transducer as cached
 from tzrec_gr.serving._graphs import GraphPool, GraphSet
+from tzrec_gr.serving._rows import Limits
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.stu import ServingCache
 from tzrec_ops.jagged import to_device
 
-__all__ = ["ModelServer"]
+__all__ = ["ModelServer", "ServerFactory", "register_server", "server_for"]
 
 Features = Dict[str, torch.Tensor]
+#: builds the server of a model instance (a :class:`ModelServer` subclass is one)
+ServerFactory = Callable[[nn.Module], "ModelServer"]
+
+_SERVERS: Dict[str, ServerFactory] = {}  # a record's name -> its server factory
+_LOCK = threading.Lock()
+
+
+def register_server(model: str, factory: ServerFactory) -> None:
+    """Serve the registered model named ``model`` with ``factory`` (used where the model's
+    record has no :attr:`~tzrec_gr.models.registry.ModelRecord.server`; registering the
+    same factory again does nothing).
+
+    Raises:
+        ValueError: another factory serves that model already.
+    """
+    if not callable(factory):
+        raise ValueError(f"the server of model {model!r} must be callable, got {factory!r}")
+    with _LOCK:
+        if _SERVERS.get(model, factory) is not factory:
+            raise ValueError(
+                f"model {model!r} is served by {_SERVERS[model]!r} already; cannot serve it "
+                f"with {factory!r}"
+            )
+        _SERVERS[model] = factory
+
+
+def _record(model: nn.Module) -> Optional[ModelRecord]:
+    """The record of ``model``'s class or of its nearest registered base class."""
+    for cls in type(model).__mro__:
+        if isinstance(cls, type) and issubclass(cls, nn.Module) and cls is not nn.Module:
+            try:
+                return record_for_class(cls)
+            except ModelRegistryError:
+                continue
+    return None
+
+
+def _servable() -> List[str]:
+    """The class names of the registered models a server serves, in the registry's order."""
+    records = [get_model(name) for name in model_names()]
+    return [r.model_class.__name__ for r in records if r.server or r.name in _SERVERS]
+
+
+def _article(name: str) -> str:
+    """"an" before a vowel or an acronym (an HSTURanking), else "a"."""
+    return "an" if name[:1] in "AEIOU" or name[:2].isupper() else "a"
+
+
+def server_for(model: nn.Module) -> "ModelServer":
+    """The server of ``model``: what its record in the model registry names (e.g. a
+    :class:`~tzrec_gr.serving.RetrievalServer` for an HSTURetrieval, a
+    :class:`~tzrec_gr.serving.RankingServer` for an HSTURanking).
+
+    Raises:
+        TypeError: ``model`` is of no registered model with a server.
+    """
+    record = _record(model)
+    factory = None
+    if record is not None:
+        factory = record.server or _SERVERS.get(record.name)
+    if factory is None:
+        names = " or ".join(f"{_article(name)} {name}" for name in _servable())
+        raise TypeError(f"model must be {names}, got {type(model).__name__}")
+    return factory(model)
 
 
 class ModelServer(abc.ABC):
@@ -95,6 +177,16 @@ class ModelServer(abc.ABC):
     def extends_incrementally(self) -> bool:
         """Whether new events can run against kept keys and values alone (exactly what
         prefilling the longer history gives); False: re-encode the longer history."""
+
+    def predict_limits(self, tasks: Optional[Sequence[str]] = None) -> Limits:
+        """The :class:`~tzrec_gr.serving.files.Limits` a row of predictions from files must
+        fit (:func:`~tzrec_gr.serving.files.session_limits`).
+
+        Args:
+            tasks: a name per task for the output columns, where the predictions have a
+                column per task (ignored by a server whose predictions have none).
+        """
+        return Limits(self.kind, self.model.num_items, self.max_events)
 
     def check_cache(self, cache: Optional[ServingCache]) -> None:
         """Serving needs eval mode, and a cache this model built (None: no cache).

@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import pathlib
 import time
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Type, Union
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Type, Union, cast
 
 import torch
 from torch import nn
 
 from tzrec_gr.checkpoint import load_model
 from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
-from tzrec_gr.models import HSTURanking, HSTURetrieval
 from tzrec_gr.serving._graphs import GraphPool, GraphSet, check_buckets, fit
 from tzrec_gr.serving._recommend_graphs import RecommendGraphs
 from tzrec_gr.serving._score_graphs import ScoreGraphs
@@ -60,7 +59,7 @@ from tzrec_gr.serving._warm_up import encoding_sizes, warm_up_encoding
 from tzrec_gr.serving.inputs import Candidates, Histories
 from tzrec_gr.serving.ranking import RankingServer
 from tzrec_gr.serving.retrieval import RetrievalServer
-from tzrec_gr.serving.server import ModelServer
+from tzrec_gr.serving.server import ModelServer, server_for
 from tzrec_gr.serving.topk import TopK, catalogue_topk
 from tzrec_gr.stu import ServingCache
 from tzrec_gr.stu.serving_cache import longest
@@ -68,23 +67,6 @@ from tzrec_gr.vocabulary import IdVocabularies
 from tzrec_ops.jagged import host_copy, offsets_from_lengths, to_device
 
 __all__ = ["ServingSession", "server_for"]
-
-
-def server_for(model: nn.Module) -> ModelServer:
-    """The server of ``model``'s kind: a :class:`RetrievalServer` or a
-    :class:`RankingServer`.
-
-    Raises:
-        TypeError: ``model`` is neither an HSTURetrieval nor an HSTURanking.
-    """
-    if isinstance(model, HSTURetrieval):
-        return RetrievalServer(model)
-    if isinstance(model, HSTURanking):
-        return RankingServer(model)
-    raise TypeError(
-        f"model must be an HSTURetrieval or an HSTURanking, got {type(model).__name__}"
-    )
-
 
 
 CandidatesArg = Union[Candidates, torch.Tensor, Sequence[Sequence[int]]]
@@ -532,15 +514,16 @@ class ServingSession:
     # -- internals ------------------------------------------------------------------------
 
     def _require(self, server: Type[ModelServer], call: str) -> None:
-        if not isinstance(self.server, server):
+        """TypeError unless this session's server answers ``call`` (``server``'s)."""
+        if self.server.call != call:
             raise TypeError(
                 f"{call} needs an {server.model_name} model; this session serves an "
                 f"{type(self.model).__name__}, which answers {self.server.answers}"
             )
 
     def _retrieval(self) -> RetrievalServer:
-        assert isinstance(self.server, RetrievalServer)
-        return self.server
+        """The server, which answers ``recommend`` (its caller checked: :meth:`_require`)."""
+        return cast(RetrievalServer, self.server)
 
     def _check(self, histories: Histories, **kwargs: Any) -> None:
         self.server.check_histories(histories, **kwargs)
@@ -611,6 +594,5 @@ class ServingSession:
             CANDIDATE_LENGTHS: to_device(lengths, self.device),
             CANDIDATE_TIMESTAMPS: timestamps,
         }
-        server = self.server
-        assert isinstance(server, RankingServer)
+        server = cast(RankingServer, self.server)  # it answers score: _require checked
         return server.score_step(cache, candidates, longest(candidates[CANDIDATE_LENGTHS]))
