@@ -356,3 +356,34 @@ def test_predictions_from_files_take_their_kind_from_the_servers():
     assert Limits("ranking", 10, 5, 3, 0, ("click",)).predicts is SCORES
     with pytest.raises(ValueError, match="kind must be 'retrieval' or 'ranking', got 'x'"):
         Limits("x", 10, 5)
+
+
+def test_the_servers_say_what_export_needs_per_model():
+    import torch
+
+    from tzrec_gr.serving import server_for
+    from tzrec_gr.serving.server import servable_models
+
+    retrieval = server_for(_retrieval_model())
+    ranking = server_for(
+        HSTURanking(**get_model("hstu-ranking").trainer_kwargs(SETTINGS, 50, (1, 2))).eval())
+    assert servable_models() == ["HSTURetrieval", "HSTURanking"]
+    assert (retrieval.export_step, ranking.export_step) == (
+        "event_embeddings_step", "score_step")
+    assert retrieval.max_candidates == 0 and ranking.max_candidates >= 1
+    table = retrieval.item_table(chunk_size=7)  # chunked, the same rows as one chunk
+    assert table.shape[0] == 50 and not table.requires_grad
+    assert torch.equal(table, retrieval.item_table())
+    assert ranking.item_table() is None  # it scores candidates, it ranks no catalogue
+    assert set(retrieval.package_fields()) <= set(ranking.package_fields())
+    with pytest.raises(ValueError, match="chunk_size must be an int >= 1"):
+        retrieval.item_table(chunk_size=0)
+    for server in (retrieval, ranking):  # a seed gives one batch
+        first, again = server.example_inputs(seed=3), server.example_inputs(seed=3)
+        flat = [torch.as_tensor(t) for t in torch.utils._pytree.tree_leaves(first)
+                if isinstance(t, torch.Tensor)]
+        flat_again = [t for t in torch.utils._pytree.tree_leaves(again)
+                      if isinstance(t, torch.Tensor)]
+        assert flat and all(torch.equal(a, b) for a, b in zip(flat, flat_again))
+        with pytest.raises(ValueError):
+            server.example_inputs(batch=0)

@@ -33,7 +33,7 @@ from torch.export import Dim
 from tzrec_ops.extras import require
 
 __all__ = [
-    "SUPPORTED_MODELS",
+    "SUPPORTED_MODELS",  # noqa: F822 (module __getattr__: a view of the model registry)
     "RankingServingStep",
     "RetrievalServingStep",
     "dynamic_shapes",
@@ -43,13 +43,7 @@ __all__ = [
     "serving_step",
 ]
 
-SUPPORTED_MODELS = ("HSTURanking", "HSTURetrieval")
-
 Args = Tuple[Any, ...]
-
-
-def _models() -> Any:
-    return require("tzrec_gr.models", "tzrec-acc[gr]", "exporting tzrec-gr models")
 
 
 def _serving() -> Any:
@@ -57,47 +51,34 @@ def _serving() -> Any:
     return require("tzrec_gr.serving", "tzrec-acc[gr]", "exporting tzrec-gr models")
 
 
-def _keys() -> Any:
-    """:mod:`tzrec_gr.features`, the feature keys."""
-    return require("tzrec_gr.features", "tzrec-acc[gr]", "exporting tzrec-gr models")
+def __getattr__(name: str) -> Any:
+    if name == "SUPPORTED_MODELS":  # a view of the model registry, not a list of its own
+        return _supported()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _history_keys() -> Tuple[str, ...]:
-    keys = _keys()
-    return (keys.UIH_ITEM_ID, keys.UIH_LENGTHS, keys.UIH_ACTIONS, keys.UIH_TIMESTAMPS)
+def _supported() -> Tuple[str, ...]:
+    """The class names of the registered models a server serves, sorted."""
+    server = require("tzrec_gr.serving.server", "tzrec-acc[gr]", "exporting tzrec-gr models")
+    return tuple(sorted(server.servable_models()))
 
 
-def _candidate_keys() -> Tuple[str, ...]:
-    keys = _keys()
-    return (keys.CANDIDATE_ITEM_ID, keys.CANDIDATE_LENGTHS, keys.CANDIDATE_TIMESTAMPS)
+def _server(model: nn.Module) -> Any:
+    """The model's server (:func:`tzrec_gr.serving.server_for`): what export asks about the
+    model; TypeError naming the supported models for any other model."""
+    try:
+        return _serving().server_for(model)
+    except TypeError:
+        raise TypeError(
+            f"model must be one of tzrec_gr.models.{', '.join(_supported())}, "
+            f"got {type(model).__module__}.{type(model).__qualname__}"
+        ) from None
 
 
 def model_kind(model: nn.Module) -> str:
-    """``"ranking"`` or ``"retrieval"``; TypeError for any other model."""
-    models = _models()
-    if isinstance(model, models.HSTURanking):
-        return "ranking"
-    if isinstance(model, models.HSTURetrieval):
-        return "retrieval"
-    raise TypeError(
-        f"model must be one of tzrec_gr.models.{', '.join(SUPPORTED_MODELS)}, "
-        f"got {type(model).__module__}.{type(model).__qualname__}"
-    )
-
-
-def _lengths(users: int, longest: int, generator: torch.Generator) -> torch.Tensor:
-    """[B] lengths uniform in [ceil(0.9 * longest), longest] (all ``longest`` when small)."""
-    low = max(0, -(-9 * longest // 10))
-    return torch.randint(low, longest + 1, (users,), generator=generator)
-
-
-def _new_lengths(users: int, most: int, generator: torch.Generator) -> torch.Tensor:
-    """[B] lengths uniform in [1, most], the first user's ``most - 1``: an example batch
-    where every user has ``most`` would let torch.export specialize the padded serving
-    path away (and tie the token count to the users)."""
-    lengths = torch.randint(1, most + 1, (users,), generator=generator)
-    lengths[0] = most - 1
-    return lengths
+    """``"ranking"`` or ``"retrieval"`` (its server's ``kind``, a label); TypeError for a
+    model no server serves."""
+    return _server(model).kind
 
 
 def _check_positive(name: str, value: int) -> None:
@@ -126,43 +107,7 @@ def sample_inputs(
         seed: the generator's seed (the same seed gives the same batch).
         device: where the tensors go. Default: the CPU.
     """
-    kind = model_kind(model)
-    bound = model.max_uih_len if kind == "ranking" else model.max_seq_len
-    history = bound if history is None else history
-    _check_positive("batch", batch)
-    _check_positive("history", history)
-    if history > bound:
-        raise ValueError(f"history ({history}) must be <= the model's bound ({bound})")
-    gen = torch.Generator().manual_seed(seed)
-    lengths = _lengths(batch, history, gen)
-    total = int(lengths.sum())
-    ids = torch.randint(0, model.num_items, (total,), generator=gen)
-    timestamps = 1_000_000 + torch.cumsum(torch.randint(30, 4000, (total,), generator=gen), 0)
-    if kind == "retrieval":
-        return tuple(t.to(device) for t in (ids, lengths, timestamps))
-    candidates = model.max_targets if candidates is None else candidates
-    _check_positive("candidates", candidates)
-    if candidates > model.max_targets:
-        raise ValueError(
-            f"candidates ({candidates}) must be <= the model's max_targets ({model.max_targets})"
-        )
-    targets = _new_lengths(batch, candidates, gen)
-    n = int(targets.sum())
-    pre = model.transducer.input_preprocessor
-    keys = _keys()
-    features = {
-        keys.UIH_ITEM_ID: ids,
-        keys.UIH_LENGTHS: lengths,
-        keys.UIH_ACTIONS: torch.randint(0, 256, (total,), generator=gen),
-        keys.UIH_TIMESTAMPS: timestamps,
-        keys.CANDIDATE_ITEM_ID: torch.randint(0, model.num_items, (n,), generator=gen),
-        keys.CANDIDATE_LENGTHS: targets,
-        keys.CANDIDATE_TIMESTAMPS: torch.full((n,), int(timestamps.max()) + 600),
-    }
-    width = pre.contextual_seq_len() * pre.contextual_feature_dim
-    if width:
-        features[keys.CONTEXTUAL] = torch.randn(batch, width, generator=gen)
-    return ({k: v.to(device) for k, v in features.items()},)
+    return _server(model).example_inputs(batch, history, candidates, seed, device)
 
 
 def item_table(model: nn.Module, chunk_size: int = 65536) -> torch.Tensor:
@@ -181,32 +126,24 @@ def item_table(model: nn.Module, chunk_size: int = 65536) -> torch.Tensor:
     Raises:
         TypeError: ``model`` is not a retrieval model.
     """
-    if model_kind(model) != "retrieval":
+    table = _server(model).item_table(chunk_size)
+    if table is None:
         raise TypeError(
             f"item_table needs an HSTURetrieval, got {type(model).__name__} (a ranking "
             "model scores candidates, it has no catalogue top-K)"
         )
-    _check_positive("chunk_size", chunk_size)
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        rows = [
-            model.item_embedding(
-                torch.arange(start, min(start + chunk_size, model.num_items), device=device)
-            )
-            for start in range(0, model.num_items, chunk_size)
-        ]
-    return torch.cat(rows)
+    return table
 
 
 def _dims(model: nn.Module, max_batch: int) -> Tuple[Dim, Dim, Dim]:
     """(users, history tokens, candidate tokens), bounded by the model's bounds."""
     _check_positive("max_batch", max_batch)
-    kind = model_kind(model)
-    per_user = model.max_uih_len if kind == "ranking" else model.max_seq_len
+    server = _server(model)
+    per_user = server.max_events
     # a dim's upper bound must be at least 2 for torch.export to keep it symbolic
     users = Dim("users", min=1, max=max(2, max_batch))
     history = Dim("history_tokens", max=max(2, max_batch * per_user))
-    targets = model.max_targets if kind == "ranking" else 1
+    targets = max(1, server.max_candidates)  # a model that scores no candidates: 1
     return users, history, Dim("candidate_tokens", max=max(2, max_batch * targets))
 
 
@@ -215,21 +152,7 @@ def dynamic_shapes(model: nn.Module, args: Args, max_batch: int = 256) -> Any:
     users (1 to ``max_batch``) and of history and candidate tokens (up to the model's
     per-user bounds times ``max_batch``)."""
     users, history, targets = _dims(model, max_batch)
-    if model_kind(model) == "retrieval":
-        return ({0: history}, {0: users}, {0: history})
-    (features,) = args
-    keys = _keys()
-    shapes: Dict[str, Any] = {}
-    for key in features:
-        if key in (keys.UIH_LENGTHS, keys.CANDIDATE_LENGTHS, keys.QUERY_TIME):
-            shapes[key] = {0: users}
-        elif key == keys.CONTEXTUAL:
-            shapes[key] = {0: users, 1: Dim.STATIC}
-        elif key in _candidate_keys():
-            shapes[key] = {0: targets}
-        else:
-            shapes[key] = {0: history}
-    return (shapes,)
+    return _server(model).forward_shapes(args, users, history, targets)
 
 
 # ------------------------------------------------------------------ cached serving forms
@@ -248,6 +171,13 @@ class _ServingStep(nn.Module):
 
     #: the cache's tensors, in the order of the call's first arguments
     CACHE_FIELDS: Tuple[str, ...] = ("keys", "values", "offsets", "lengths")
+    #: the server's pure step this module calls (``ModelServer.export_step``)
+    STEP: str = ""
+
+    @classmethod
+    def for_export(cls, model: nn.Module, new: int) -> "_ServingStep":
+        """The step of ``model`` taking at most ``new`` new tokens per user."""
+        return cls(model)
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -287,6 +217,7 @@ class RankingServingStep(_ServingStep):
     """
 
     CACHE_FIELDS = (*_ServingStep.CACHE_FIELDS, "query_time", "contextual")
+    STEP = "score_step"
 
     @classmethod
     def inputs(cls, cache: Any, candidates: Dict[str, torch.Tensor]) -> Args:
@@ -322,6 +253,12 @@ class RetrievalServingStep(_ServingStep):
         torch.Tensor: [L', E].
     """
 
+    STEP = "event_embeddings_step"
+
+    @classmethod
+    def for_export(cls, model: nn.Module, new: int) -> "_ServingStep":
+        return cls(model, new)
+
     def __init__(self, model: nn.Module, max_new: int) -> None:
         _check_positive("max_new", max_new)
         super().__init__(model)
@@ -350,42 +287,6 @@ class RetrievalServingStep(_ServingStep):
         )
 
 
-def _ranking_request(
-    model: nn.Module, args: Args, users: Dim, candidates: Dim
-) -> Tuple[nn.Module, Any, Args, Any]:
-    """(step, cache of the sample's histories, the candidates, the dims of the step's
-    arguments after the cache's tensors) for ranking."""
-    (features,) = args
-    keys = _keys()
-    history = {k: v for k, v in features.items() if k in (*_history_keys(), keys.CONTEXTUAL)}
-    batch = features[keys.UIH_LENGTHS].shape[0]
-    query_time = features[keys.CANDIDATE_TIMESTAMPS].max().repeat(batch)
-    cache = _serving().RankingServer(model).prefill(history, query_time)
-    request = {k: features[k] for k in _candidate_keys()}
-    shapes = (
-        None if cache.query_time is None else {0: users},
-        None if cache.contextual is None else {0: users, 1: Dim.STATIC},
-        {k: {0: users} if k == keys.CANDIDATE_LENGTHS else {0: candidates} for k in request},
-    )
-    return RankingServingStep(model), cache, (request,), shapes
-
-
-def _retrieval_request(
-    model: nn.Module, args: Args, users: Dim, events: Dim, new: int, seed: int
-) -> Tuple[nn.Module, Any, Args, Any]:
-    """(step, cache of the sample's histories, ``new`` events per user at most, their dims)
-    for retrieval."""
-    ids, lengths, timestamps = args
-    cache = _serving().RetrievalServer(model).prefill(ids, lengths, timestamps)
-    gen = torch.Generator().manual_seed(seed + 1)
-    new_lengths = _new_lengths(lengths.shape[0], new, gen)
-    total = int(new_lengths.sum())
-    new_ids = torch.randint(0, model.num_items, (total,), generator=gen)
-    new_ts = int(timestamps.max()) + torch.arange(1, total + 1) * 60
-    request = tuple(t.to(ids.device) for t in (new_ids, new_lengths, new_ts))
-    return RetrievalServingStep(model, new), cache, request, ({0: events}, {0: users}, {0: events})
-
-
 def serving_step(
     model: nn.Module, history: int, new: int, batch: int = 4, seed: int = 0, max_batch: int = 256
 ) -> Tuple[nn.Module, Args, Any]:
@@ -398,23 +299,25 @@ def serving_step(
     Returns:
         (the step module, its call arguments, ``dynamic_shapes`` for ``torch.export``).
     """
-    kind = model_kind(model)
+    server = _server(model)
     _check_positive("new", new)
-    if kind == "retrieval" and history + new > model.max_seq_len:
-        raise ValueError(
-            f"history + new ({history} + {new}) must be <= the model's max_seq_len "
-            f"({model.max_seq_len})"
-        )
+    server.check_step_sizes(history, new)
     device = next(model.parameters()).device
-    args = sample_inputs(model, batch, history, new if kind == "ranking" else None, seed, device)
+    # new candidates per user (a model that scores none ignores them, its new are events)
+    args = sample_inputs(model, batch, history, new, seed, device)
     users, tokens, news = _dims(model, max_batch)
-    if kind == "ranking":
-        step, cache, request, request_shapes = _ranking_request(model, args, users, news)
-    else:
-        new_events = Dim("new_tokens", max=max(2, max_batch * new))
-        step, cache, request, request_shapes = _retrieval_request(
-            model, args, users, new_events, new, seed
-        )
+    cache, request, request_shapes = server.step_example(args, new, seed, users, news, max_batch)
+    step = _step_class(server).for_export(model, new)
     kv_dims = ({0: tokens},) * len(cache.keys)  # the cache's keys and values are tuples
     shapes = (kv_dims, kv_dims, {0: users + 1}, {0: users}, *request_shapes)
     return step, step.inputs(cache, *request), shapes
+
+
+def _step_class(server: Any) -> type:
+    """The step module that calls the server's :attr:`export_step` (a
+    :class:`RankingServingStep` calls ``score_step``, a :class:`RetrievalServingStep`
+    ``event_embeddings_step``)."""
+    for cls in (RankingServingStep, RetrievalServingStep):
+        if cls.STEP == server.export_step:
+            return cls
+    raise TypeError(f"{type(server).__name__} has no serving step that export can export")

@@ -22,9 +22,9 @@ def _module_and_batches(
         _, other, _ = gr.serving_step(model, history, args.new, args.batch + 1, 1, args.max_batch)
         module, batches = step, [call, other]
     else:
-        new = args.new if gr.model_kind(model) == "ranking" else None
+        # --new candidates per user (a model that scores no candidates ignores them)
         batches = [
-            gr.sample_inputs(model, args.batch + extra, args.history, new, seed=extra)
+            gr.sample_inputs(model, args.batch + extra, args.history, args.new, seed=extra)
             for extra in (0, 1)
         ]
         module, shapes = model, gr.dynamic_shapes(model, batches[0], args.max_batch)

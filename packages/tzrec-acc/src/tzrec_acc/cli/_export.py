@@ -50,7 +50,7 @@ def _check_output(output: str) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from tzrec_acc import aot, gr, settings
+    from tzrec_acc import aot, settings
     from tzrec_acc.checkpoint import load_checkpoint
     from tzrec_acc.serving import items_path, sample_path
 
@@ -74,7 +74,7 @@ def _export(args: argparse.Namespace) -> int:
         model, vocabularies = load_checkpoint(args.model, args.config, args.backend)
         from tzrec_acc.gr import model_kind
 
-        kind_of_model = model_kind(model)
+        kind_of_model = model_kind(model)  # a label, for the sample file
     except (FileNotFoundError, ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
     served = _served(model, kind_of_model, args)
@@ -95,8 +95,12 @@ def _export(args: argparse.Namespace) -> int:
         expected = [aot.flat_outputs(module(*b)) for b in batches]
     reference = _float_outputs(float_model, args, batches) if lossy else None
     del float_model
-    # the catalogue a retrieval package's top-K ranks against, from the exported model
-    items = gr.item_table(_retrieval_model(module)) if kind_of_model == "retrieval" else None
+    # the catalogue a retrieval package's top-K ranks against, from the exported model (a
+    # model that scores candidates has none)
+    exported = _exported_server(module)
+    items = exported.item_table()
+    if items is not None:
+        served["items"] = pathlib.Path(items_path(args.output)).name  # beside the package
     program = aot.export(module, batches[0], shapes)
     imports: List[str] = []
     if args.format == "aoti":
@@ -153,14 +157,17 @@ def _export(args: argparse.Namespace) -> int:
             f"{lossy} eager model vs the float32 model on the same batches (what {lossy} "
             "costs; reported, not checked):"
         )
-        for line in _against_float(reference, expected, kind_of_model == "ranking"):
+        # logits with a column per task (a ranking model's) get a per-task report
+        per_task = bool(exported.predict_limits().tasks)
+        for line in _against_float(reference, expected, per_task):
             print("  " + line)
     print(f"wrote {args.output} ({args.format}) and {' and '.join(written)}")
     return 0 if ok else 1
 
 
 def _served(model: torch.nn.Module, kind: str, args: argparse.Namespace) -> Dict[str, Any]:
-    """What ``predict`` needs to know of a package's model (stored in its sample file)."""
+    """What ``predict`` needs to know of a package's model (stored in its sample file; the
+    catalogue's file is added where the model has one)."""
     served: Dict[str, Any] = {
         "model": kind,
         "form": args.form,
@@ -168,20 +175,7 @@ def _served(model: torch.nn.Module, kind: str, args: argparse.Namespace) -> Dict
         "max_batch": args.max_batch,
         "num_items": int(model.num_items),
     }
-    if kind == "retrieval":
-        from tzrec_acc.serving import items_path
-
-        served["max_events"] = int(model.max_seq_len)
-        served["items"] = pathlib.Path(items_path(args.output)).name  # beside the package
-        return served
-    pre = model.transducer.input_preprocessor
-    width = pre.contextual_seq_len() * pre.contextual_feature_dim if model.contextual_seq_len else 0
-    served.update(
-        max_events=int(model.max_uih_len),
-        max_candidates=int(model.max_targets),
-        contextual_width=int(width),
-        num_tasks=int(model.num_tasks),
-    )
+    served.update(_server(model).package_fields())  # the sizes its serving checks against
     return served
 
 
@@ -201,14 +195,20 @@ def _quantize(model: torch.nn.Module, quantize: str, precision: str) -> torch.nn
     return quantize_embeddings(model, quantize.split("-")[1])
 
 
-def _retrieval_model(module: torch.nn.Module) -> torch.nn.Module:
-    """The retrieval model inside what ``export`` exports (the model, its serving step, or
-    either in half precision), in the dtype and with the tables of the package."""
-    from tzrec_acc import gr
+def _exported_server(module: torch.nn.Module) -> Any:
+    """The server of the model inside what ``export`` exports (the model, its serving step,
+    or either in half precision), in the dtype and with the tables of the package."""
     from tzrec_acc.precision import HalfPrecision
 
     inner = module.model if isinstance(module, HalfPrecision) else module
-    return inner.model if isinstance(inner, gr.RetrievalServingStep) else inner
+    step_server = getattr(inner, "server", None)  # a serving step holds its model's server
+    return step_server if step_server is not None else _server(inner)
+
+
+def _server(model: torch.nn.Module) -> Any:
+    from tzrec_gr.serving import server_for
+
+    return server_for(model)
 
 
 def _op_libraries(program: torch.export.ExportedProgram) -> List[str]:

@@ -13,15 +13,17 @@ model's bound, which changes no output).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
+from torch.export import Dim
 
 from tzrec_gr.features import (
     CANDIDATE_ITEM_ID,
     CANDIDATE_LENGTHS,
     CANDIDATE_TIMESTAMPS,
     CONTEXTUAL,
+    QUERY_TIME,
     UIH_ACTIONS,
     UIH_ITEM_ID,
     UIH_LENGTHS,
@@ -35,13 +37,21 @@ from tzrec_gr.serving._predict import SCORES
 from tzrec_gr.serving._rows import Limits, register_predict_kind
 from tzrec_gr.serving._score_graphs import ScoreGraphs
 from tzrec_gr.serving.inputs import Histories
-from tzrec_gr.serving.server import Features, ModelServer, register_server
+from tzrec_gr.serving.server import (
+    Features,
+    ModelServer,
+    check_positive,
+    example_new_lengths,
+    register_server,
+)
 from tzrec_gr.stu import ServingCache
 from tzrec_gr.stu.serving_cache import constant_lengths, longest
 
 Batch = Dict[str, torch.Tensor]
 
 __all__ = ["RankingServer"]
+
+_CANDIDATE_KEYS = (CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS)
 
 
 class RankingServer(ModelServer):
@@ -249,6 +259,97 @@ class RankingServer(ModelServer):
         if new is None:
             raise RuntimeError("the transducer returned no cache with update_cache=True")
         return new
+
+    # -- export ---------------------------------------------------------------------------
+
+    export_step = "score_step"
+
+    @property
+    def max_candidates(self) -> int:
+        return self.model.max_targets
+
+    def example_inputs(
+        self,
+        batch: int = 4,
+        history: Optional[int] = None,
+        candidates: Optional[int] = None,
+        seed: int = 0,
+        device: Optional[torch.device] = None,
+    ) -> Tuple[Any, ...]:
+        """``(features,)``: the histories' and candidates' features (the candidates'
+        lengths uniform in [1, candidates], the first user's ``candidates - 1``, shown after
+        the newest event), with the contextual features where the model takes them."""
+        model = self.model
+        gen, lengths, ids, timestamps = self._example_histories(batch, history, seed)
+        total = int(lengths.sum())
+        candidates = model.max_targets if candidates is None else candidates
+        check_positive("candidates", candidates)
+        if candidates > model.max_targets:
+            raise ValueError(
+                f"candidates ({candidates}) must be <= the model's max_targets "
+                f"({model.max_targets})"
+            )
+        targets = example_new_lengths(batch, candidates, gen)
+        n = int(targets.sum())
+        pre = model.transducer.input_preprocessor
+        features = {
+            UIH_ITEM_ID: ids,
+            UIH_LENGTHS: lengths,
+            UIH_ACTIONS: torch.randint(0, 256, (total,), generator=gen),
+            UIH_TIMESTAMPS: timestamps,
+            CANDIDATE_ITEM_ID: torch.randint(0, model.num_items, (n,), generator=gen),
+            CANDIDATE_LENGTHS: targets,
+            CANDIDATE_TIMESTAMPS: torch.full((n,), int(timestamps.max()) + 600),
+        }
+        width = pre.contextual_seq_len() * pre.contextual_feature_dim
+        if width:
+            features[CONTEXTUAL] = torch.randn(batch, width, generator=gen)
+        return ({k: v.to(device) for k, v in features.items()},)
+
+    def forward_shapes(
+        self, args: Tuple[Any, ...], users: Any, history: Any, candidates: Any
+    ) -> Any:
+        (features,) = args
+        shapes: Dict[str, Any] = {}
+        for key in features:
+            if key in (UIH_LENGTHS, CANDIDATE_LENGTHS, QUERY_TIME):
+                shapes[key] = {0: users}
+            elif key == CONTEXTUAL:
+                shapes[key] = {0: users, 1: Dim.STATIC}
+            elif key in _CANDIDATE_KEYS:
+                shapes[key] = {0: candidates}
+            else:
+                shapes[key] = {0: history}
+        return (shapes,)
+
+    def step_example(
+        self, args: Tuple[Any, ...], new: int, seed: int, users: Any, candidates: Any,
+        max_batch: int,
+    ) -> Tuple[ServingCache, Tuple[Any, ...], Tuple[Any, ...]]:
+        """The cache of ``args``' histories (queried at the newest candidate time), the
+        candidates, and the dims of the cache's query time and contextual features and of
+        the candidates."""
+        (features,) = args
+        history_keys = (UIH_ITEM_ID, UIH_LENGTHS, UIH_ACTIONS, UIH_TIMESTAMPS, CONTEXTUAL)
+        history = {k: v for k, v in features.items() if k in history_keys}
+        batch = features[UIH_LENGTHS].shape[0]
+        query_time = features[CANDIDATE_TIMESTAMPS].max().repeat(batch)
+        cache = self.prefill(history, query_time)
+        request = {k: features[k] for k in _CANDIDATE_KEYS}
+        shapes = (
+            None if cache.query_time is None else {0: users},
+            None if cache.contextual is None else {0: users, 1: Dim.STATIC},
+            {k: {0: users} if k == CANDIDATE_LENGTHS else {0: candidates} for k in request},
+        )
+        return cache, (request,), shapes
+
+    def package_fields(self) -> Dict[str, int]:
+        return dict(
+            max_events=int(self.model.max_uih_len),
+            max_candidates=int(self.model.max_targets),
+            contextual_width=int(self.contextual_width),
+            num_tasks=int(self.model.num_tasks),
+        )
 
     # -- the session's protocol -----------------------------------------------------------
 

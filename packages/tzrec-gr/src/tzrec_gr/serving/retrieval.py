@@ -14,9 +14,10 @@ model's bound, which changes no output).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
+from torch.export import Dim
 
 from tzrec_gr.features import UIH_ITEM_ID, UIH_LENGTHS, UIH_TIMESTAMPS
 from tzrec_gr.models import HSTURetrieval
@@ -33,7 +34,12 @@ from tzrec_gr.serving._predict import TOP_K
 from tzrec_gr.serving._recommend_graphs import RecommendGraphs
 from tzrec_gr.serving._rows import register_predict_kind
 from tzrec_gr.serving.inputs import Histories
-from tzrec_gr.serving.server import ModelServer, register_server
+from tzrec_gr.serving.server import (
+    ModelServer,
+    check_positive,
+    example_new_lengths,
+    register_server,
+)
 from tzrec_gr.stu import ServingCache
 from tzrec_gr.stu.serving_cache import longest
 
@@ -280,6 +286,60 @@ class RetrievalServer(ModelServer):
         if out is None:
             return table
         return out.copy_(table)
+
+    # -- export ---------------------------------------------------------------------------
+
+    export_step = "event_embeddings_step"
+
+    def example_inputs(
+        self,
+        batch: int = 4,
+        history: Optional[int] = None,
+        candidates: Optional[int] = None,
+        seed: int = 0,
+        device: Optional[torch.device] = None,
+    ) -> Tuple[Any, ...]:
+        """``(item_ids, lengths, timestamps)`` of the histories (``candidates`` ignored: the
+        model scores the catalogue)."""
+        _, lengths, ids, timestamps = self._example_histories(batch, history, seed)
+        return tuple(t.to(device) for t in (ids, lengths, timestamps))
+
+    def forward_shapes(
+        self, args: Tuple[Any, ...], users: Any, history: Any, candidates: Any
+    ) -> Any:
+        return ({0: history}, {0: users}, {0: history})
+
+    def check_step_sizes(self, history: int, new: int) -> None:
+        if history + new > self.model.max_seq_len:
+            raise ValueError(
+                f"history + new ({history} + {new}) must be <= the model's max_seq_len "
+                f"({self.model.max_seq_len})"
+            )
+
+    def step_example(
+        self, args: Tuple[Any, ...], new: int, seed: int, users: Any, candidates: Any,
+        max_batch: int,
+    ) -> Tuple[ServingCache, Tuple[Any, ...], Tuple[Any, ...]]:
+        """The cache of ``args``' histories, up to ``new`` appended events per user (after
+        the newest event, a minute apart), and their dims (``candidates`` unused)."""
+        ids, lengths, timestamps = args
+        cache = self.prefill(ids, lengths, timestamps)
+        gen = torch.Generator().manual_seed(seed + 1)
+        new_lengths = example_new_lengths(lengths.shape[0], new, gen)
+        total = int(new_lengths.sum())
+        new_ids = torch.randint(0, self.model.num_items, (total,), generator=gen)
+        new_ts = int(timestamps.max()) + torch.arange(1, total + 1) * 60
+        request = tuple(t.to(ids.device) for t in (new_ids, new_lengths, new_ts))
+        events = Dim("new_tokens", max=max(2, max_batch * new))
+        return cache, request, ({0: events}, {0: users}, {0: events})
+
+    @torch.no_grad()
+    def item_table(self, chunk_size: int = 65536) -> Optional[torch.Tensor]:
+        """[I, E] each item's ``model.item_embedding`` (the L2-normalized row of its table,
+        in the model's dtype and with its quantized table when quantized): what
+        :meth:`recommend <tzrec_gr.serving.ServingSession.recommend>` ranks against."""
+        check_positive("chunk_size", chunk_size)
+        return self.catalogue(next(self.model.parameters()).device, chunk_size)
 
     # -- the session's protocol -----------------------------------------------------------
 

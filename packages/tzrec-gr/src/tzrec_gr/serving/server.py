@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import abc
 import threading
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -44,7 +44,16 @@ from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.stu import ServingCache
 from tzrec_ops.jagged import to_device
 
-__all__ = ["ModelServer", "ServerFactory", "register_server", "server_for"]
+__all__ = [
+    "ModelServer",
+    "ServerFactory",
+    "check_positive",
+    "example_lengths",
+    "example_new_lengths",
+    "register_server",
+    "servable_models",
+    "server_for",
+]
 
 Features = Dict[str, torch.Tensor]
 #: builds the server of a model instance (a :class:`ModelServer` subclass is one)
@@ -90,6 +99,12 @@ def _servable() -> List[str]:
     return [r.model_class.__name__ for r in records if r.server or r.name in _SERVERS]
 
 
+def servable_models() -> List[str]:
+    """The class names of the registered models that a server serves, in the registry's
+    order."""
+    return _servable()
+
+
 def _article(name: str) -> str:
     """"an" before a vowel or an acronym (an HSTURanking), else "a"."""
     return "an" if name[:1] in "AEIOU" or name[:2].isupper() else "a"
@@ -111,6 +126,27 @@ def server_for(model: nn.Module) -> "ModelServer":
         names = " or ".join(f"{_article(name)} {name}" for name in _servable())
         raise TypeError(f"model must be {names}, got {type(model).__name__}")
     return factory(model)
+
+
+def check_positive(name: str, value: int) -> None:
+    """ValueError unless ``value`` is an int >= 1 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def example_lengths(users: int, longest: int, generator: torch.Generator) -> torch.Tensor:
+    """[B] lengths uniform in [ceil(0.9 * longest), longest] (all ``longest`` when small)."""
+    low = max(0, -(-9 * longest // 10))
+    return torch.randint(low, longest + 1, (users,), generator=generator)
+
+
+def example_new_lengths(users: int, most: int, generator: torch.Generator) -> torch.Tensor:
+    """[B] lengths uniform in [1, most], the first user's ``most - 1``: an example batch
+    where every user has ``most`` would let torch.export specialize the padded serving
+    path away (and tie the token count to the users)."""
+    lengths = torch.randint(1, most + 1, (users,), generator=generator)
+    lengths[0] = most - 1
+    return lengths
 
 
 class ModelServer(abc.ABC):
@@ -177,6 +213,110 @@ class ModelServer(abc.ABC):
     def extends_incrementally(self) -> bool:
         """Whether new events can run against kept keys and values alone (exactly what
         prefilling the longer history gives); False: re-encode the longer history."""
+
+    @property
+    def max_candidates(self) -> int:
+        """The most candidates of one user the model scores (0: it scores none, it ranks
+        the whole catalogue)."""
+        return 0
+
+    # -- export (tzrec-acc asks these rather than the model's kind) ----------------------
+
+    #: the pure step the exported serving form (``tzrec_acc export --form serving``) calls,
+    #: e.g. ``"score_step"``; "" where the model has none
+    export_step: str = ""
+
+    def example_inputs(
+        self,
+        batch: int = 4,
+        history: Optional[int] = None,
+        candidates: Optional[int] = None,
+        seed: int = 0,
+        device: Optional[torch.device] = None,
+    ) -> Tuple[Any, ...]:
+        """A synthetic batch for the model: the positional arguments of its ``forward``
+        (``tzrec_acc.gr.sample_inputs``).
+
+        Args:
+            batch: B users.
+            history: the longest history; lengths are uniform in [0.9 * history, history].
+                Default: :attr:`max_events`.
+            candidates: the most candidates per user, where the model scores candidates
+                (ignored by one that scores none). Default: :attr:`max_candidates`.
+            seed: the generator's seed (the same seed gives the same batch).
+            device: where the tensors go. Default: the CPU.
+
+        Raises:
+            ValueError: a size below 1 or above the model's bound.
+        """
+        raise NotImplementedError(f"{type(self).__name__} makes no example inputs")
+
+    def forward_shapes(
+        self, args: Tuple[Any, ...], users: Any, history: Any, candidates: Any
+    ) -> Any:
+        """``dynamic_shapes`` of the model's ``forward`` for ``args`` (from
+        :meth:`example_inputs`), given the ``torch.export`` dims of the users, the history
+        tokens and the candidate tokens."""
+        raise NotImplementedError(f"{type(self).__name__} has no export shapes")
+
+    def step_example(
+        self, args: Tuple[Any, ...], new: int, seed: int, users: Any, candidates: Any,
+        max_batch: int,
+    ) -> Tuple[ServingCache, Tuple[Any, ...], Tuple[Any, ...]]:
+        """(the cache of ``args``' histories, the call arguments of :attr:`export_step`
+        after the cache, their ``dynamic_shapes``) for exporting the serving form.
+
+        Args:
+            args: from :meth:`example_inputs` with at most ``new`` candidates per user.
+            new: the most new tokens (candidates or appended events) per user.
+            seed: the seed ``args`` were made with.
+            users, candidates: the ``torch.export`` dims of the users and the candidate
+                tokens.
+            max_batch: the most users of a call.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no exported serving step")
+
+    def check_step_sizes(self, history: int, new: int) -> None:
+        """Check that ``history`` events then ``new`` tokens fit the model's serving step.
+
+        Raises:
+            ValueError: they do not.
+        """
+        return None
+
+    def _example_histories(
+        self, batch: int, history: Optional[int], seed: int
+    ) -> Tuple[torch.Generator, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the generator, [B] lengths, [L] item ids, [L] timestamps) of an example batch's
+        histories (:meth:`example_inputs`)."""
+        bound = self.max_events
+        history = bound if history is None else history
+        check_positive("batch", batch)
+        check_positive("history", history)
+        if history > bound:
+            raise ValueError(f"history ({history}) must be <= the model's bound ({bound})")
+        gen = torch.Generator().manual_seed(seed)
+        lengths = example_lengths(batch, history, gen)
+        total = int(lengths.sum())
+        ids = torch.randint(0, self.model.num_items, (total,), generator=gen)
+        timestamps = 1_000_000 + torch.cumsum(torch.randint(30, 4000, (total,), generator=gen), 0)
+        return gen, lengths, ids, timestamps
+
+    def item_table(self, chunk_size: int = 65536) -> Optional[torch.Tensor]:
+        """[I, E] the catalogue the model's top-K ranks against, on the model's device and
+        without gradients (``export`` writes it beside a package); None: the model ranks no
+        catalogue (it scores candidates).
+
+        Raises:
+            ValueError: ``chunk_size`` is not an int >= 1.
+        """
+        return None
+
+    def package_fields(self) -> Dict[str, int]:
+        """What an exported package's sample file records of the model for serving it,
+        besides its kind, its catalogue size and the catalogue's file (the ``served``
+        entry; ``tzrec_acc.serving.PackageSession`` reads it)."""
+        return {"max_events": int(self.max_events)}
 
     def predict_limits(self, tasks: Optional[Sequence[str]] = None) -> Limits:
         """The :class:`~tzrec_gr.serving.files.Limits` a row of predictions from files must
