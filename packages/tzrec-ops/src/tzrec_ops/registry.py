@@ -73,6 +73,7 @@ __all__ = [
     "Availability",
     "Backend",
     "BackendError",
+    "FailedPlugin",
     "PluginLoadError",
     "Supports",
     "automatic_backend",

@@ -28,6 +28,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 from torch import nn
 
+from tzrec_ops.registry import FailedPlugin
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "STRICT_PLUGINS_ENV",
@@ -109,21 +111,12 @@ class ModelRecord:
             raise ModelRegistryError(f"model {self.name!r}: server must be callable or None")
 
 
-@dataclasses.dataclass(frozen=True)
-class FailedModelPlugin:
-    """A ``tzrec_gr.models`` entry point whose module failed to import."""
-
-    entry_point: str
-    target: str
-    distribution: str
-    version: str
-    error: str
+class FailedModelPlugin(FailedPlugin):
+    """A ``tzrec_gr.models`` entry point whose module failed to import (the fields of a
+    failed backend plugin)."""
 
     def describe(self) -> str:
-        return (
-            f"model plugin {self.entry_point!r} ({self.target}) from distribution "
-            f"{self.distribution} {self.version}: {self.error}"
-        )
+        return f"model {super().describe()}"
 
 
 @dataclasses.dataclass
