@@ -75,6 +75,54 @@ def test_main_prints_the_report_and_exits_0(capsys):
     assert "fp32 tolerance" in out
 
 
+@pytest.mark.parametrize("name, task", [("hstu-retrieval", "retrieval"),
+                                        ("hstu-ranking", "ranking")])
+def test_a_registered_name_runs_the_model_its_task_names(capsys, name, task):
+    short = [*TINY, "--requests", "6", "--check-every", "1"]
+    assert load_test.main([*short, "--model", name]) == 0
+    by_name = capsys.readouterr().out
+    assert load_test.main([*short, "--model", task]) == 0
+    by_task = capsys.readouterr().out
+    assert by_name.splitlines()[0] == by_task.splitlines()[0]
+    assert "6 served of 6 sent" in by_name
+    assert _args("--model", name).served == _args("--model", task).served
+
+
+def test_the_models_facts_come_from_its_server():
+    retrieval = _args("--model", "retrieval").served
+    assert (retrieval.name, retrieval.model_class, retrieval.call) == (
+        "hstu-retrieval", "HSTURetrieval", "recommend")
+    assert retrieval.takes_k and not retrieval.candidates and not retrieval.actions
+    assert not retrieval.time_encoded and retrieval.request_size == "k"
+    ranking = _args("--model", "hstu-ranking").served
+    assert (ranking.model_class, ranking.call, ranking.request_size) == (
+        "HSTURanking", "score", "candidates")
+    assert ranking.candidates and ranking.actions and ranking.time_encoded
+    assert not ranking.takes_k
+    assert not _args("--no-time-encoding").served.time_encoded
+
+
+@pytest.mark.parametrize(
+    "choice, header",
+    [("retrieval", "top-5 of 50 items;"), ("ranking", "fp32, time encoding, backend"),
+     ("ranking --no-time-encoding", "fp32, backend")],
+)
+def test_the_header_tells_what_a_request_carries(capsys, choice, header):
+    assert load_test.main([*TINY, "--requests", "6", "--check-every", "1",
+                           "--model", *choice.split()]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert header in first
+    assert ("4 candidates;" in first) == (choice != "retrieval")
+
+
+def test_a_name_of_no_served_model_is_refused_naming_the_option(capsys):
+    with pytest.raises(SystemExit) as info:
+        load_test.main([*TINY, "--model", "sasrec"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --model: invalid choice: 'sasrec'" in err and "hstu-retrieval" in err
+
+
 def test_wrong_scores_fail_the_check(monkeypatch, capsys):
     score = ServingSession.score
     monkeypatch.setattr(ServingSession, "score", lambda self, u, c: score(self, u, c) + 1e-3)

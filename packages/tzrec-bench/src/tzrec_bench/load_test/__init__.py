@@ -13,9 +13,15 @@ proportional to ``r ** -zipf``) and is either
 
 * new events for that user (``--extend-fraction`` of the requests): ``session.extend``, the
   user's history grows (the session keeps the newest events the model takes);
-* a scoring request: ``session.score`` of ``--candidates`` random candidates
-  (``--model ranking``, HSTURanking) or ``session.recommend`` of the top ``--k`` items of the
-  catalogue (``--model retrieval``, HSTURetrieval).
+* a scoring request: the call the model's server answers, ``session.score`` of
+  ``--candidates`` random candidates (``--model hstu-ranking``) or ``session.recommend`` of
+  the top ``--k`` items of the catalogue (``--model hstu-retrieval``).
+
+``--model`` names a registered model that has a server (:mod:`tzrec_gr.models.registry`,
+:func:`tzrec_gr.serving.server.server_for`), or a task, ``ranking`` (the default) or
+``retrieval``, for that task's first such model; everything the load test needs to know of
+the model (what a request carries, whether histories carry actions, whether times are
+encoded) it asks of the model's server (:mod:`~tzrec_bench.load_test.model`).
 
 Before the clock, the session's ``warm_up`` captures the CUDA graphs of every request shape
 and runs the eager calls once per shape (Triton autotuning happens there), the users the
@@ -55,10 +61,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from tzrec_bench.load_test.run import (
+from tzrec_bench.load_test.model import (
     DTYPES,
-    LoadTestResult,
+    Served,
     build_model,
+    model_choices,
+    probe,
+    resolve_model,
+)
+from tzrec_bench.load_test.run import (
+    LoadTestResult,
     call_class,
     percentile,
     run_load_test,
@@ -77,6 +89,7 @@ __all__ = [
     "Check",
     "LoadTestResult",
     "Request",
+    "Served",
     "build_model",
     "call_class",
     "main",
@@ -123,7 +136,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_device_option(p, "cpu", "A GPU sets the defaults of the options left out to "
                       "CUDA_DEFAULTS, else CPU_DEFAULTS.")
-    p.add_argument("--model", choices=["ranking", "retrieval"], default="ranking")
+    p.add_argument("--model", choices=model_choices(), default="ranking",
+                   help="a registered model with a server, or a task (its first such model). "
+                   "Default: ranking")
     p.add_argument("--dtype", choices=list(DTYPES), help="default: fp32 on CPU, bf16 on CUDA")
     p.add_argument("--backend", help="ops backend (default: the best available)")
     p.add_argument("--dim", type=int, help="E (CPU 32, CUDA 512)")
@@ -131,7 +146,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, help="STU layers (CPU 2, CUDA 3)")
     p.add_argument("--items", type=int, help="catalogue size (CPU 1,000, CUDA 100,000)")
     p.add_argument("--no-time-encoding", action="store_true",
-                   help="ranking without time encoding: extend runs only the new events")
+                   help="a model without time encoding (where it has one): extend runs only "
+                   "the new events")
     p.add_argument("--users", type=int, help="distinct users (CPU 200, CUDA 1,000)")
     p.add_argument("--zipf", type=float, default=1.1,
                    help="power-law exponent of the users' popularity. Default: 1.1")
@@ -141,8 +157,10 @@ def _parser() -> argparse.ArgumentParser:
                    "histories keep their newest (CPU 128, CUDA 2,048)")
     p.add_argument("--events", type=int, default=4,
                    help="the most new events per extend request (1 to this). Default: 4")
-    p.add_argument("--candidates", type=int, help="T candidates per ranking request (8)")
-    p.add_argument("--k", type=int, default=10, help="top-K of a retrieval request. Default: 10")
+    p.add_argument("--candidates", type=int, help="T candidates per scoring request of a "
+                   "model that scores candidates (8)")
+    p.add_argument("--k", type=int, default=10, help="top-K of a scoring request of a model "
+                   "that ranks the catalogue. Default: 10")
     p.add_argument("--extend-fraction", type=float, default=0.5,
                    help="share of requests that are new events. Default: 0.5")
     p.add_argument("--rate", type=float, help="target requests/s (CPU 40, CUDA 200)")
@@ -178,7 +196,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _resolve(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill the options left out from the device's defaults and check them all."""
+    """Fill the options left out from the device's defaults, check them all and resolve
+    ``--model``: ``model_name`` (its registered name) and ``served`` (:class:`Served`, its
+    server's facts)."""
     defaults = CUDA_DEFAULTS if args.device.type == "cuda" else CPU_DEFAULTS
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -225,7 +245,9 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError(
             f"--history ({args.history}) must be at most --max-history ({args.max_history})"
         )
-    if args.model == "retrieval" and args.k > args.items:
+    args.model_name = resolve_model(args.model)
+    args.served = probe(args)
+    if args.served.takes_k and args.k > args.items:
         raise ValueError(f"--k ({args.k}) must be at most --items ({args.items})")
     return args
 
@@ -314,12 +336,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     several = args.search or args.rates is not None
-    name = "HSTURanking" if args.model == "ranking" else "HSTURetrieval"
-    what = (f"{args.candidates} candidates" if args.model == "ranking" else f"top-{args.k} of "
+    served: Served = args.served
+    name = served.model_class
+    what = (f"{args.candidates} candidates" if served.candidates else f"top-{args.k} of "
             f"{args.items:,} items")
     trial = (f"{args.requests:,} requests" if args.fixed_requests or not several
              else f"{args.duration:g} s of requests per trial")
-    timed = "time encoding" if args.model == "ranking" and not args.no_time_encoding else ""
+    timed = "time encoding" if served.time_encoded else ""
     rates = ("--search from " + f"{args.rate:g}/s" if args.search else
              "rates " + ",".join(f"{r:g}" for r in args.rates) + "/s" if args.rates else
              f"{args.rate:g}/s")

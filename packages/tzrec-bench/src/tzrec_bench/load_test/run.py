@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from tzrec_bench.load_test.model import DTYPES, Served, build_model
 from tzrec_bench.load_test.stream import Check, Request, _calls, make_stream
 from tzrec_gr.features import (
     CANDIDATE_ITEM_ID,
@@ -23,7 +24,6 @@ from tzrec_gr.features import (
     UIH_LENGTHS,
     UIH_TIMESTAMPS,
 )
-from tzrec_gr.models import HSTURanking, HSTURetrieval
 from tzrec_gr.serving import Candidates, Histories, ServingSession
 from tzrec_ops.tolerances import Tolerance, tolerance
 
@@ -38,9 +38,8 @@ __all__ = [
     "warm_up",
 ]
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-#: one request's answer on the host (ranking: the probabilities; retrieval: ids and scores)
+#: one request's answer on the host (scores of candidates: the probabilities; top-k: ids and
+#: scores)
 Answer = Optional[Tuple[torch.Tensor, ...]]
 
 
@@ -157,25 +156,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def build_model(args: argparse.Namespace) -> torch.nn.Module:
-    """The model of ``args`` with random weights (seeded), in eval mode and ``args.dtype``."""
-    torch.manual_seed(args.seed)
-    head = args.dim // args.heads
-    common = dict(num_heads=args.heads, attention_dim=head, hidden_dim=head,
-                  num_layers=args.layers, dropout_ratio=0.0, backend=args.backend,
-                  device=args.device)
-    model: torch.nn.Module
-    if args.model == "ranking":
-        model = HSTURanking(
-            args.items, args.dim, args.dim, [1, 2], [1, 2, 4], **common,
-            max_uih_len=args.max_history, max_targets=args.candidates,
-            use_time_encoding=not args.no_time_encoding,
-        )
-    else:
-        model = HSTURetrieval(args.items, args.dim, **common, max_seq_len=args.max_history)
-    return model.eval().to(DTYPES[args.dtype])
-
-
 def _histories(group: List[Request]) -> Histories:
     return Histories(
         item_ids=torch.cat([r.item_ids for r in group]),
@@ -185,28 +165,30 @@ def _histories(group: List[Request]) -> Histories:
     )
 
 
-def _serve(session: ServingSession, kind: str, group: List[Request], k: int) -> List[Answer]:
+def _serve(
+    session: ServingSession, kind: str, group: List[Request], k: int, served: Served
+) -> List[Answer]:
     """One session call for ``group``; returns each request's answer (on the host) or None."""
     users = [r.user for r in group]
     if kind == "open":
         session.open(users, _histories(group))
     elif kind == "extend":
         session.extend(users, _histories(group))
-    elif session.kind == "ranking":
-        lengths = torch.tensor([r.item_ids.numel() for r in group], dtype=torch.int64)
-        probs = session.score(users, Candidates(torch.cat([r.item_ids for r in group]), lengths))
-        return [(rows,) for rows in probs.cpu().split(lengths.tolist())]
-    else:
+    elif served.takes_k:
         top = session.recommend(users, k)
         ids, scores = top.ids.cpu(), top.scores.cpu()
         return [(ids[b], scores[b]) for b in range(len(group))]
+    else:
+        lengths = torch.tensor([r.item_ids.numel() for r in group], dtype=torch.int64)
+        probs = session.score(users, Candidates(torch.cat([r.item_ids for r in group]), lengths))
+        return [(rows,) for rows in probs.cpu().split(lengths.tolist())]
     if session.device.type == "cuda":
         torch.cuda.synchronize(session.device)
     return [None] * len(group)
 
 
 def _reference(
-    model: torch.nn.Module, check: Check, k: int, device: torch.device
+    model: torch.nn.Module, check: Check, k: int, device: torch.device, served: Served
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(served values, the full forward's values at the same places), float64 on the host."""
     assert check.served is not None
@@ -214,32 +196,43 @@ def _reference(
     ids, times = check.item_ids.to(device), check.timestamps.to(device)
     lengths = torch.tensor([n], dtype=torch.int64, device=device)
     with torch.no_grad():
-        if isinstance(model, HSTURanking):
-            cands = check.request.item_ids
-            t = cands.numel()
-            query = check.timestamps[-1:].to(device)  # the session's query time: newest event
-            batch = {
-                UIH_ITEM_ID: ids, UIH_LENGTHS: lengths, UIH_TIMESTAMPS: times,
-                UIH_ACTIONS: check.actions.to(device),
-                CANDIDATE_ITEM_ID: cands.to(device),
-                CANDIDATE_LENGTHS: torch.tensor([t], dtype=torch.int64, device=device),
-                CANDIDATE_TIMESTAMPS: query.repeat(t), QUERY_TIME: query,
-            }
-            want = torch.sigmoid(model(batch).float()).double().cpu()
-            return check.served[0].double(), want
-        user = model.user_embedding(ids, lengths, times)[0].double()
-        items = model.item_embedding(torch.arange(model.num_items, device=device)).double()
-        scores = (items @ user).cpu()
-        seen = torch.zeros(model.num_items, dtype=torch.bool)
-        seen[check.item_ids] = True
-        scores[seen] = -math.inf
-        best = scores.topk(k).values
-        served_ids, served_scores = check.served
-        valid = served_ids >= 0
-        # the served scores at their ids, and in rank order against the exact top-K
-        got = torch.cat([served_scores[valid].double(), served_scores[valid].double()])
-        want = torch.cat([scores[served_ids[valid]], best[valid]])
-        return got, want
+        if served.takes_k:
+            return _top_k_reference(model, check, k, ids, lengths, times)
+        cands = check.request.item_ids
+        t = cands.numel()
+        query = check.timestamps[-1:].to(device)  # the session's query time: newest event
+        batch = {
+            UIH_ITEM_ID: ids, UIH_LENGTHS: lengths, UIH_TIMESTAMPS: times,
+            CANDIDATE_ITEM_ID: cands.to(device),
+            CANDIDATE_LENGTHS: torch.tensor([t], dtype=torch.int64, device=device),
+            CANDIDATE_TIMESTAMPS: query.repeat(t), QUERY_TIME: query,
+        }
+        if served.actions:
+            batch[UIH_ACTIONS] = check.actions.to(device)
+        want = torch.sigmoid(model(batch).float()).double().cpu()
+        return check.served[0].double(), want
+
+
+def _top_k_reference(
+    model: torch.nn.Module, check: Check, k: int, ids: torch.Tensor, lengths: torch.Tensor,
+    times: torch.Tensor,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_reference` of a top-k answer: the exact scores of the served ids, and the
+    exact top-k scores (seen items excluded) in rank order."""
+    assert check.served is not None
+    user = model.user_embedding(ids, lengths, times)[0].double()
+    items = model.item_embedding(torch.arange(model.num_items, device=ids.device)).double()
+    scores = (items @ user).cpu()
+    seen = torch.zeros(model.num_items, dtype=torch.bool)
+    seen[check.item_ids] = True
+    scores[seen] = -math.inf
+    best = scores.topk(k).values
+    served_ids, served_scores = check.served
+    valid = served_ids >= 0
+    # the served scores at their ids, and in rank order against the exact top-K
+    got = torch.cat([served_scores[valid].double(), served_scores[valid].double()])
+    want = torch.cat([scores[served_ids[valid]], best[valid]])
+    return got, want
 
 
 def size_span(low: int, high: int) -> List[int]:
@@ -263,15 +256,13 @@ def warm_up(
     incremental extends) at the shapes they take, so that nothing is captured or tuned
     inside the timed run. Returns the session's report."""
     histories = size_span(args.history, args.max_history)
-    sizes: Dict[str, Any] = {"batch_sizes": list(range(1, min(max_batch, 64) + 1))}
-    if session.kind == "retrieval":
-        sizes.update(k=[args.k], lengths=histories)
-    else:
-        pre = session.model.transducer.input_preprocessor
-        sizes.update(
-            candidates=[args.candidates],
-            lengths=sorted({pre.max_output_len(n, 0) for n in histories}),
-        )
+    server = session.server
+    sizes: Dict[str, Any] = {
+        "batch_sizes": list(range(1, min(max_batch, 64) + 1)),
+        "lengths": sorted({server.warm_up_length(n) for n in histories}),
+        # the scoring call's size (k, candidates) is given by the option of that name
+        server.request_size: [getattr(args, server.request_size)],
+    }
     return session.warm_up(**sizes, histories=histories, events=list(range(1, args.events + 1)))
 
 
@@ -328,7 +319,7 @@ def run_load_test(
     def serve(kind: str, group: List[Request]) -> Optional[List[Answer]]:
         nonlocal dropped
         try:
-            return _serve(session, kind, group, args.k)
+            return _serve(session, kind, group, args.k, args.served)
         except Exception as exc:  # the server drops these requests and goes on
             errors.append(f"{kind} of users {[r.user for r in group]} (requests "
                           f"{[r.index for r in group]}): {type(exc).__name__}: {exc}")
@@ -352,7 +343,7 @@ def run_load_test(
     unfinished: List[float] = []
     bound_s = math.inf if stop_ms is None else stop_ms / 1e3
     allowed = 0.01 * len(timed) + 2  # this many late requests put the p99 above the bound
-    scoring = "score" if session.kind == "ranking" else "recommend"
+    scoring = session.server.call
     extended = set()  # users with events since their last scoring call
     for req in warm:
         (extended.add if req.kind == "extend" else extended.discard)(req.user)
@@ -410,7 +401,7 @@ def run_load_test(
     for check in checks:
         if check.served is None:  # dropped or not sent: counted above
             continue
-        got, want = _reference(session.model, check, args.k, device)
+        got, want = _reference(session.model, check, args.k, device, args.served)
         diff = (got - want).abs()
         allowed_diff = tol.atol * float(want.abs().max()) + tol.rtol * want.abs()
         max_abs = max(max_abs, float(diff.max()))

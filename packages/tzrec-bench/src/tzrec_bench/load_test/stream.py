@@ -15,7 +15,6 @@ __all__ = ["GAP_S", "Check", "Request", "make_stream"]
 GAP_S = 60
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Request:
     """One request of the stream.
@@ -25,10 +24,11 @@ class Request:
         user (int): the user.
         kind (str): ``"open"`` (``item_ids`` is the starting history),
             ``"extend"`` (new events) or ``"score"`` (``item_ids`` are the candidates of a
-            ranking model; empty for ``recommend``).
+            model that scores candidates; empty for one that answers the top-k).
         item_ids (torch.Tensor): [n] int64.
         timestamps (torch.Tensor): [n] int64 (events only).
-        actions (torch.Tensor): [n] int64 action bitmasks (events of a ranking model).
+        actions (torch.Tensor): [n] int64 action bitmasks (events; read by a model that
+            reads actions).
     """
 
     index: int
@@ -63,13 +63,14 @@ def make_stream(args: argparse.Namespace, count: int) -> Tuple[List[Request], Li
     simulated time ``T0 + (j + 1) * GAP_S``, and its new events carry that time. The
     histories are followed on the host (the newest ``--max-history`` events, as the
     session keeps them), so every ``--check-every``-th scoring request carries the history
-    it is served against.
+    it is served against. A scoring request carries ``--candidates`` candidates where the
+    model scores candidates (``args.served``, set when the options are resolved).
     """
     gen = torch.Generator().manual_seed(args.seed)
     weights = torch.arange(1, args.users + 1, dtype=torch.float64).pow(-args.zipf)
     users = torch.multinomial(weights, count, replacement=True, generator=gen).tolist()
     extend = (torch.rand(count, generator=gen, dtype=torch.float64) < args.extend_fraction)
-    ranking = args.model == "ranking"
+    candidates = args.served.candidates  # scoring requests carry candidates
     start = args.history * GAP_S
     histories: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
     opens: List[Request] = []
@@ -98,7 +99,7 @@ def make_stream(args: argparse.Namespace, count: int) -> Tuple[List[Request], Li
             )
             continue
         cands = empty
-        if ranking:
+        if candidates:
             cands = torch.randint(0, args.items, (args.candidates,), generator=gen)
         req = Request(index, user, "score", cands, empty, empty)
         requests.append(req)

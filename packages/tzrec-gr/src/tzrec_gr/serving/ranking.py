@@ -268,6 +268,11 @@ class RankingServer(ModelServer):
     def max_candidates(self) -> int:
         return self.model.max_targets
 
+    def warm_up_length(self, events: int) -> int:
+        """The tokens a user with ``events`` events keeps cached (its contextual prefix and
+        each event's tokens)."""
+        return self.model.transducer.input_preprocessor.max_output_len(events, 0)
+
     def example_inputs(
         self,
         batch: int = 4,

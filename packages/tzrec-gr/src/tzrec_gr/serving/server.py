@@ -214,6 +214,11 @@ class ModelServer(abc.ABC):
         """Whether new events can run against kept keys and values alone (exactly what
         prefilling the longer history gives); False: re-encode the longer history."""
 
+    def warm_up_length(self, events: int) -> int:
+        """The ``lengths`` size of :meth:`~tzrec_gr.serving.ServingSession.warm_up` of a
+        user with ``events`` events: the items it has seen."""
+        return events
+
     @property
     def max_candidates(self) -> int:
         """The most candidates of one user the model scores (0: it scores none, it ranks
