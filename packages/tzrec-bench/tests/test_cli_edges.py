@@ -86,7 +86,8 @@ def _no_cuda(monkeypatch):
 def _parsers():
     """(name, a parser of a command taking --device, its other required arguments);
     ``python -m tzrec_acc export`` is tzrec-acc's own test (test_cli_edges.py there)."""
-    from tzrec_bench import export_bench, load_test, serving_bench
+    from tzrec_bench import export_bench, serving_bench
+    from tzrec_bench.benchmarks import load_test
 
     return [
         ("serving_bench", serving_bench._parser(), []),
@@ -115,7 +116,7 @@ def test_plan_and_train_take_auto(monkeypatch):
     assert parser.parse_args(["evaluate", "run", "--device", "auto"]).device == "auto"
 
 
-@pytest.mark.parametrize("module", ["serving_bench", "load_test", "export_bench"])
+@pytest.mark.parametrize("module", ["serving_bench", "benchmarks.load_test", "export_bench"])
 def test_a_device_this_machine_lacks_is_the_options_one_line_error(monkeypatch, capsys, module):
     _no_cuda(monkeypatch)
     main_of = __import__(f"tzrec_bench.{module}", fromlist=["main"]).main
@@ -133,7 +134,8 @@ def test_a_device_this_machine_lacks_is_the_options_one_line_error(monkeypatch, 
 
 def _mains():
     from tzrec_acc.cli import main as acc_main
-    from tzrec_bench import data_bench, export_bench, load_test, serving_bench, table_memory
+    from tzrec_bench import data_bench, export_bench, serving_bench, table_memory
+    from tzrec_bench.benchmarks import load_test
 
     bench = "tzrec-bench"
     return [
@@ -151,7 +153,8 @@ def _mains():
         (acc_main, ["what"], "python -m tzrec_acc", "invalid choice: 'what'"),
         (serving_bench.main, ["--users", "x"], "python -m tzrec_bench.serving_bench", "--users"),
         (export_bench.main, ["--batch", "x"], "python -m tzrec_bench.export_bench", "--batch"),
-        (load_test.main, ["--rate", "x"], "python -m tzrec_bench.load_test", "--rate"),
+        (load_test.main, ["--rate", "x"], "python -m tzrec_bench.benchmarks.load_test",
+         "--rate"),
         (data_bench.main, ["--nope"], "python -m tzrec_bench.data_bench", "required: --folder"),
         (table_memory.main, ["--nope"], "python -m tzrec_bench.table_memory", "required: --items"),
     ]

@@ -1,13 +1,16 @@
-"""python -m tzrec_bench.load_test on a tiny model: nothing dropped, answers equal to the full
-forward, and the checks fail when the session drops a request or answers wrongly."""
+"""python -m tzrec_bench.benchmarks.load_test on a tiny model: nothing dropped, answers equal
+to the full forward, and the checks fail when the session drops a request or answers wrongly."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from tzrec_bench import load_test
-from tzrec_bench.load_test.stream import _calls
+from tzrec_bench.benchmarks import load_test
+from tzrec_bench.benchmarks.load_test.stream import _calls
 from tzrec_gr.serving import Histories, ServingSession
 from tzrec_ops.tolerances import tolerance
 
@@ -279,7 +282,7 @@ def _fake_trial(capacity, calls):
      (100, 1e9, [100, 200, 400, 800, 1000])],  # up to --max-rate
 )
 def test_search_doubles_then_bisects_to_the_precision(monkeypatch, start, capacity, rates):
-    from tzrec_bench.load_test import search
+    from tzrec_bench.benchmarks.load_test import search
 
     calls = []
     monkeypatch.setattr(search, "run_load_test", _fake_trial(capacity, calls))
@@ -345,3 +348,15 @@ def test_lists_that_do_not_parse_exit_2_naming_the_option(argv, message, capsys)
         load_test.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_former_path_runs_and_imports_the_moved_load_test():
+    import tzrec_bench.load_test as former
+    import tzrec_bench.load_test.run as former_run
+    from tzrec_bench.benchmarks.load_test import run
+
+    assert former_run is run and former.main is load_test.main
+    done = subprocess.run([sys.executable, "-m", "tzrec_bench.load_test", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--model {hstu-retrieval,hstu-ranking," in done.stdout

@@ -1,5 +1,6 @@
 """The argument parser of every tzrec command line (``python -m tzrec_ops``, ``python -m
-tzrec_acc``, ``tzrec-bench`` and its subcommands, ``python -m tzrec_bench.load_test``, ...).
+tzrec_acc``, ``tzrec-bench`` and its subcommands, ``python -m
+tzrec_bench.benchmarks.load_test``, ...).
 
 It lives here because every tzrec package depends on tzrec-ops and on nothing else of the
 project: tzrec-acc cannot import tzrec-bench, and tzrec-gr is only an extra of tzrec-acc.

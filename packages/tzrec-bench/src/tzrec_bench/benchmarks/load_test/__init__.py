@@ -1,8 +1,8 @@
 """Load test of ``tzrec_gr.serving.ServingSession``: a stream of requests at a target rate,
 and the sustained rate (the highest at which the p99 latency stays under a bound).
 
-    python -m tzrec_bench.load_test                          # CPU, tiny model, ~10-20 s
-    python -m tzrec_bench.load_test --device cuda --max-batch 32,1 --search
+    python -m tzrec_bench.benchmarks.load_test      # CPU, tiny model, ~10-20 s
+    python -m tzrec_bench.benchmarks.load_test --device cuda --max-batch 32,1 --search
 
 One session serves a stream of requests, open-loop: request i is due ``i / --rate`` seconds
 after the start, whether or not the server has finished the ones before it, and its latency
@@ -21,7 +21,7 @@ proportional to ``r ** -zipf``) and is either
 :func:`tzrec_gr.serving.server.server_for`), or a task, ``ranking`` (the default) or
 ``retrieval``, for that task's first such model; everything the load test needs to know of
 the model (what a request carries, whether histories carry actions, whether times are
-encoded) it asks of the model's server (:mod:`~tzrec_bench.load_test.model`).
+encoded) it asks of the model's server (:mod:`~tzrec_bench.benchmarks.load_test.model`).
 
 Before the clock, the session's ``warm_up`` captures the CUDA graphs of every request shape
 and runs the eager calls once per shape (Triton autotuning happens there), the users the
@@ -35,7 +35,7 @@ each user's requests in stream order), as a micro-batching server does. ``--max-
 One rate (``--rate``) prints the detailed report: p50/p90/p99/max latency (ms), the achieved
 requests/s and events/s, requests served against sent, the session's CUDA graphs on a GPU
 and the correctness check. ``--rates`` or ``--search`` run trials at several rates
-(:mod:`~tzrec_bench.load_test.search`) and print a table per batch bound (offered and
+(:mod:`~tzrec_bench.benchmarks.load_test.search`) and print a table per batch bound (offered and
 achieved rate, p50, p99, dropped) and the sustained rate: the highest offered rate served
 with nothing dropped and p99 under ``--p99-ms``.
 
@@ -61,7 +61,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from tzrec_bench.load_test.model import (
+from tzrec_bench.benchmarks.load_test.model import (
     DTYPES,
     Served,
     build_model,
@@ -69,7 +69,7 @@ from tzrec_bench.load_test.model import (
     probe,
     resolve_model,
 )
-from tzrec_bench.load_test.run import (
+from tzrec_bench.benchmarks.load_test.run import (
     LoadTestResult,
     call_class,
     percentile,
@@ -77,8 +77,8 @@ from tzrec_bench.load_test.run import (
     size_span,
     warm_up,
 )
-from tzrec_bench.load_test.search import search_rates, sustained, sweep_rates, table
-from tzrec_bench.load_test.stream import Check, Request, make_stream
+from tzrec_bench.benchmarks.load_test.search import search_rates, sustained, sweep_rates, table
+from tzrec_bench.benchmarks.load_test.stream import Check, Request, make_stream
 from tzrec_gr.serving import ServingSession
 from tzrec_ops.commandline import ArgumentParser
 from tzrec_ops.devices import add_device_option
@@ -132,7 +132,7 @@ def _comma_list(kind: type, what: str) -> Callable[[str], List[Any]]:
 
 def _parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
-        prog="python -m tzrec_bench.load_test", description=__doc__.split("\n")[0]
+        prog="python -m tzrec_bench.benchmarks.load_test", description=__doc__.split("\n")[0]
     )
     add_device_option(p, "cpu", "A GPU sets the defaults of the options left out to "
                       "CUDA_DEFAULTS, else CPU_DEFAULTS.")

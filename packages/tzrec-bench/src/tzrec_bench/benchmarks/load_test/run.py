@@ -12,8 +12,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from tzrec_bench.load_test.model import DTYPES, Served, build_model
-from tzrec_bench.load_test.stream import Check, Request, _calls, make_stream
+from tzrec_bench.benchmarks.load_test.model import DTYPES, Served, build_model
+from tzrec_bench.benchmarks.load_test.stream import Check, Request, _calls, make_stream
 from tzrec_gr.features import (
     CANDIDATE_ITEM_ID,
     CANDIDATE_LENGTHS,

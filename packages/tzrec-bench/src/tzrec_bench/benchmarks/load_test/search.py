@@ -1,10 +1,10 @@
 """The sustained rate: trials of the load test at several offered rates, and the highest rate
 at which the p99 latency stays under a bound with nothing dropped.
 
-A trial (:func:`~tzrec_bench.load_test.run.run_load_test`) serves a stream of the same seed
-(``--requests`` requests, or ``--duration`` seconds of them at the trial's rate) at one
-offered rate and one batch bound on one warmed-up session; it *sustains* the rate when every
-request is served, none is dropped and the p99 latency is under ``--p99-ms``.
+A trial (:func:`~tzrec_bench.benchmarks.load_test.run.run_load_test`) serves a stream of the
+same seed (``--requests`` requests, or ``--duration`` seconds of them at the trial's rate) at
+one offered rate and one batch bound on one warmed-up session; it *sustains* the rate when
+every request is served, none is dropped and the p99 latency is under ``--p99-ms``.
 A trial stops early once more of its requests are already later than the bound than its
 p99 allows (it cannot pass any more), so an overloaded trial costs little time.
 
@@ -29,7 +29,7 @@ import copy
 import math
 from typing import Any, Callable, List, Optional, Sequence
 
-from tzrec_bench.load_test.run import LoadTestResult, run_load_test
+from tzrec_bench.benchmarks.load_test.run import LoadTestResult, run_load_test
 from tzrec_gr.serving import ServingSession
 
 __all__ = ["search_rates", "sustained", "sweep_rates", "table"]

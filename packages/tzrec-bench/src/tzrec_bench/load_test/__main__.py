@@ -1,6 +1,0 @@
-"""``python -m tzrec_bench.load_test``: runs :func:`tzrec_bench.load_test.main`."""
-
-from tzrec_bench.load_test import main
-
-if __name__ == "__main__":
-    raise SystemExit(main())
