@@ -278,12 +278,14 @@ def test_kuairand_missing_columns_are_named(tmp_path):
 
 
 def test_load_dataset_argument_errors(tmp_path, monkeypatch):
-    with pytest.raises(ValueError, match=r"^unknown data set 'ml-10m': expected one of synthetic, "
-                                         r"ml-100k, ml-1m, ml-20m, kuairand, amazon-games, or "
-                                         "the path of an event log"):
+    # the rules of --data, with the CLI's messages (tests/test_data_options.py)
+    with pytest.raises(ValueError, match=r"^--data: 'ml-10m' is neither a data set \(synthetic, "
+                                         r"ml-100k, ml-1m, ml-20m, kuairand, amazon-games\) nor "
+                                         "an existing file or folder$"):
         load_dataset("ml-10m")
     monkeypatch.delenv("TZREC_BENCH_DATA", raising=False)
-    with pytest.raises(ValueError, match=r"^ml-1m needs data_dir, or TZREC_BENCH_DATA"):
+    with pytest.raises(ValueError, match=r"^--data-dir: --data ml-1m needs the folder of its "
+                                         r"files \(or TZREC_BENCH_DATA set"):
         load_dataset("ml-1m")
     with pytest.raises(ValueError, match=r"^num_users: options of the synthetic data set"):
         load_dataset("ml-1m", tmp_path, num_users=3)

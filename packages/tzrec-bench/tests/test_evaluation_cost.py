@@ -18,7 +18,7 @@ from torch import nn
 
 from tzrec_bench.cli import main
 from tzrec_bench.data import load_dataset, make_eval_batch
-from tzrec_bench.train.config import RETRIEVAL_KS, TrainConfig
+from tzrec_bench.train.config import TrainConfig
 from tzrec_bench.train.distributed import init_distributed
 from tzrec_bench.train.factory import build_model, make_task
 from tzrec_bench.train.loop import evaluate, train
@@ -26,6 +26,7 @@ from tzrec_bench.train.metrics import RetrievalMetrics, ScoreBuffers, non_finite
 from tzrec_bench.train.retrieval import seen_pairs
 from tzrec_bench.train.sampled import SampledMetrics
 from tzrec_bench.train.task import autocast, chunks, eval_rows
+from tzrec_bench.train.tasks import RETRIEVAL_KS
 
 TINY = dict(
     data="synthetic", synthetic_users=48, synthetic_items=120, max_seq_len=16,

@@ -21,7 +21,10 @@ from tzrec_bench.regression.configs import (
     shipped_configs,
     shipped_dir,
 )
-from tzrec_bench.regression.harness import FLOORS, floor_configs
+from tzrec_bench.regression.harness import floor_configs, floor_models
+
+#: the simple baselines run beside a retrieval config (the fitted retrieval models)
+RETRIEVAL_FLOORS = floor_models("retrieval")
 
 CONFIG = """description = "{name}: a stand-in"
 [train]
@@ -81,7 +84,7 @@ def stand_in(calls):
     def trainer(config):
         name = Path(config.out_dir).parent.name
         calls.append((name, config.seed))
-        if config.model in FLOORS["retrieval"]:
+        if config.model in RETRIEVAL_FLOORS:
             value = PLANTED_FLOORS[config.model]
             return {"ndcg@10": value, "hr@10": value}
         return {"ndcg@10": PLANTED[name](config.seed), "loss": 0.7}
@@ -124,7 +127,7 @@ def test_planted_verdicts_and_exit_codes(planted, capsys):
     assert sorted(configs) == sorted((n, s) for n in PLANTED for s in (10, 11, 12))
     # the five configs share their data settings: the floors ran once, on the same seeds
     assert _floor_calls(calls) == sorted(
-        (f"floor:{m}", s) for m in FLOORS["retrieval"] for s in (10, 11, 12))
+        (f"floor:{m}", s) for m in RETRIEVAL_FLOORS for s in (10, 11, 12))
     summary = json.loads(out.read_text())
     verdicts = {(c["name"], m): r["status"] for c in summary["configs"]
                 for m, r in c["metrics"].items()}
@@ -159,7 +162,7 @@ def test_planted_verdicts_and_exit_codes(planted, capsys):
     assert not any("hr@10" in cells for cells in floor_lines)
     assert better["floor_gains"] == {"ndcg@10": {
         "floor": "floor:item-knn", "floor_mean": 0.25, "relative_gain": pytest.approx(1.04)}}
-    assert [f["name"] for f in better["floors"]] == [f"floor:{m}" for m in FLOORS["retrieval"]]
+    assert [f["name"] for f in better["floors"]] == [f"floor:{m}" for m in RETRIEVAL_FLOORS]
     assert better["floors"][2]["metrics"]["hr@10"]["mean"] == 0.25
     assert better["floors"][2]["seeds"] == [10, 11, 12]
     nan = next(c for c in summary["configs"] if c["name"] == "nan")
@@ -190,13 +193,13 @@ def test_floor_runs_are_shared_by_the_configs_on_the_same_data(planted):
          recording)
     assert len(calls) == 3 * 2 + 2 * 3 * 2  # the configs' runs, then 2 sets of floor runs
     assert _floor_calls(calls) == sorted(
-        (f"floor:{m}", s) for m in FLOORS["retrieval"] for s in (10, 11) for _ in range(2))
+        (f"floor:{m}", s) for m in RETRIEVAL_FLOORS for s in (10, 11) for _ in range(2))
     floors = {c["name"]: c["floors"] for c in json.loads(out.read_text())["configs"]}
     assert floors["better"] == floors["worse"] and len(floors["better"]) == 3
     assert [f["name"] for f in floors["same"]] == [f["name"] for f in floors["better"]]
     floor_folders = sorted(p for p in folders if p.parent == planted / "runs" / "floors")
     assert [p.name for p in floor_folders] == sorted(
-        f"{i}-{m}" for i, m in enumerate(FLOORS["retrieval"] * 2))
+        f"{i}-{m}" for i, m in enumerate(RETRIEVAL_FLOORS * 2))
 
 
 def test_no_floors_runs_none(planted, capsys):
@@ -222,6 +225,11 @@ def test_a_config_of_a_simple_baseline_runs_no_floors(planted, capsys):
     assert config["floors"] == [] and config["floor_gains"] == {}
 
 
+def test_the_floors_are_the_fitted_models_of_each_task_in_the_registry():
+    assert RETRIEVAL_FLOORS == ["most-popular", "item-transitions", "item-knn"]
+    assert floor_models("ranking") == ["popularity-ranking"]
+
+
 def test_floors_share_the_data_split_and_seed_not_the_model_settings():
     settings = {"model": "hstu-ranking", "data": "synthetic", "synthetic_users": 300,
                 "max_seq_len": 24, "num_candidates": 8, "seed": 3, "device": "cpu",
@@ -234,7 +242,7 @@ def test_floors_share_the_data_split_and_seed_not_the_model_settings():
     assert floor.settings["model"] == "popularity-ranking"
     assert not {"embedding_dim", "lr", "max_steps", "dropout"} & set(floor.settings)
     retrieval = floor_configs(RunConfig("r", Path("r.toml"), "d", {"model": "sasrec"}))
-    assert [f.settings["model"] for f in retrieval] == list(FLOORS["retrieval"])
+    assert [f.settings["model"] for f in retrieval] == list(RETRIEVAL_FLOORS)
     assert floor_configs(RunConfig("p", Path("p.toml"), "d",
                                    {"model": "popularity-ranking"})) == []
 
@@ -328,7 +336,7 @@ def test_a_shipped_synthetic_config_runs_for_real_within_its_baseline(tmp_path, 
     assert 0 < metrics["ndcg@10"]["mean"] <= metrics["hr@10"]["mean"] <= 1
     # its floors ran for real, fitted from counts on the same data, split and seed
     floors = {f["name"]: f for f in config["floors"]}
-    assert list(floors) == [f"floor:{m}" for m in FLOORS["retrieval"]]
+    assert list(floors) == [f"floor:{m}" for m in RETRIEVAL_FLOORS]
     for name, floor in floors.items():
         assert not floor["errors"] and floor["seeds"] == config["seeds"], name
         ndcg = floor["metrics"]["ndcg@10"]["mean"]
@@ -351,4 +359,4 @@ def test_eval_negatives_reaches_every_retrieval_run_and_its_floors(planted):
 
     _run(_argv(planted, ["better"], "--repeats", "1", "--eval-negatives", "100"), trainer)
     assert seen and all(negatives == 100 for _, negatives in seen)
-    assert {name for name, _ in seen} >= {"better", *(f"floor:{m}" for m in FLOORS["retrieval"])}
+    assert {name for name, _ in seen} >= {"better", *(f"floor:{m}" for m in RETRIEVAL_FLOORS)}

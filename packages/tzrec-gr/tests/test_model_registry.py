@@ -97,6 +97,7 @@ register_model(ModelRecord(
 def test_builtin_models_are_registered_by_their_modules(name, cls, task):
     record = get_model(name)
     assert (record.model_class, record.task, record.fitted) == (cls, task, False)
+    assert record.shardable  # torchrec may shard its item table (its embedding_tables)
     assert record.description
     assert record_for_class(cls.__name__) is record and record_for_class(cls) is record
     assert name in model_names() and name in model_names(task)
@@ -139,6 +140,14 @@ def test_model_class_and_builder_are_validated():
         ModelRecord("toy", Toy, "retrieval", trainer_kwargs={"num_items": 3})
     with pytest.raises(ModelRegistryError, match=r"name must be a non-empty string"):
         ModelRecord("", Toy, "retrieval")
+    with pytest.raises(ModelRegistryError, match=r"^model 'toy': shardable must be True or "
+                       r"False, got 'yes'$"):
+        ModelRecord("toy", Toy, "retrieval", shardable="yes")
+
+
+def test_a_record_is_not_shardable_unless_it_says_so():
+    assert not ModelRecord("toy", Toy, "retrieval").shardable
+    assert ModelRecord("toy", Toy, "retrieval", shardable=True).shardable
 
 
 def test_a_registered_record_is_found_and_registering_it_again_does_nothing(plugins):

@@ -27,12 +27,12 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from tzrec_bench import __version__
 from tzrec_bench.data import DATASETS, DataFormatError
 from tzrec_bench.data.cache import CacheLockTimeout
-from tzrec_bench.data.load import DATA_ENV
+from tzrec_bench.data.load import DATA_ENV, DataOptionError, check_data_options
 from tzrec_bench.train.checkpoint import CheckpointError, DataMismatchError
 from tzrec_bench.train.config import (
     AMP_MODES,
@@ -306,31 +306,12 @@ def _add_log_options(group: argparse._ArgumentGroup) -> None:
                        "repeatedly, until none is left (default: no filter)")
 
 
-def _data_option_errors(args: Union[argparse.Namespace, TrainConfig]) -> Optional[str]:
-    """What is wrong with --data/--data-dir together, before any file is read."""
-    if args.data not in DATASETS:
-        if not Path(args.data).exists():
-            return (f"--data: {args.data!r} is neither a data set ({', '.join(DATASETS)}) nor "
-                    "an existing file or folder")
-        if args.data_dir is not None:
-            return "--data-dir: an event log given by path (--data) reads no other folder"
-        return None
-    if args.columns is not None:
-        return (f"--columns: {args.data} has its own format; column mappings are for event "
-                "logs given by path")
-    if args.data == "synthetic":
-        if args.data_dir is not None:
-            return "--data-dir: the synthetic data set is generated and reads no files"
-        return None
-    if args.data_dir is None:
-        if not os.environ.get(DATA_ENV):
-            return (
-                f"--data-dir: --data {args.data} needs the folder of its files (or "
-                f"{DATA_ENV} set to a folder holding {args.data}/)"
-            )
-        return None
-    if not Path(args.data_dir).is_dir():
-        return f"--data-dir: no such folder: {args.data_dir}"
+def _data_option_error(config: TrainConfig) -> Optional[str]:
+    """What is wrong with --data and the options that go with it, before any file is read."""
+    try:
+        check_data_options(config.data, config.data_dir, config.columns, config.min_events)
+    except (DataOptionError, FileNotFoundError) as exc:
+        return str(exc)
     return None
 
 
@@ -353,7 +334,7 @@ def _run_train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     config = TrainConfig(**fields)
     if config.resume:  # the checkpoint's settings, but for the options typed again
         config = resumed_config(config, getattr(args, GIVEN, set()))
-    error = _data_option_errors(config) or _backend_error(config.backend)
+    error = _data_option_error(config) or _backend_error(config.backend)
     if error:
         parser.error(error)
     train(config)
@@ -409,9 +390,11 @@ def _run_evaluate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         parser.error(f"checkpoint: no checkpoint at {resolve_checkpoint(args.checkpoint)}")
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         parser.error(f"--data-dir: no such folder: {args.data_dir}")
-    if args.data is not None and args.data not in DATASETS and not Path(args.data).exists():
-        parser.error(f"--data: {args.data!r} is neither a data set ({', '.join(DATASETS)}) "
-                     "nor an existing file or folder")
+    if args.data is not None:  # the rest is the checkpoint's, checked once it is read
+        try:
+            check_data_options(args.data, folders=False)
+        except DataOptionError as exc:
+            parser.error(str(exc))
     error = _backend_error(args.backend)
     if error:
         parser.error(error)

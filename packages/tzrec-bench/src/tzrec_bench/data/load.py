@@ -32,6 +32,75 @@ def is_named(data: str) -> bool:
     return data in DATASETS
 
 
+class DataOptionError(ValueError):
+    """Settings of the data that do not fit together; ``field`` is the setting at fault
+    (``data_dir``), and the message starts with its option (``--data-dir: ...``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"--{field.replace('_', '-')}: {message}")
+
+
+def check_data_options(
+    data: str,
+    data_dir: Optional[PathLike] = None,
+    columns: Optional[Union[str, Columns]] = None,
+    min_events: int = 0,
+    folders: bool = True,
+) -> None:
+    """The rules of ``--data`` and the options that go with it, checked before any file is
+    read (by ``tzrec-bench train`` and ``evaluate``, a run's settings and
+    :func:`load_dataset`).
+
+    Args:
+        data: a data set's name (:data:`DATASETS`) or the path of an event log.
+        data_dir: a named data set's folder (``--data-dir``).
+        columns: an event log's column mapping (``--columns``).
+        min_events: the k-core filter (``--min-events``); 0: none.
+        folders: also check where a named data set is read from: ``data_dir`` only for
+            one read from files, which needs it (or ``$TZREC_BENCH_DATA``) as an existing
+            folder. False where that is settled later (a run config's folder comes from
+            ``--data-root``).
+
+    Raises:
+        DataOptionError: the first rule broken, naming its option.
+        FileNotFoundError: ``data_dir`` is no folder (``--data-dir: no such folder: ...``).
+    """
+    if not is_named(data):
+        if not Path(data).exists():
+            raise DataOptionError("data", f"{data!r} is neither a data set "
+                                  f"({', '.join(DATASETS)}) nor an existing file or folder")
+        if folders and data_dir is not None:
+            raise DataOptionError("data_dir", "an event log given by path (--data) reads no "
+                                  "other folder")
+        if isinstance(columns, str):
+            try:
+                Columns.parse(columns)
+            except ValueError as exc:  # its message names the option already
+                raise DataOptionError("columns", str(exc).split(": ", 1)[-1]) from None
+        return
+    if columns is not None:
+        raise DataOptionError("columns", f"{data} has its own format; column mappings are "
+                              "for event logs given by path")
+    if data == "synthetic":
+        if min_events:
+            raise DataOptionError("min_events", "the synthetic data set is generated; the "
+                                  "k-core filter applies to data read from files")
+        if folders and data_dir is not None:
+            raise DataOptionError("data_dir", "the synthetic data set is generated and reads "
+                                  "no files")
+        return
+    if not folders:
+        return
+    if data_dir is None:
+        if not os.environ.get(DATA_ENV):
+            raise DataOptionError("data_dir", f"--data {data} needs the folder of its files "
+                                  f"(or {DATA_ENV} set to a folder holding {data}/)")
+    elif not Path(data_dir).is_dir():
+        raise FileNotFoundError(f"--data-dir: no such folder: {data_dir}")
+
+
 def load_dataset(
     name: str,
     data_dir: Optional[PathLike] = None,
@@ -61,21 +130,20 @@ def load_dataset(
         columns (str | Columns | None): an event log's column mapping
             (``"user=uid,item=sku,time=ts"``). Default: :class:`Columns`' defaults.
         min_events (int): the k-core filter: users and items with fewer events are dropped
-            until none is left (0 or 1: no filter). Default: 0.
+            until none is left (0 or 1: no filter; the synthetic data set takes 0). Default: 0.
         **synthetic_options: keyword arguments of :func:`synthetic` (``num_users``, ...).
 
     Raises:
-        ValueError: an unknown name that is no path either, options that do not apply, or
-            no ``data_dir``.
-        FileNotFoundError: a missing file, naming the path and the file expected.
+        DataOptionError: (a ValueError) a name that is no data set and no path either,
+            options that do not apply, or no ``data_dir`` (:func:`check_data_options`);
+            ValueError: synthetic options for another data set.
+        FileNotFoundError: a missing folder or file, naming the path and the file expected.
         DataFormatError: a malformed file, naming the path, the row and the column or format;
             a folder of files of more than one format, or holding the same log twice
             (:mod:`tzrec_bench.data.log_files`).
     """
+    check_data_options(name, data_dir, columns, min_events)
     if name == "synthetic":
-        if columns is not None or min_events > 1:
-            raise ValueError("--columns and --min-events apply to data read from files, not "
-                             "to the synthetic data set")
         return synthetic(seed=seed, **synthetic_options)
     if synthetic_options:
         raise ValueError(
@@ -84,15 +152,9 @@ def load_dataset(
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     source = SOURCES.get(name)
     if source is None:
-        return _load_event_log(name, columns, min_events, cache, data_dir)
-    if columns is not None:
-        raise ValueError(f"--columns: {name} has its own format; column mappings are for "
-                         "event logs given by path")
-    if data_dir is None:
-        root = os.environ.get(DATA_ENV)
-        if not root:
-            raise ValueError(f"{name} needs data_dir, or {DATA_ENV} set to a folder with {name}/")
-        data_dir = Path(root) / name
+        return _load_event_log(name, columns, min_events, cache)
+    if data_dir is None:  # check_data_options saw the variable set
+        data_dir = Path(os.environ[DATA_ENV]) / name
     files = source.files(Path(data_dir))
     options = ReadOptions(min_events=min_events)
     path = cache_path(cache, source.name, source.version, files, options.min_events)
@@ -101,17 +163,9 @@ def load_dataset(
 
 
 def _load_event_log(
-    name: str, columns: Optional[Union[str, Columns]], min_events: int, cache: Path,
-    data_dir: Optional[PathLike],
+    name: str, columns: Optional[Union[str, Columns]], min_events: int, cache: Path
 ) -> SequenceDataset:
     path = Path(name)
-    if not path.exists():
-        raise ValueError(
-            f"unknown data set {name!r}: expected one of {', '.join(DATASETS)}, or the path "
-            "of an event log (a file or a folder of Parquet, CSV, TSV, JSONL or text files)"
-        )
-    if data_dir is not None:
-        raise ValueError("--data-dir: an event log given by path reads no other folder")
     parsed = columns if isinstance(columns, Columns) else Columns.parse(columns)
     options = ReadOptions(parsed, min_events)
     log = scan(path)

@@ -31,7 +31,7 @@ from tzrec_bench.regression.harness import (
     train_and_test,
 )
 from tzrec_bench.train.config import TrainConfig
-from tzrec_gr.models.registry import get_model
+from tzrec_bench.train.tasks import task_facts
 
 
 def add_parser(subparsers: argparse._SubParsersAction,
@@ -96,7 +96,7 @@ def run_command(args: argparse.Namespace, trainer: Trainer = train_and_test) -> 
     if args.eval_negatives:
         configs = [dataclasses.replace(c, settings={**c.settings,
                                                     "eval_negatives": args.eval_negatives})
-                   if get_model(c.settings.get("model", TrainConfig.model)).task == "retrieval"
+                   if task_facts(c.settings.get("model", TrainConfig.model)).eval_negatives
                    else c for c in configs]
     if args.no_baseline:
         baseline = {}

@@ -8,9 +8,11 @@ its config is then *failed*; the other runs still go ahead. Every raised run, a 
 included, is counted (``failed runs``) and makes the exit status 1, judged or not.
 
 No table appears without a floor: beside each config, the simple baselines of its task
-(:data:`FLOORS`: most popular, item transitions and item-kNN for retrieval, item and user
-popularity for ranking) run on the same data, split and seeds, through the same trainer
-and metrics, and the table gives the config's gain over the best of them.
+(:func:`floor_models`: the fitted models of its task in the model registry: most popular,
+item transitions and item-kNN for retrieval, item and user popularity for ranking) run on
+the same data, split and seeds, through the same trainer and metrics, and the table gives
+the config's gain over the best of them (on its task's
+:attr:`~tzrec_bench.train.tasks.TaskFacts.table_metrics`).
 """
 
 from __future__ import annotations
@@ -31,21 +33,14 @@ from tzrec_bench.regression.baseline import (
 )
 from tzrec_bench.regression.configs import RunConfig, data_dir, missing_data
 from tzrec_bench.train.config import TrainConfig
-from tzrec_gr.models.registry import get_model
+from tzrec_bench.train.tasks import facts_of_task
+from tzrec_gr.models.registry import TASKS, get_model, model_names
 
 Trainer = Callable[[TrainConfig], Mapping[str, float]]
 
-#: the simple baselines run beside every config of a task
-FLOORS = {
-    "retrieval": ("most-popular", "item-transitions", "item-knn"),
-    "ranking": ("popularity-ranking",),
-}
-#: the metrics the table compares with the floors (all are in the JSON)
-FLOOR_METRICS = {
-    "retrieval": ("hr@10", "ndcg@10", "sampled_hr@10", "sampled_ndcg@10"),  # sampled: if run
-    "ranking": ("auc",),
-}
-FLOOR_METRICS_ALL = tuple(m for task in FLOOR_METRICS.values() for m in task)
+#: the metrics the table compares with the floors, of every task (all are in the JSON)
+FLOOR_METRICS_ALL = tuple(dict.fromkeys(
+    name for task in TASKS for name in facts_of_task(task).table_metrics))
 # the settings a floor shares with its config: the data, its split and the evaluation
 FLOOR_SETTINGS = ("data", "data_dir", "cache_dir", "columns", "min_events", "synthetic_users",
                   "synthetic_items", "max_seq_len", "num_candidates", "eval_batch_size",
@@ -119,6 +114,12 @@ def run_config(config: RunConfig, repeats: int, thresholds: Mapping[str, Thresho
     return result
 
 
+def floor_models(task: str) -> List[str]:
+    """The simple baselines run beside every config of ``task``: its fitted models in the
+    model registry, in the order they were registered."""
+    return [name for name in model_names(task) if get_model(name).fitted]
+
+
 def floor_configs(config: RunConfig) -> List[RunConfig]:
     """The simple baselines of ``config``'s task, on its data and split (none for a config
     that is itself a simple baseline)."""
@@ -129,7 +130,7 @@ def floor_configs(config: RunConfig) -> List[RunConfig]:
     return [
         RunConfig(f"floor:{floor}", config.path, f"{floor} on {config.name}'s data",
                   {**shared, "model": floor})
-        for floor in FLOORS[get_model(model).task]
+        for floor in floor_models(get_model(model).task)
     ]
 
 

@@ -12,6 +12,8 @@
 - :mod:`~tzrec_bench.train.factory`: models (from :mod:`tzrec_gr.models.registry`) and
   tasks by name;
 - :mod:`~tzrec_bench.train.retrieval` / :mod:`~tzrec_bench.train.ranking`: the two tasks;
+  :mod:`~tzrec_bench.train.tasks`: what the rest of the trainer knows about each, looked up
+  from a model's record;
 - :mod:`~tzrec_bench.train.metrics`: metrics (the losses are the models' own, from
   :mod:`tzrec_gr.losses`).
 

@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from tzrec_bench.data import DATASETS
-from tzrec_bench.data.event_log import Columns
+from tzrec_bench.data.load import DataOptionError, check_data_options
+from tzrec_bench.train.tasks import TaskFacts, facts_of_task, task_facts
 from tzrec_gr.models.registry import get_model, model_names
 
-RETRIEVAL_KS = (10, 50, 200)
-RANKING_TASKS = ("click", "like", "long_view")
 DEFAULT_EPOCHS = 10
 AMP_MODES = ("auto", "bf16", "off")
 DEVICES = ("auto", "cpu", "cuda")
@@ -60,9 +59,7 @@ def option_name(field: str) -> str:
 
 def metric_names(task: str) -> List[str]:
     """The metrics a task reports, each usable as ``--metric``."""
-    if task == "retrieval":
-        return [f"{m}@{k}" for m in ("hr", "ndcg") for k in RETRIEVAL_KS] + ["mrr"]
-    return ["auc"] + [f"auc_{name}" for name in RANKING_TASKS]
+    return list(facts_of_task(task).metrics)
 
 
 @dataclass
@@ -132,9 +129,14 @@ class TrainConfig:
         return get_model(self.model).task
 
     @property
+    def facts(self) -> TaskFacts:
+        """What the trainer knows about the task of ``model``."""
+        return task_facts(self.model)
+
+    @property
     def key_metric(self) -> str:
         """The validation metric that early stopping and the best checkpoint follow."""
-        return self.metric or ("ndcg@10" if self.task == "retrieval" else "auc")
+        return self.metric or self.facts.key_metric
 
     def shown(self, field: str) -> str:
         """A path setting as the user typed it (for messages), or the setting itself."""
@@ -173,20 +175,11 @@ class TrainConfig:
         if self.model not in model_choices():
             raise ConfigError("model", f"unknown model {self.model!r}; expected one of "
                               f"{', '.join(model_choices())}")
-        if self.data not in DATASETS and not Path(self.data).exists():
-            raise ConfigError("data", f"{self.data!r} is neither a data set ("
-                              f"{', '.join(DATASETS)}) nor an existing file or folder")
-        if self.columns is not None:
-            if self.data in DATASETS:
-                raise ConfigError("columns", f"{self.data} has its own format; column "
-                                  "mappings are for event logs given by path")
-            try:
-                Columns.parse(self.columns)
-            except ValueError as exc:
-                raise ConfigError("columns", str(exc).split(": ", 1)[-1]) from None
-        if self.min_events and self.data == "synthetic":
-            raise ConfigError("min_events", "the synthetic data set is generated; the k-core "
-                              "filter applies to data read from files")
+        try:  # where a named set's files are is known when it is read (a run config's later)
+            check_data_options(self.data, self.data_dir, self.columns, self.min_events,
+                               folders=False)
+        except DataOptionError as exc:
+            raise ConfigError(exc.field, exc.message) from None
         for field in ("synthetic_users", "synthetic_items", "max_seq_len", "embedding_dim",
                       "num_layers", "num_heads", "num_negatives", "num_candidates",
                       "batch_size", "eval_batch_size", "log_every"):
@@ -233,15 +226,15 @@ class TrainConfig:
         if self.overwrite and self.resume:
             raise ConfigError("overwrite", "--resume continues the run in --out-dir and "
                               "--overwrite replaces it: give one of them")
-        if self.eval_negatives and self.task != "retrieval":
+        if self.eval_negatives and not self.facts.eval_negatives:
             raise ConfigError("eval_negatives", f"the sampled protocol ranks retrieval targets; "
-                              f"{self.model} is a ranking model")
+                              f"{self.model} is a {self.task} model")
         if self.eval_negatives and self.sharding == "torchrec":
             raise ConfigError("eval_negatives", "not with --sharding torchrec (its evaluation "
                               "reads the catalogue in chunks); expected --sharding replicate")
-        if self.metric is not None and self.metric not in metric_names(self.task):
+        if self.metric is not None and self.metric not in self.facts.metrics:
             raise ConfigError("metric", f"{self.metric!r} is not a metric of {self.model}; "
-                              f"expected one of {', '.join(metric_names(self.task))}")
+                              f"expected one of {', '.join(self.facts.metrics)}")
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)

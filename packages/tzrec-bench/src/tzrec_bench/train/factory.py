@@ -11,8 +11,6 @@ from torch import nn
 from tzrec_bench.data import SequenceDataset
 from tzrec_bench.train.config import TrainConfig
 from tzrec_bench.train.distributed import DistContext
-from tzrec_bench.train.ranking import RankingTask
-from tzrec_bench.train.retrieval import RetrievalTask
 from tzrec_bench.train.task import Task
 from tzrec_gr.embeddings import TableFactory
 from tzrec_gr.models.registry import get_model
@@ -70,5 +68,4 @@ def build_model(
 
 def make_task(config: TrainConfig, dataset: SequenceDataset, ctx: DistContext) -> Task:
     """The task ``config.model`` trains on, over ``dataset``."""
-    kind = RetrievalTask if config.task == "retrieval" else RankingTask
-    return kind(dataset, config, ctx)
+    return config.facts.trainer_class()(dataset, config, ctx)

@@ -317,7 +317,7 @@ def evaluate(
             if files:
                 print(f"  read {files}")
             print(metrics_table({split: metrics}, exclude_seen=(
-                config.exclude_seen if config.task == "retrieval" else None),
+                config.exclude_seen if config.facts.excludes_seen else None),
                 users_of={split: len(getattr(task.split, split))}))
         return metrics
     finally:

@@ -27,7 +27,7 @@ from torch import nn
 
 from tzrec_bench.data import Action, HeldOut, SequenceDataset, leave_one_out
 from tzrec_bench.data.dataset import segment_index
-from tzrec_bench.train.config import RANKING_TASKS, ConfigError, TrainConfig
+from tzrec_bench.train.config import ConfigError, TrainConfig
 from tzrec_bench.train.distributed import DistContext
 from tzrec_bench.train.metrics import TaskAUC
 from tzrec_bench.train.report import evaluation_progress
@@ -39,6 +39,7 @@ from tzrec_bench.train.task import (
     eval_shard,
     held_out_users,
 )
+from tzrec_bench.train.tasks import RANKING_TASKS
 from tzrec_gr.features import (
     CANDIDATE_ITEM_ID,
     CANDIDATE_LENGTHS,

@@ -21,7 +21,7 @@ from torch import nn
 
 from tzrec_bench.data import HeldOut, SequenceDataset, leave_one_out, make_batch, make_eval_batch
 from tzrec_bench.data.dataset import segment_index
-from tzrec_bench.train.config import RETRIEVAL_KS, TrainConfig
+from tzrec_bench.train.config import TrainConfig
 from tzrec_bench.train.distributed import DistContext, shard
 from tzrec_bench.train.metrics import RetrievalMetrics, ScoreBuffers
 from tzrec_bench.train.report import evaluation_progress
@@ -35,6 +35,7 @@ from tzrec_bench.train.task import (
     eval_shard,
     held_out_users,
 )
+from tzrec_bench.train.tasks import RETRIEVAL_KS
 from tzrec_ops.jagged import to_device
 
 

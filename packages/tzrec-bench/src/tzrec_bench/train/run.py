@@ -273,8 +273,8 @@ class Run:
         """Prints the metrics table and throughput; writes the metrics, history and plot."""
         config = self.config
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        # retrieval ranks targets against the catalogue: say whether history items took part
-        seen = config.exclude_seen if config.task == "retrieval" else None
+        # a task that ranks the catalogue says whether history items took part
+        seen = config.exclude_seen if config.facts.excludes_seen else None
         users_of = {split: len(getattr(self.task.split, split)) for split in ("valid", "test")}
         summary = {
             "steps": result.steps, "best_step": result.best_step,
@@ -299,10 +299,9 @@ class Run:
             gib = ", ".join(f"{p / 2**30:.2f}" for p in result.peak_memory)
             print(f"peak resident memory by the end of training (GiB, per rank): {gib}")
         if config.plot:
-            shown = [config.key_metric, "hr@10"] if config.task == "retrieval" else [
-                name for name in result.test if name != "count"]
+            shown = config.facts.plot_metrics(config.key_metric, result.test)
             try:
-                path = plot_curves(self.history, list(dict.fromkeys(shown)),
+                path = plot_curves(self.history, shown,
                                    self.out_dir / PLOT_FILE,
                                    f"{config.model} on {config.shown('data')}",
                                    result.best_step)

@@ -19,12 +19,10 @@ import torch
 from tzrec_bench.data import DataFormatError
 from tzrec_bench.data.split import MIN_EVALUATED_LENGTH
 from tzrec_bench.plan import require_torchrec
-from tzrec_bench.train.config import ConfigError, TrainConfig
+from tzrec_bench.train.config import ConfigError, TrainConfig, model_choices
 from tzrec_bench.train.distributed import pick_device
 from tzrec_gr.models.registry import get_model
 
-#: the models whose item tables torchrec shards
-SHARDED_MODELS = ("hstu-retrieval", "hstu-ranking")
 #: fbgemm-gpu's CPU kernels train with these table optimizers only
 CPU_TABLE_OPTIMIZERS = ("rowwise-adagrad", "adagrad", "sgd")
 
@@ -63,7 +61,7 @@ def validate(
         _check_sharding(config, device)
     if data is None:
         return
-    if config.sharding == "torchrec" and config.task == "retrieval":
+    if config.sharding == "torchrec" and config.facts.catalogue_softmax:
         _check_sharded_catalogue(config, data.num_items)
     # a fitted baseline reads every training event at once: it has no batch to check
     if not get_model(config.model).fitted and not (
@@ -105,13 +103,15 @@ def _event_counts(lengths: np.ndarray) -> str:
 
 
 def _check_sharding(config: TrainConfig, device: torch.device) -> None:
-    """``--sharding torchrec``: a model with item tables, a table optimizer with a kernel on
-    ``device``, and torchrec installed (the error names the extra)."""
-    if config.model not in SHARDED_MODELS:
+    """``--sharding torchrec``: a model whose record allows it (its item tables can be
+    sharded), a table optimizer with a kernel on ``device``, and torchrec installed (the
+    error names the extra)."""
+    if not get_model(config.model).shardable:
+        shardable = [name for name in model_choices() if get_model(name).shardable]
         raise ConfigError(
             "sharding",
             f"torchrec shards tzrec-gr's item tables: --model must be one of "
-            f"{', '.join(SHARDED_MODELS)}, got {config.model!r}",
+            f"{', '.join(shardable)}, got {config.model!r}",
         )
     if device.type == "cpu" and config.table_optimizer not in CPU_TABLE_OPTIMIZERS:
         raise ConfigError(
@@ -127,7 +127,7 @@ def _check_sharding(config: TrainConfig, device: torch.device) -> None:
 
 def _check_sharded_catalogue(config: TrainConfig, num_items: int) -> None:
     """The full softmax reads the whole table every step, which a sharded table is for
-    avoiding: a sharded retrieval run must sample its negatives."""
+    avoiding: a sharded run of a softmax over the catalogue must sample its negatives."""
     if config.num_negatives >= num_items:
         raise ConfigError(
             "num_negatives",

@@ -415,6 +415,7 @@ register_model(
         name="hstu-ranking",
         model_class=HSTURanking,
         task="ranking",
+        shardable=True,
         trainer_kwargs=_trainer_kwargs,
         description="HSTU over histories and candidates with a multi-task head",
     )

@@ -71,6 +71,8 @@ class ModelRecord:
         model_class: the ``nn.Module`` class.
         task: ``"retrieval"`` or ``"ranking"``.
         fitted: fitted from counts (``model.fit(train)``) rather than trained by gradients.
+        shardable: its trainer may shard its embedding tables with torchrec (``tzrec-bench
+            train --sharding torchrec``): its constructor takes ``embedding_tables``.
         trainer_kwargs: the constructor kwargs from a trainer's settings (see
             :data:`TrainerKwargs`); None for a model no trainer builds.
         description: one line on what the model is.
@@ -85,6 +87,7 @@ class ModelRecord:
     model_class: type
     task: str
     fitted: bool = False
+    shardable: bool = False
     trainer_kwargs: Optional[TrainerKwargs] = None
     description: str = ""
     server: Optional[Callable[[nn.Module], Any]] = None
@@ -102,6 +105,10 @@ class ModelRecord:
         if self.task not in TASKS:
             raise ModelRegistryError(
                 f"model {self.name!r}: task must be one of {', '.join(TASKS)}, got {self.task!r}"
+            )
+        if not isinstance(self.shardable, bool):
+            raise ModelRegistryError(
+                f"model {self.name!r}: shardable must be True or False, got {self.shardable!r}"
             )
         if self.trainer_kwargs is not None and not callable(self.trainer_kwargs):
             raise ModelRegistryError(

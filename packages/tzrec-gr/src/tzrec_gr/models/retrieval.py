@@ -279,6 +279,7 @@ register_model(
         name="hstu-retrieval",
         model_class=HSTURetrieval,
         task="retrieval",
+        shardable=True,
         trainer_kwargs=_trainer_kwargs,
         description="causal HSTU over item histories, trained with a sampled softmax",
     )
