@@ -91,3 +91,13 @@ def test_only_a_softmax_over_the_catalogue_must_sample_when_sharded(monkeypatch)
     with pytest.raises(ConfigError, match=r"^--num-negatives: 128 >= the 100 items"):
         validation.validate(TrainConfig(model="hstu-retrieval", sharding="torchrec"), CPU, data)
     validation.validate(TrainConfig(model="hstu-ranking", sharding="torchrec"), CPU, data)
+
+
+def test_the_backend_line_asks_the_models_record_not_its_name():
+    from tzrec_bench.train.run import backend_name
+
+    assert backend_name(TrainConfig(model="sasrec")) == "plain PyTorch (no tzrec-ops)"
+    assert backend_name(TrainConfig(model="item-knn")) == "counts (no tzrec-ops)"
+    assert backend_name(TrainConfig(model="hstu-retrieval", backend="pytorch")) == (
+        "ops backend pytorch"
+    )

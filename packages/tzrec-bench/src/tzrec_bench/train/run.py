@@ -10,6 +10,7 @@ split evaluated with the best weights, and the report (rank 0 alone prints and w
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import resource
@@ -38,6 +39,7 @@ from tzrec_bench.train.report import (
 from tzrec_bench.train.run_folder import HISTORY_FILE, METRICS_FILE, PLOT_FILE
 from tzrec_bench.train.strategies import Strategy, WholeModel
 from tzrec_gr.embeddings import TableFactory
+from tzrec_gr.models.registry import get_model
 from tzrec_gr.vocabulary import VOCABULARY_KEY
 from tzrec_ops.registry import resolve_backend
 
@@ -109,11 +111,13 @@ def load_data(config: TrainConfig, ctx: DistContext) -> SequenceDataset:
 
 
 def backend_name(config: TrainConfig) -> str:
-    """``ops backend <name>``: the tzrec-ops backend the HSTU models resolve to."""
-    if config.model == "sasrec":
-        return "plain PyTorch (no tzrec-ops)"
-    if not config.model.startswith("hstu"):
+    """``ops backend <name>``: the tzrec-ops backend a model that takes one (a ``backend``
+    argument) resolves to."""
+    record = get_model(config.model)
+    if record.fitted:
         return "counts (no tzrec-ops)"
+    if "backend" not in inspect.signature(record.model_class).parameters:
+        return "plain PyTorch (no tzrec-ops)"
     return f"ops backend {resolve_backend(config.backend, op='hstu_mha').name}"
 
 
