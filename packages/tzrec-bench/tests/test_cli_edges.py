@@ -86,7 +86,9 @@ def _no_cuda(monkeypatch):
 def _parsers():
     """(name, a parser of a command taking --device, its other required arguments);
     ``python -m tzrec_acc export`` is tzrec-acc's own test (test_cli_edges.py there)."""
-    from tzrec_bench import export_bench, load_test, serving_bench
+    from tzrec_bench import load_test
+    from tzrec_bench.benchmarks import export as export_bench
+    from tzrec_bench.benchmarks import serving as serving_bench
 
     return [
         ("serving_bench", serving_bench._parser(), []),
@@ -115,7 +117,7 @@ def test_plan_and_train_take_auto(monkeypatch):
     assert parser.parse_args(["evaluate", "run", "--device", "auto"]).device == "auto"
 
 
-@pytest.mark.parametrize("module", ["serving_bench", "load_test", "export_bench"])
+@pytest.mark.parametrize("module", ["benchmarks.serving", "load_test", "benchmarks.export"])
 def test_a_device_this_machine_lacks_is_the_options_one_line_error(monkeypatch, capsys, module):
     _no_cuda(monkeypatch)
     main_of = __import__(f"tzrec_bench.{module}", fromlist=["main"]).main
@@ -133,9 +135,14 @@ def test_a_device_this_machine_lacks_is_the_options_one_line_error(monkeypatch, 
 
 def _mains():
     from tzrec_acc.cli import main as acc_main
-    from tzrec_bench import data_bench, export_bench, load_test, serving_bench, table_memory
+    from tzrec_bench import load_test
+    from tzrec_bench.benchmarks import data as data_bench
+    from tzrec_bench.benchmarks import export as export_bench
+    from tzrec_bench.benchmarks import serving as serving_bench
+    from tzrec_bench.benchmarks import table_memory
 
     bench = "tzrec-bench"
+    benchmarks = "python -m tzrec_bench.benchmarks"
     return [
         (main, ["train", "--lr", "x"], f"{bench} train", "argument --lr: expected a number"),
         (main, ["evaluate"], f"{bench} evaluate", "the following arguments are required: PATH"),
@@ -149,11 +156,11 @@ def _mains():
         (acc_main, ["run"], "python -m tzrec_acc run", "required: package"),
         (acc_main, ["predict"], "python -m tzrec_acc predict", "required: model"),
         (acc_main, ["what"], "python -m tzrec_acc", "invalid choice: 'what'"),
-        (serving_bench.main, ["--users", "x"], "python -m tzrec_bench.serving_bench", "--users"),
-        (export_bench.main, ["--batch", "x"], "python -m tzrec_bench.export_bench", "--batch"),
+        (serving_bench.main, ["--users", "x"], f"{benchmarks}.serving", "--users"),
+        (export_bench.main, ["--batch", "x"], f"{benchmarks}.export", "--batch"),
         (load_test.main, ["--rate", "x"], "python -m tzrec_bench.load_test", "--rate"),
-        (data_bench.main, ["--nope"], "python -m tzrec_bench.data_bench", "required: --folder"),
-        (table_memory.main, ["--nope"], "python -m tzrec_bench.table_memory", "required: --items"),
+        (data_bench.main, ["--nope"], f"{benchmarks}.data", "required: --folder"),
+        (table_memory.main, ["--nope"], f"{benchmarks}.table_memory", "required: --items"),
     ]
 
 
