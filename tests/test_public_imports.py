@@ -111,7 +111,7 @@ def test_the_check_finds_each_kind_of_private_import(tmp_path: pathlib.Path) -> 
         "from tzrec_ops.ops.validation import check_jagged\n"
         "from tzrec_ops.jagged import _offsets\n"
         "from tzrec_ops.jagged import not_exported\n"
-        "from tzrec_ops.testing.jagged import random_values\n"
+        "from tzrec_ops.testing.generators import random_values\n"
         "from tzrec_ops.jagged import offsets_from_lengths\n"
         "from tzrec_gr import STULayer\n"
     )

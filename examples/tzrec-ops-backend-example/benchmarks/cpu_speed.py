@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Tuple
 import torch
 
 import tzrec_ops
-from tzrec_ops.testing.jagged import make_attention_inputs, random_lengths
+from tzrec_ops.testing.generators import make_attention_inputs, random_lengths
 
 
 def _medians_ms(

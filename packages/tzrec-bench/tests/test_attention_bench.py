@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from tzrec_bench.opbench.triton_configs import KERNELS, chosen_configs
+from tzrec_bench.benchmarks.opbench.triton_configs import KERNELS, chosen_configs
 
 
 def _config(num_warps, num_stages, maxnreg=None, **kwargs):

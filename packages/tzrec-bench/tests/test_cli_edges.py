@@ -11,10 +11,7 @@ import torch
 
 from tzrec_bench.cli import build_parser, main
 from tzrec_bench.regression.command import run
-from tzrec_bench.regression.harness import floor_models
-
-#: the simple baselines run beside a retrieval config (the fitted retrieval models)
-RETRIEVAL_FLOORS = floor_models("retrieval")
+from tzrec_bench.regression.harness import FLOORS
 
 CONFIG = """description = "a stand-in"
 [train]
@@ -33,7 +30,7 @@ def _raising(only_floors: bool = False):
     """A trainer whose runs raise (a floor's only, with ``only_floors``)."""
 
     def trainer(config):
-        if only_floors and config.model not in RETRIEVAL_FLOORS:
+        if only_floors and config.model not in FLOORS["retrieval"]:
             return {"ndcg@10": 0.5}
         raise OSError(f"the cache entry of seed {config.seed} could not be read back")
 
@@ -63,8 +60,8 @@ def test_a_floor_run_that_raises_fails_the_command(tmp_path, capsys):
             "--work-dir", str(tmp_path / "runs")]
     assert _run_configs(argv, _raising(only_floors=True)) == 1
     out = capsys.readouterr().out
-    assert out.count("run failed: seed 3: OSError") == len(RETRIEVAL_FLOORS)
-    assert f"{len(RETRIEVAL_FLOORS)} failed runs" in out
+    assert out.count("run failed: seed 3: OSError") == len(FLOORS["retrieval"])
+    assert f"{len(FLOORS['retrieval'])} failed runs" in out
 
 
 def test_run_configs_on_data_that_raises_inside_the_run_exits_1(tmp_path, capsys):
@@ -89,8 +86,9 @@ def _no_cuda(monkeypatch):
 def _parsers():
     """(name, a parser of a command taking --device, its other required arguments);
     ``python -m tzrec_acc export`` is tzrec-acc's own test (test_cli_edges.py there)."""
-    from tzrec_bench import export_bench, serving_bench
+    from tzrec_bench.benchmarks import export as export_bench
     from tzrec_bench.benchmarks import load_test
+    from tzrec_bench.benchmarks import serving as serving_bench
 
     return [
         ("serving_bench", serving_bench._parser(), []),
@@ -119,7 +117,8 @@ def test_plan_and_train_take_auto(monkeypatch):
     assert parser.parse_args(["evaluate", "run", "--device", "auto"]).device == "auto"
 
 
-@pytest.mark.parametrize("module", ["serving_bench", "benchmarks.load_test", "export_bench"])
+@pytest.mark.parametrize("module",
+                         ["benchmarks.serving", "benchmarks.load_test", "benchmarks.export"])
 def test_a_device_this_machine_lacks_is_the_options_one_line_error(monkeypatch, capsys, module):
     _no_cuda(monkeypatch)
     main_of = __import__(f"tzrec_bench.{module}", fromlist=["main"]).main
@@ -137,10 +136,13 @@ def test_a_device_this_machine_lacks_is_the_options_one_line_error(monkeypatch, 
 
 def _mains():
     from tzrec_acc.cli import main as acc_main
-    from tzrec_bench import data_bench, export_bench, serving_bench, table_memory
-    from tzrec_bench.benchmarks import load_test
+    from tzrec_bench.benchmarks import data as data_bench
+    from tzrec_bench.benchmarks import export as export_bench
+    from tzrec_bench.benchmarks import load_test, table_memory
+    from tzrec_bench.benchmarks import serving as serving_bench
 
     bench = "tzrec-bench"
+    benchmarks = "python -m tzrec_bench.benchmarks"
     return [
         (main, ["train", "--lr", "x"], f"{bench} train", "argument --lr: expected a number"),
         (main, ["evaluate"], f"{bench} evaluate", "the following arguments are required: PATH"),
@@ -154,12 +156,11 @@ def _mains():
         (acc_main, ["run"], "python -m tzrec_acc run", "required: package"),
         (acc_main, ["predict"], "python -m tzrec_acc predict", "required: model"),
         (acc_main, ["what"], "python -m tzrec_acc", "invalid choice: 'what'"),
-        (serving_bench.main, ["--users", "x"], "python -m tzrec_bench.serving_bench", "--users"),
-        (export_bench.main, ["--batch", "x"], "python -m tzrec_bench.export_bench", "--batch"),
-        (load_test.main, ["--rate", "x"], "python -m tzrec_bench.benchmarks.load_test",
-         "--rate"),
-        (data_bench.main, ["--nope"], "python -m tzrec_bench.data_bench", "required: --folder"),
-        (table_memory.main, ["--nope"], "python -m tzrec_bench.table_memory", "required: --items"),
+        (serving_bench.main, ["--users", "x"], f"{benchmarks}.serving", "--users"),
+        (export_bench.main, ["--batch", "x"], f"{benchmarks}.export", "--batch"),
+        (load_test.main, ["--rate", "x"], "python -m tzrec_bench.benchmarks.load_test", "--rate"),
+        (data_bench.main, ["--nope"], f"{benchmarks}.data", "required: --folder"),
+        (table_memory.main, ["--nope"], f"{benchmarks}.table_memory", "required: --items"),
     ]
 
 

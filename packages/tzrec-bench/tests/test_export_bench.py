@@ -11,10 +11,11 @@ import sys
 
 import torch
 
-from tzrec_bench import export_bench
+from tzrec_bench.benchmarks import export as export_bench
 from tzrec_bench.data import load_dataset
 from tzrec_gr.models import HSTURanking
 
+MODULE = "tzrec_bench.benchmarks.export"
 SMALL = [
     "--batch",
     "2",
@@ -37,7 +38,7 @@ SMALL = [
 
 def test_bench_prints_comparable_figures():
     run = subprocess.run(
-        [sys.executable, "-m", "tzrec_bench.export_bench", *SMALL],
+        [sys.executable, "-m", MODULE, *SMALL],
         capture_output=True,
         text=True,
         timeout=600,
@@ -57,7 +58,7 @@ def test_bench_prints_comparable_figures():
 
 def test_bench_rejects_bad_sizes():
     run = subprocess.run(
-        [sys.executable, "-m", "tzrec_bench.export_bench", "--batch", "0"],
+        [sys.executable, "-m", MODULE, "--batch", "0"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -67,7 +68,7 @@ def test_bench_rejects_bad_sizes():
 
 def test_bench_rejects_a_folder_without_ratings_before_compiling(tmp_path):
     run = subprocess.run(
-        [sys.executable, "-m", "tzrec_bench.export_bench", *SMALL, "--movielens", str(tmp_path)],
+        [sys.executable, "-m", MODULE, *SMALL, "--movielens", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,

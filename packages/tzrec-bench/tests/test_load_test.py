@@ -3,9 +3,6 @@ to the full forward, and the checks fail when the session drops a request or ans
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -349,14 +346,3 @@ def test_lists_that_do_not_parse_exit_2_naming_the_option(argv, message, capsys)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
-
-def test_the_former_path_runs_and_imports_the_moved_load_test():
-    import tzrec_bench.load_test as former
-    import tzrec_bench.load_test.run as former_run
-    from tzrec_bench.benchmarks.load_test import run
-
-    assert former_run is run and former.main is load_test.main
-    done = subprocess.run([sys.executable, "-m", "tzrec_bench.load_test", "--help"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "--model {hstu-retrieval,hstu-ranking," in done.stdout

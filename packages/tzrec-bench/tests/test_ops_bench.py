@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import tzrec_ops
+from tzrec_bench.benchmarks.opbench.cases import CASES, FORWARD_ONLY, SDPA, Case
+from tzrec_bench.benchmarks.opbench.shapes import Shape, attention_flops, gemm_flops, jagged_batch
 from tzrec_bench.cli import main
-from tzrec_bench.opbench.cases import CASES, FORWARD_ONLY, SDPA, Case
-from tzrec_bench.opbench.shapes import Shape, attention_flops, gemm_flops, jagged_batch
 from tzrec_ops.registry import backends, get_backend
 
 TINY = ["--device", "cpu", "--dtype", "fp32", "--batch", "2", "--heads", "2", "--dim", "8",
@@ -173,7 +173,7 @@ def test_attention_table_runs_without_triton(monkeypatch, tmp_path, capsys):
 
 
 def test_stu_stack_runs_on_cpu_without_triton(monkeypatch, capsys):
-    from tzrec_bench.models import stu_stack
+    from tzrec_bench.benchmarks.modules import stu_stack
 
     monkeypatch.setitem(sys.modules, "triton", None)
     code = stu_stack.main(["--providers", "pytorch", "--batch", "2", "--max-seq-len", "16",

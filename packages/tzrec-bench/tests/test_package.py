@@ -36,7 +36,7 @@ def test_every_module_imports_without_optional_dependencies():
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert "'tzrec_bench.export_bench'" in result.stdout
+    assert "'tzrec_bench.benchmarks.export'" in result.stdout
 
 
 def test_version_matches_distribution():

@@ -216,7 +216,7 @@ def test_value_checks_off_skips_the_item_id_check():
 def test_item_ids_on_a_device_are_read_only_with_validate_inputs():
     """Off the CPU the range check is a device read: only with validate_inputs=True (a
     meta tensor has no values, so reading it fails)."""
-    from tzrec_gr.models._inputs import check_item_ids
+    from tzrec_gr.models.inputs import check_item_ids
 
     meta = torch.empty(2, dtype=torch.int64, device="meta")
     check_item_ids("item_ids", meta, NUM_ITEMS, validate_inputs=False)

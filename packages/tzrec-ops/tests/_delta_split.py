@@ -6,7 +6,7 @@ from typing import Tuple
 
 import torch
 
-from tzrec_ops.testing.jagged import AttentionInputs, offsets_from_lengths
+from tzrec_ops.testing.generators import AttentionInputs, offsets_from_lengths
 
 
 def split_cached(inp: AttentionInputs, delta: int) -> Tuple[torch.Tensor, ...]:

@@ -14,15 +14,15 @@ from typing import Any, Callable, Dict, Tuple
 import pytest
 import torch
 
+from tzrec_ops.jagged import offsets_from_lengths
 from tzrec_ops.ops.hstu_attention import delta_hstu_mha, hstu_mha
 from tzrec_ops.ops.hstu_compute import (
     hstu_compute_output,
     hstu_compute_uqvk,
     hstu_preprocess_and_attention,
 )
-from tzrec_ops.ops.jagged import jagged_dense_bmm_broadcast_add
+from tzrec_ops.ops.jagged_2d import jagged_dense_bmm_broadcast_add
 from tzrec_ops.ops.mm import addmm
-from tzrec_ops.testing.jagged import offsets_from_lengths
 from tzrec_ops.testing.tolerances import assert_close
 
 LOW = torch.bfloat16

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import tzrec_ops
-from tzrec_ops.testing.jagged import make_attention_inputs
+from tzrec_ops.testing.generators import make_attention_inputs
 
 pytest.importorskip("triton")
 

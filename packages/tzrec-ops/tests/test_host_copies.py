@@ -12,12 +12,12 @@ from typing import Any, List, Optional
 import pytest
 import torch
 
+from tzrec_ops.jagged import offsets_from_lengths
 from tzrec_ops.ops import host_copies as HC
-from tzrec_ops.ops import jagged
+from tzrec_ops.ops import jagged_2d
 from tzrec_ops.ops.hstu_attention import hstu_mha
 from tzrec_ops.ops.truncation import apply_stu_truncation_plan, compute_stu_truncation_plan
 from tzrec_ops.ops.validation import check_jagged, check_once, set_value_checks
-from tzrec_ops.testing.jagged import offsets_from_lengths
 
 
 @pytest.fixture(autouse=True)
@@ -191,11 +191,11 @@ def test_split_takes_the_left_total_from_the_host_copy(monkeypatch):
             total_len_left=args["total_len_left"], total_len_right=args["total_len_right"]
         )
 
-    monkeypatch.setattr(jagged, "select_backend", fake_backend)
+    monkeypatch.setattr(jagged_2d, "select_backend", fake_backend)
     left = HC.to_device(torch.tensor([0, 2, 5]), "meta")
     right = HC.to_device(torch.tensor([0, 1, 3]), "meta")
     values = torch.empty(8, 4, device="meta")
-    jagged.split_2D_jagged(5, values, offsets_left=left, offsets_right=right)
+    jagged_2d.split_2D_jagged(5, values, offsets_left=left, offsets_right=right)
     assert seen == {"total_len_left": 5, "total_len_right": 3}
 
 

@@ -23,7 +23,7 @@ from tzrec_ops.testing.attention_oracle import (
     hstu_mha_oracle,
     is_visible,
 )
-from tzrec_ops.testing.jagged import (
+from tzrec_ops.testing.generators import (
     AttentionInputs,
     JaggedCase,
     jagged_cases,

@@ -7,8 +7,8 @@ from typing import List, Optional, Sequence
 import pytest
 import torch
 
+from tzrec_ops.jagged import offsets_from_lengths
 from tzrec_ops.ops.hstu_attention_utils import build_sla_func_tensor
-from tzrec_ops.testing.jagged import offsets_from_lengths
 
 
 def _expected(

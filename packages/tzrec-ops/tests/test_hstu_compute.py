@@ -17,7 +17,7 @@ from tzrec_ops.ops.hstu_compute import (
 from tzrec_ops.registry import Backend, BackendError
 from tzrec_ops.testing import ops_oracle as oracle
 from tzrec_ops.testing.attention_oracle import hstu_mha_oracle
-from tzrec_ops.testing.jagged import offsets_from_lengths, random_values
+from tzrec_ops.testing.generators import offsets_from_lengths, random_values
 
 SETTINGS = settings(max_examples=20, deadline=None, derandomize=True)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]

@@ -16,7 +16,7 @@ from tzrec_ops.ops.layer_norm import (
     swish_layer_norm,
 )
 from tzrec_ops.testing import ops_oracle as oracle
-from tzrec_ops.testing.jagged import random_values
+from tzrec_ops.testing.generators import random_values
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tzrec_ops.ops.mm import addmm
 from tzrec_ops.testing import ops_oracle as oracle
-from tzrec_ops.testing.jagged import random_values
+from tzrec_ops.testing.generators import random_values
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tzrec_ops.ops.position import add_positional_embeddings, add_timestamp_positional_embeddings
 from tzrec_ops.testing import ops_oracle as oracle
-from tzrec_ops.testing.jagged import lengths_strategy, offsets_from_lengths, random_values
+from tzrec_ops.testing.generators import lengths_strategy, offsets_from_lengths, random_values
 
 SETTINGS = settings(max_examples=30, deadline=None, derandomize=True)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]

@@ -18,7 +18,7 @@ from torch.export import Dim
 
 from tzrec_ops.backends.pytorch import hstu_attention as reference
 from tzrec_ops.ops.hstu_attention import delta_hstu_mha, hstu_mha
-from tzrec_ops.testing.jagged import make_attention_inputs
+from tzrec_ops.testing.generators import make_attention_inputs
 
 MAX_LEN = 16
 # H = 2, N = 16, A + V = 8: one sequence's upcast k, v take 256 elements, each query row 32;

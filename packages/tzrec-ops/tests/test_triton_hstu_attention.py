@@ -26,7 +26,7 @@ from hypothesis import strategies as st  # noqa: E402
 from tzrec_ops.ops.hstu_attention import delta_hstu_mha, hstu_mha  # noqa: E402
 from tzrec_ops.registry import BackendError, reset_registry  # noqa: E402
 from tzrec_ops.testing.aoti import run_package  # noqa: E402
-from tzrec_ops.testing.jagged import jagged_cases, make_attention_inputs  # noqa: E402
+from tzrec_ops.testing.generators import jagged_cases, make_attention_inputs  # noqa: E402
 from tzrec_ops.testing.tolerances import TF32, assert_close  # noqa: E402
 
 pytest.importorskip("triton")

@@ -19,9 +19,9 @@ else:
 
 import pytest  # noqa: E402
 
+from tzrec_ops.jagged import offsets_from_lengths  # noqa: E402
 from tzrec_ops.ops import hstu_compute as HC  # noqa: E402
 from tzrec_ops.registry import BackendError  # noqa: E402
-from tzrec_ops.testing.jagged import offsets_from_lengths  # noqa: E402
 from tzrec_ops.testing.tolerances import assert_close  # noqa: E402
 
 pytest.importorskip("triton")

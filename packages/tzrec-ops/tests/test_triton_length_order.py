@@ -17,7 +17,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tzrec_ops.backends.triton import length_order as L  # noqa: E402
-from tzrec_ops.testing.jagged import offsets_from_lengths  # noqa: E402
+from tzrec_ops.jagged import offsets_from_lengths  # noqa: E402
 
 pytest.importorskip("triton")
 

@@ -21,8 +21,8 @@ import pytest  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from tzrec_ops.jagged import offsets_from_lengths  # noqa: E402
 from tzrec_ops.ops import position as P  # noqa: E402
-from tzrec_ops.testing.jagged import offsets_from_lengths  # noqa: E402
 from tzrec_ops.testing.tolerances import assert_close  # noqa: E402
 
 pytest.importorskip("triton")

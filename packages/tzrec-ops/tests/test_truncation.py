@@ -13,7 +13,7 @@ from tzrec_ops.ops.truncation import (
     apply_stu_truncation_plan,
     compute_stu_truncation_plan,
 )
-from tzrec_ops.testing.jagged import offsets_from_lengths, random_values
+from tzrec_ops.testing.generators import offsets_from_lengths, random_values
 from tzrec_ops.testing.ops_oracle import reference_stu_truncation
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)

@@ -443,13 +443,13 @@ def _run_show(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _add_ops(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from tzrec_bench.opbench.command import add_parser
+    from tzrec_bench.benchmarks.opbench.command import add_parser
 
     return add_parser(subparsers, _HelpFormatter)
 
 
 def _run_ops(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from tzrec_bench.opbench.command import UsageError, run_command
+    from tzrec_bench.benchmarks.opbench.command import UsageError, run_command
 
     try:
         return run_command(args)
@@ -492,13 +492,13 @@ def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _add_train_speed(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from tzrec_bench.train_speed import add_parser
+    from tzrec_bench.benchmarks.train_speed import add_parser
 
     return add_parser(subparsers, _HelpFormatter)
 
 
 def _run_train_speed(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from tzrec_bench.train_speed import run
+    from tzrec_bench.benchmarks.train_speed import run
 
     return run(args, parser)
 

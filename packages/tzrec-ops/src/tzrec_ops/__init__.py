@@ -15,7 +15,7 @@ from tzrec_ops.ops.hstu_compute import (
     hstu_compute_uqvk,
     hstu_preprocess_and_attention,
 )
-from tzrec_ops.ops.jagged import (
+from tzrec_ops.ops.jagged_2d import (
     concat_2D_jagged,
     jagged_dense_bmm_broadcast_add,
     split_2D_jagged,

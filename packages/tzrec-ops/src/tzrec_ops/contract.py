@@ -149,7 +149,7 @@ _SPECS = (
         {},
         ("values_left", "values_right"),
         "per sequence, left rows then right rows",
-        module="jagged",
+        module="jagged_2d",
     ),
     OpSpec(
         "split_2D_jagged",
@@ -160,7 +160,7 @@ _SPECS = (
         {},
         ("values",),
         "inverse of concat_2D_jagged",
-        module="jagged",
+        module="jagged_2d",
     ),
     OpSpec(
         "jagged_dense_bmm_broadcast_add",
@@ -168,7 +168,7 @@ _SPECS = (
         {},
         ("jagged", "dense", "bias"),
         "per sequence b: jagged_b @ dense[b] + bias[b]",
-        module="jagged",
+        module="jagged_2d",
     ),
     OpSpec(
         "add_positional_embeddings",

@@ -32,7 +32,7 @@ from tzrec_gr.features import (
 from tzrec_gr.hstu_transducer import HSTUTransducer
 from tzrec_gr.layers import MLP, LayerNorm, Linear, SwishLayerNorm
 from tzrec_gr.losses import multitask_bce_loss
-from tzrec_gr.models._inputs import (
+from tzrec_gr.models.inputs import (
     check_batch,
     check_bound,
     check_finite,

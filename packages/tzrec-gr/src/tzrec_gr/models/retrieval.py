@@ -20,7 +20,7 @@ from tzrec_gr.features import (
 )
 from tzrec_gr.hstu_transducer import HSTUTransducer
 from tzrec_gr.losses import sampled_softmax_loss
-from tzrec_gr.models._inputs import (
+from tzrec_gr.models.inputs import (
     check_bound,
     check_int_tensor,
     check_item_ids,

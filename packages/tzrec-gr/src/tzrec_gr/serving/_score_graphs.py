@@ -1,5 +1,5 @@
-"""CUDA graphs of a :class:`~tzrec_gr.serving.RankingServer`'s ``score_step``, one per padded
-bucket of request shapes.
+"""CUDA graphs of a ranking server's ``score_step`` (:class:`ScoringServer`, which
+:class:`~tzrec_gr.serving.RankingServer` is), one per padded bucket of request shapes.
 
 Legend: B = users, n_b = cached tokens of user b, T = candidates per user, K = tasks; a bucket
 (Bb, Lb, Tb) holds up to Bb users of at most Lb cached tokens and Tb candidates each.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import torch
 
@@ -33,20 +33,46 @@ from tzrec_gr.serving._graphs import Bucket, Entry, GraphPool, GraphSet, fit, fi
 from tzrec_gr.stu import ServingCache
 from tzrec_ops.jagged import host_copy, offsets_from_lengths, remember_host_copy
 
-if TYPE_CHECKING:  # the server builds these graphs: its module imports this one
-    from tzrec_gr.serving.ranking import RankingServer
+__all__ = ["ScoreGraphs", "ScoringServer", "static_cache"]
 
-__all__ = ["ScoreGraphs", "static_cache"]
+
+class ScoringServer(Protocol):
+    """What the graphs use of the server that builds them (its module imports this one, so
+    the graphs name what they need instead of the server's class)."""
+
+    @property
+    def model(self) -> Any:
+        """The model: its STU layers (``transducer.stu.stu_layers``) and ``max_cached_len``."""
+
+    @property
+    def owner_id(self) -> int: ...
+
+    @property
+    def time_encoded(self) -> bool: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def contextual_width(self) -> int: ...
+
+    def score_step(
+        self,
+        cache: ServingCache,
+        candidates: Dict[str, torch.Tensor],
+        max_candidates: Optional[int] = None,
+    ) -> torch.Tensor:
+        """[L_t, K] logits of the candidates against the cache, as a pure function."""
 
 
 def static_cache(
-    server: RankingServer, batch: int, length: int, device: torch.device
+    server: ScoringServer, batch: int, length: int, device: torch.device
 ) -> Tuple[ServingCache, torch.Tensor]:
     """A zeroed cache of ``batch`` users in the padded layout of ``length`` rows each, with
     the dtypes and widths of what the server's ``prefill`` builds (no request needed).
 
     Args:
-        server (RankingServer): the model's server.
+        server (ScoringServer): the model's server.
         batch (int): Bb, users.
         length (int): Lb, rows per user.
         device (torch.device): where the buffers live.
@@ -97,7 +123,7 @@ class ScoreGraphs(GraphSet):
     """The captured graphs of one ranking server's ``score_step`` (see the module docstring).
 
     Args:
-        server (RankingServer): the model's server, the model on ``device``.
+        server (ScoringServer): the model's server, the model on ``device``.
         device (torch.device): where the buffers live.
         pool (GraphPool): the session's graph memory pool.
         batch_buckets, length_buckets, candidate_buckets: Bb, Lb and Tb values.
@@ -109,7 +135,7 @@ class ScoreGraphs(GraphSet):
 
     def __init__(
         self,
-        server: RankingServer,
+        server: ScoringServer,
         device: torch.device,
         pool: GraphPool,
         batch_buckets: Sequence[int],

@@ -14,7 +14,7 @@ back.
 
 This module is serving's one door: a request is checked here (shapes and dtypes when built,
 values against the model in ``check``) and the servers encode it without checking it again.
-The integer-tensor check is the models' own (:func:`tzrec_gr.models._inputs.check_int_tensor`):
+The integer-tensor check is the models' own (:func:`tzrec_gr.models.inputs.check_int_tensor`):
 a non-tensor is a TypeError naming the argument, a wrong rank or dtype a ValueError.
 """
 
@@ -26,7 +26,7 @@ from typing import Any, List, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from tzrec_gr.models._inputs import check_int_tensor
+from tzrec_gr.models.inputs import check_int_tensor
 from tzrec_gr.vocabulary import IdVocabularies, Vocabulary
 from tzrec_ops.jagged import first_true, offsets_from_lengths
 

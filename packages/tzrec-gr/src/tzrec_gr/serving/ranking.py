@@ -30,7 +30,7 @@ from tzrec_gr.features import (
     UIH_TIMESTAMPS,
 )
 from tzrec_gr.models import HSTURanking
-from tzrec_gr.models._inputs import check_appended, check_batch, check_bound
+from tzrec_gr.models.inputs import check_appended, check_batch, check_bound
 from tzrec_gr.serving import transducer as cached
 from tzrec_gr.serving._graphs import GraphPool, GraphSet, powers_of_two_up_to
 from tzrec_gr.serving._predict import SCORES

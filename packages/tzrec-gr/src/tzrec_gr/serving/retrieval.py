@@ -21,7 +21,7 @@ from torch.export import Dim
 
 from tzrec_gr.features import UIH_ITEM_ID, UIH_LENGTHS, UIH_TIMESTAMPS
 from tzrec_gr.models import HSTURetrieval
-from tzrec_gr.models._inputs import (
+from tzrec_gr.models.inputs import (
     check_appended,
     check_batch,
     check_bound,

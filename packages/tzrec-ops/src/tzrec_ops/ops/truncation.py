@@ -26,7 +26,7 @@ from tzrec_ops.jagged import (
     mirror,
     offsets_from_lengths,
 )
-from tzrec_ops.ops.jagged import concat_2D_jagged, split_2D_jagged
+from tzrec_ops.ops.jagged_2d import concat_2D_jagged, split_2D_jagged
 from tzrec_ops.ops.validation import (
     check_dim,
     check_jagged,

@@ -22,7 +22,7 @@ from tzrec_ops.ops import (
     hstu_attention,
     hstu_attention_utils,
     hstu_compute,
-    jagged,
+    jagged_2d,
     position,
     truncation,
 )
@@ -311,7 +311,7 @@ CASES: Dict[str, OpCase] = {
         module=(torch, "repeat_interleave"),
     ),
     "concat_2D_jagged": OpCase(
-        _with_backend(jagged.concat_2D_jagged),
+        _with_backend(jagged_2d.concat_2D_jagged),
         _concat_args,
         {
             **_offsets_defects("offsets_left"),
@@ -321,7 +321,7 @@ CASES: Dict[str, OpCase] = {
         (("concat_2D_jagged", {}),),
     ),
     "split_2D_jagged": OpCase(
-        _with_backend(jagged.split_2D_jagged),
+        _with_backend(jagged_2d.split_2D_jagged),
         _split_2d_args,
         {
             **_offsets_defects("offsets_left"),
@@ -331,7 +331,7 @@ CASES: Dict[str, OpCase] = {
         (("split_2D_jagged", {}),),
     ),
     "jagged_dense_bmm_broadcast_add": OpCase(
-        _with_backend(jagged.jagged_dense_bmm_broadcast_add),
+        _with_backend(jagged_2d.jagged_dense_bmm_broadcast_add),
         _bmm_args,
         {**_offsets_defects("seq_offsets"), **_max_defect("max_seq_len", 2)},
         (("jagged_dense_bmm_broadcast_add", {}),),
@@ -375,7 +375,7 @@ CASES: Dict[str, OpCase] = {
 def forbid_backends(monkeypatch: Any, case: OpCase) -> None:
     """Fail the test if any backend implementation is looked up or imported, or if an op
     without a backend starts its work."""
-    for module in (registry, hstu_attention, hstu_compute, jagged, position):
+    for module in (registry, hstu_attention, hstu_compute, jagged_2d, position):
         for name in ("select_backend", "find_implementation"):
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, lookup_forbidden)

@@ -24,7 +24,7 @@ from tzrec_ops.jagged import offsets_from_lengths
 from tzrec_ops.ops.hstu_attention_utils import build_sla_func_tensor
 from tzrec_ops.testing import ops_oracle
 from tzrec_ops.testing.attention_oracle import delta_hstu_mha_oracle, hstu_mha_oracle
-from tzrec_ops.testing.jagged import make_attention_inputs
+from tzrec_ops.testing.generators import make_attention_inputs
 
 Args = Dict[str, Any]
 Outputs = Tuple[Optional[torch.Tensor], ...]

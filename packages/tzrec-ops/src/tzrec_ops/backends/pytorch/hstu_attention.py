@@ -45,7 +45,7 @@ from tzrec_ops.backends.pytorch._common import (
     jagged_to_padded,
     padded_to_jagged,
 )
-from tzrec_ops.backends.pytorch.jagged import concat_2D_jagged
+from tzrec_ops.backends.pytorch.jagged_2d import concat_2D_jagged
 from tzrec_ops.jagged import lengths_from_offsets
 from tzrec_ops.registry import assume_constant_result
 

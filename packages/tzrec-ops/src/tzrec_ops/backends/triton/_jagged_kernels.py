@@ -1,4 +1,4 @@
-"""The Triton kernels of :mod:`.jagged` (the concat/split copy and the jagged-dense bmm and
+"""The Triton kernels of :mod:`.jagged_2d` (the concat/split copy and the jagged-dense bmm and
 its weight-gradient product) and their autotune candidates; the module docstring there
 states what each computes, and its launchers set the grids.
 """

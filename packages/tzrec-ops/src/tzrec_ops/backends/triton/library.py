@@ -10,7 +10,7 @@ graph holds Triton-backend ops; no plugin discovery runs::
 from tzrec_ops.backends.triton import (  # noqa: F401
     hstu_attention,
     hstu_compute,
-    jagged,
+    jagged_2d,
     layer_norm,
     mm,
     position,

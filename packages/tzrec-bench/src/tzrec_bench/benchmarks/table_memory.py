@@ -1,7 +1,9 @@
 """Peak memory and training speed with a large item table, replicated or sharded by torchrec.
 
-    torchrun --nproc-per-node 2 -m tzrec_bench.table_memory --items 10000000 --sharding torchrec
-    torchrun --nproc-per-node 2 -m tzrec_bench.table_memory --items 1000 --sharding replicate
+    torchrun --nproc-per-node 2 -m tzrec_bench.benchmarks.table_memory --items 10000000 \
+        --sharding torchrec
+    torchrun --nproc-per-node 2 -m tzrec_bench.benchmarks.table_memory --items 1000 \
+        --sharding replicate
 
 Each rank builds HSTURetrieval over a catalogue of ``--items`` and trains ``--steps``
 optimizer steps on random histories, exactly as ``tzrec-bench train`` does for the same
@@ -43,7 +45,7 @@ class _Step(nn.Module):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = ArgumentParser(prog="python -m tzrec_bench.table_memory",
+    parser = ArgumentParser(prog="python -m tzrec_bench.benchmarks.table_memory",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--items", type=int, required=True, help="catalogue rows")
     parser.add_argument("--embedding-dim", type=int, default=64)

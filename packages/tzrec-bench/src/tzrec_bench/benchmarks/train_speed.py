@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from tzrec_bench.opbench.report import device_name, triton_version
+from tzrec_bench.benchmarks.opbench.report import device_name, triton_version
 from tzrec_bench.regression.configs import RunConfigError, data_dir, load_config, missing_data
 from tzrec_bench.train.config import TrainConfig
 from tzrec_bench.train.distributed import close, init_distributed

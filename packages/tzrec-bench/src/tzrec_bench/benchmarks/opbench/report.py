@@ -12,8 +12,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from tzrec_bench.opbench.cases import SDPA
-from tzrec_bench.opbench.sweep import Row
+from tzrec_bench.benchmarks.opbench.cases import SDPA
+from tzrec_bench.benchmarks.opbench.sweep import Row
 from tzrec_ops.extras import require
 
 CSV_COLUMNS = (

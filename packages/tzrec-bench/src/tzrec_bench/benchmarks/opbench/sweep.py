@@ -15,10 +15,10 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 import tzrec_ops
+from tzrec_bench.benchmarks.opbench.cases import CASES, FORWARD_ONLY, SDPA, Case, Inputs, sdpa_case
+from tzrec_bench.benchmarks.opbench.shapes import Shape, jagged_batch
+from tzrec_bench.benchmarks.opbench.timing import measure
 from tzrec_bench.gpu_state import GpuState
-from tzrec_bench.opbench.cases import CASES, FORWARD_ONLY, SDPA, Case, Inputs, sdpa_case
-from tzrec_bench.opbench.shapes import Shape, jagged_batch
-from tzrec_bench.opbench.timing import measure
 
 
 @dataclass(frozen=True)

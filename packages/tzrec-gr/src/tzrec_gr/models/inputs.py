@@ -1,5 +1,5 @@
-"""The models' input checks, with errors in the models' own argument names. Serving's door
-(:mod:`tzrec_gr.serving.inputs`) shares :func:`check_int_tensor`.
+"""The models' input checks, with errors in the models' own argument names. Serving
+(:mod:`tzrec_gr.serving.inputs` and the servers) checks requests with the same functions.
 
 Shapes and dtypes are checked on every call. Values are checked without reading the device
 in a steady step:
@@ -23,6 +23,17 @@ from typing import Optional, TypeVar
 import torch
 
 from tzrec_ops.jagged import check_once, first_true, value_checks_enabled
+
+__all__ = [
+    "check_appended",
+    "check_batch",
+    "check_bound",
+    "check_finite",
+    "check_int_tensor",
+    "check_item_ids",
+    "check_lengths",
+    "check_rows",
+]
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""``python -m tzrec_bench.export_bench``: what export and quantization buy for HSTU ranking.
+"""``python -m tzrec_bench.benchmarks.export``: what export and quantization buy for HSTU ranking.
 
 Three comparisons, each printed with the device, torch / triton versions and shapes:
 
@@ -47,8 +47,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from tzrec_bench.benchmarks.opbench.report import triton_version
 from tzrec_bench.data import DataFormatError, SequenceDataset, load_dataset
-from tzrec_bench.opbench.report import triton_version
 from tzrec_ops.aoti import preloaded_env
 from tzrec_ops.commandline import ArgumentParser
 from tzrec_ops.devices import add_device_option
@@ -61,7 +61,7 @@ _PRELOADED = "TZREC_BENCH_EXPORT_PRELOADED"
 
 def _parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
-        prog="python -m tzrec_bench.export_bench", description=__doc__.split("\n")[0]
+        prog="python -m tzrec_bench.benchmarks.export", description=__doc__.split("\n")[0]
     )
     add_device_option(p, "cpu")
     p.add_argument("--backend", default="pytorch", help="tzrec-ops backend (triton on a GPU)")
@@ -325,7 +325,7 @@ def _preload_and_restart(argv: Sequence[str]) -> None:
     if os.environ.get(_PRELOADED) or env.get("LD_PRELOAD") == os.environ.get("LD_PRELOAD"):
         return
     env[_PRELOADED] = "1"
-    os.execve(sys.executable, [sys.executable, "-m", "tzrec_bench.export_bench", *argv], env)
+    os.execve(sys.executable, [sys.executable, "-m", "tzrec_bench.benchmarks.export", *argv], env)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -9,9 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tzrec_ops.backends.pytorch import _common
-from tzrec_ops.ops.jagged import concat_2D_jagged, jagged_dense_bmm_broadcast_add, split_2D_jagged
+from tzrec_ops.ops.jagged_2d import (
+    concat_2D_jagged,
+    jagged_dense_bmm_broadcast_add,
+    split_2D_jagged,
+)
 from tzrec_ops.testing import ops_oracle as oracle
-from tzrec_ops.testing.jagged import lengths_strategy, offsets_from_lengths, random_values
+from tzrec_ops.testing.generators import lengths_strategy, offsets_from_lengths, random_values
 
 SETTINGS = settings(max_examples=30, deadline=None, derandomize=True)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]

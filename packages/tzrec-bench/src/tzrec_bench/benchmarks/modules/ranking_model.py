@@ -2,7 +2,7 @@
 
 Usage (GPU)::
 
-    python -m tzrec_bench.models.ranking_model --providers pytorch,triton
+    python -m tzrec_bench.benchmarks.modules.ranking_model --providers pytorch,triton
 
 Measures, with E=512, H=4, d=128, 3 layers, 64 users of ~2000-event histories:
 

@@ -215,7 +215,7 @@ def concat_2D_jagged(
     offsets_left: Optional[torch.Tensor] = None,
     offsets_right: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Triton backend of :func:`tzrec_ops.ops.jagged.concat_2D_jagged`."""
+    """Triton backend of :func:`tzrec_ops.ops.jagged_2d.concat_2D_jagged`."""
     return concat_2D_jagged_op(
         _rows_contiguous(values_left),
         _rows_contiguous(values_right),
@@ -236,7 +236,7 @@ def split_2D_jagged(
     offsets_left: Optional[torch.Tensor] = None,
     offsets_right: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Triton backend of :func:`tzrec_ops.ops.jagged.split_2D_jagged` (totals resolved)."""
+    """Triton backend of :func:`tzrec_ops.ops.jagged_2d.split_2D_jagged` (totals resolved)."""
     if total_len_left is None:
         total_len_left = values.shape[0] - total_len_right
     if total_len_right is None:
@@ -401,7 +401,7 @@ def jagged_dense_bmm_broadcast_add(
     dense: torch.Tensor,
     bias: torch.Tensor,
 ) -> torch.Tensor:
-    """Triton backend of :func:`tzrec_ops.ops.jagged.jagged_dense_bmm_broadcast_add`."""
+    """Triton backend of :func:`tzrec_ops.ops.jagged_2d.jagged_dense_bmm_broadcast_add`."""
     return jagged_dense_bmm_broadcast_add_op(
         max_seq_len, seq_offsets, _rows_contiguous(jagged), dense, _rows_contiguous(bias)
     )

@@ -1,8 +1,8 @@
 """What ``tzrec_gr.serving.ServingSession`` costs per ranking request, beside the server's
 own calls and a hand-captured CUDA graph.
 
-    python -m tzrec_bench.serving_bench                     # the default shapes, on CUDA
-    python -m tzrec_bench.serving_bench --device cpu --users 4 --history 64 --dim 64
+    python -m tzrec_bench.benchmarks.serving                     # the default shapes, on CUDA
+    python -m tzrec_bench.benchmarks.serving --device cpu --users 4 --history 64 --dim 64
 
 HSTURanking (E = ``--dim``, ``--heads`` heads of ``dim / heads``, ``--layers`` layers) scores
 ``--candidates`` candidates for each of ``--users`` users against their ``--history``-event
@@ -48,7 +48,7 @@ GAP_S = 60
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m tzrec_bench.serving_bench",
+    p = ArgumentParser(prog="python -m tzrec_bench.benchmarks.serving",
                        description=__doc__.split("\n")[0])
     add_device_option(p, "cuda")
     p.add_argument("--dtype", choices=list(DTYPES), default="bf16")

@@ -3,8 +3,8 @@ peak resident memory, and the cache's size on disk.
 
 ::
 
-    python -m tzrec_bench.data_bench --events 10e6 --folder /tmp/log-10m
-    python -m tzrec_bench.data_bench --events 50e6 --folder /tmp/log-50m --files 50
+    python -m tzrec_bench.benchmarks.data --events 10e6 --folder /tmp/log-10m
+    python -m tzrec_bench.benchmarks.data --events 50e6 --folder /tmp/log-50m --files 50
 
 The log is generated once into ``--folder`` (Parquet files with string user and item ids,
 ``user``/``item``/``ts`` columns, users' events interleaved as in a production log), unless
@@ -79,7 +79,7 @@ def _size(path: Path) -> int:
 
 
 def main(argv=None) -> int:
-    parser = ArgumentParser(prog="python -m tzrec_bench.data_bench",
+    parser = ArgumentParser(prog="python -m tzrec_bench.benchmarks.data",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=float, default=10e6, help="events to generate")
     parser.add_argument("--files", type=int, default=10, help="Parquet files to write")

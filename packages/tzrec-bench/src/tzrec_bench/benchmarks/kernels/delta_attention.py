@@ -1,7 +1,8 @@
 """Cached-attention benchmark: one eager ``delta_hstu_mha`` call, as a server makes it.
 
-    python -m tzrec_bench.kernels.delta_attention                  # B=64, D=8, cache ~2000
-    python -m tzrec_bench.kernels.delta_attention --providers triton,pytorch --cache-len 512
+    python -m tzrec_bench.benchmarks.kernels.delta_attention        # B=64, D=8, cache ~2000
+    python -m tzrec_bench.benchmarks.kernels.delta_attention --providers triton,pytorch \
+        --cache-len 512
 
 Shapes: B sequences whose caches hold U[0.9 C, C] tokens, D new queries per sequence, H heads,
 q/k and value dim d, bf16 by default. Both forms of the op are timed: ``split`` (the cache and
@@ -20,7 +21,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from tzrec_bench.opbench.command import DTYPES
+from tzrec_bench.benchmarks.opbench.command import DTYPES
 from tzrec_ops import delta_hstu_mha, set_value_checks, to_device
 from tzrec_ops.commandline import ArgumentParser
 from tzrec_ops.jagged import offsets_from_lengths

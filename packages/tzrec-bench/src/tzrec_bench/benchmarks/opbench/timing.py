@@ -20,7 +20,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
-from tzrec_bench.opbench.cases import Case
+from tzrec_bench.benchmarks.opbench.cases import Case
 from tzrec_ops.measure import median_ms
 
 

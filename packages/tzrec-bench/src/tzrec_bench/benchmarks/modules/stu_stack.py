@@ -2,7 +2,7 @@
 
 Usage (GPU)::
 
-    python -m tzrec_bench.models.stu_stack --providers pytorch,triton
+    python -m tzrec_bench.benchmarks.modules.stu_stack --providers pytorch,triton
 
 Measures, in bf16 with E=512, H=4, d=128 and 64 sequences of U[0.9 N, N) tokens (N=2048):
 
@@ -29,8 +29,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from tzrec_bench.opbench.report import device_name, triton_version
-from tzrec_bench.opbench.shapes import Shape, jagged_batch
+from tzrec_bench.benchmarks.opbench.report import device_name, triton_version
+from tzrec_bench.benchmarks.opbench.shapes import Shape, jagged_batch
 from tzrec_gr import STULayer, STUStack
 from tzrec_ops import set_value_checks, to_device
 from tzrec_ops.commandline import ArgumentParser

@@ -20,7 +20,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional
 import torch
 
 import tzrec_ops
-from tzrec_bench.opbench.shapes import JaggedBatch, Shape, attention_flops, gemm_flops
+from tzrec_bench.benchmarks.opbench.shapes import JaggedBatch, Shape, attention_flops, gemm_flops
 
 #: new tokens per sequence of ``delta_hstu_mha`` (the serving benchmarks' default)
 DELTA_TOKENS = 8

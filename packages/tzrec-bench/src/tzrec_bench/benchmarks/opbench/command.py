@@ -16,11 +16,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from tqdm import tqdm
 
+from tzrec_bench.benchmarks.opbench import report
+from tzrec_bench.benchmarks.opbench.cases import ATTENTION_OPS, CASES, FORWARD_ONLY, SDPA
+from tzrec_bench.benchmarks.opbench.sweep import Plan, Row, run
+from tzrec_bench.benchmarks.opbench.triton_configs import chosen_configs
 from tzrec_bench.gpu_state import GpuStateSampler, device_id
-from tzrec_bench.opbench import report
-from tzrec_bench.opbench.cases import ATTENTION_OPS, CASES, FORWARD_ONLY, SDPA
-from tzrec_bench.opbench.sweep import Plan, Row, run
-from tzrec_bench.opbench.triton_configs import chosen_configs
 from tzrec_ops.devices import DeviceError, resolve_device
 from tzrec_ops.registry import BackendError, backends, get_backend
 

@@ -1,0 +1,1 @@
+"""Module benchmarks: tzrec-gr modules (the STU stack, the ranking model) on tzrec-ops backends."""

@@ -1,1 +1,0 @@
-"""Kernel benchmarks, one module per op family (``python -m tzrec_bench.kernels.<name>``)."""

@@ -1,1 +1,0 @@
-"""Model-level benchmarks (tzrec-gr modules on tzrec-ops backends)."""
