@@ -156,3 +156,44 @@ def test_a_run_folder_and_its_vocabularies(tmp_path, capsys):
         load_model(tmp_path / "empty")
     assert main(["run", str(run)]) == 2
     assert "is a folder: run without --input replays" in capsys.readouterr().err
+
+
+class TunedRetrieval(HSTURetrieval):
+    """A plugin's model: a class of its own name (checkpoints name a model by its class)."""
+
+
+@pytest.fixture
+def plugin_record(monkeypatch):
+    """The model registry with a plugin's record for this test only."""
+    import dataclasses
+
+    from tzrec_gr.models import registry
+    from tzrec_gr.serving import RetrievalServer
+
+    state = registry._STATE
+    monkeypatch.setattr(registry, "_STATE", dataclasses.replace(
+        state, records=dict(state.records), origins=dict(state.origins)))
+    registry.register_model(registry.ModelRecord("tuned-retrieval", TunedRetrieval, "retrieval",
+                                                  server=RetrievalServer))
+
+
+def test_a_registered_plugin_models_config_and_checkpoint_load(tmp_path, plugin_record):
+    torch.manual_seed(0)
+    model = TunedRetrieval(**RETRIEVAL_KWARGS).eval()
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    config = tmp_path / "model.json"
+    config.write_text(json.dumps({"model": "TunedRetrieval", "kwargs": RETRIEVAL_KWARGS}))
+    loaded = load_model(tmp_path / "weights.pt", config)
+    assert type(loaded) is TunedRetrieval
+    torch.save({"format": 1, "model_config": {"model": "TunedRetrieval",
+                                              "kwargs": RETRIEVAL_KWARGS},
+                "model": model.state_dict()}, tmp_path / "best.pt")
+    assert type(load_model(tmp_path / "best.pt")) is TunedRetrieval
+    args = gr.sample_inputs(loaded, batch=2, seed=1)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(*args), model(*args), rtol=0, atol=0)
+    # a class the registry does not hold is refused naming those it does
+    config.write_text(json.dumps({"model": "Other", "kwargs": {}}))
+    with pytest.raises(ValueError, match="model must be one of HSTURanking, HSTURetrieval, "
+                                         "TunedRetrieval, got 'Other'"):
+        load_model(tmp_path / "weights.pt", config)

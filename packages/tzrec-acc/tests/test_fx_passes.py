@@ -168,3 +168,18 @@ def test_operator_map_on_a_traced_graph_and_its_errors():
     with pytest.raises(TypeError, match="must be callables or torch ops, got str and function"):
         passes.OperatorMap().register("aten::silu", _silu)
     assert len(passes.OperatorMap({torch.relu: _silu})) == 1
+
+
+def test_traceable_follows_the_models_record():
+    from _models import RETRIEVAL
+
+    from tzrec_gr.models import HSTURetrieval
+
+    class Tuned(HSTURetrieval):  # a subclass is traced as its registered base
+        pass
+
+    assert type(fx.traceable(Tuned(**RETRIEVAL))) is fx.TraceableRetrieval
+    assert type(fx.traceable(ranking())) is fx.TraceableRanking
+    with pytest.raises(TypeError, match=r"model must be one of tzrec_gr.models.HSTURanking, "
+                                        r"HSTURetrieval, got torch.nn.modules.linear.Linear"):
+        fx.traceable(torch.nn.Linear(2, 2))

@@ -10,7 +10,9 @@ Two sources:
 
       {"model": "HSTURanking", "kwargs": {"num_items": 1000, "item_embedding_dim": 32, ...}}
 
-  with ``kwargs`` the model's constructor arguments.
+  with ``kwargs`` the model's constructor arguments, and ``model`` the class name of a
+  trained model of the model registry (:mod:`tzrec_gr.models.registry`: tzrec-gr's own, or
+  a plugin's).
 """
 
 from __future__ import annotations
@@ -31,17 +33,18 @@ __all__ = [
     "resolve_path",
 ]
 
-CLASSES = ("HSTURanking", "HSTURetrieval")
-
 PathLike = Union[str, pathlib.Path]
 _EXPECTED = "a checkpoint.pt or best.pt written by `tzrec-bench train`"
 
 
+def _models() -> Any:
+    return require("tzrec_gr.models", "tzrec-acc[gr]", "rebuilding tzrec-gr models")
+
+
 def _build(name: str, kwargs: Mapping[str, Any]) -> nn.Module:
-    if name not in CLASSES:
-        raise ValueError(f"model must be one of {', '.join(CLASSES)}, got {name!r}")
-    models = require("tzrec_gr.models", "tzrec-acc[gr]", "rebuilding tzrec-gr models")
-    return models.build_from_config({"model": name, "kwargs": kwargs})
+    """The registered model class ``name`` built with ``kwargs`` (ValueError naming the
+    registered classes for another name)."""
+    return _models().build_from_config({"model": name, "kwargs": kwargs})
 
 
 def _read_config(path: PathLike) -> Dict[str, Any]:
@@ -60,8 +63,8 @@ def _read_config(path: PathLike) -> Dict[str, Any]:
         raise ValueError(f"the model config must be a .json or .toml file, got {path}")
     if not isinstance(config.get("model"), str) or not isinstance(config.get("kwargs"), dict):
         raise ValueError(
-            f"{path} must hold 'model' (one of {', '.join(CLASSES)}) and 'kwargs' (a table "
-            f"of constructor arguments), got keys {sorted(config)}"
+            f"{path} must hold 'model' (one of {', '.join(_models().MODEL_CLASSES)}) and "
+            f"'kwargs' (a table of constructor arguments), got keys {sorted(config)}"
         )
     return config
 

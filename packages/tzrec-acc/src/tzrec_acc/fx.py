@@ -256,11 +256,34 @@ class TraceableRetrieval(nn.Module):
         return model.transducer(features, model.max_seq_len).full_embeddings
 
 
-def traceable(model: nn.Module) -> nn.Module:
-    """The traceable form of a tzrec-gr model (:class:`TraceableRanking` or
-    :class:`TraceableRetrieval`)."""
-    from tzrec_acc.gr import model_kind
+#: the traceable form of each model that has one, by the model's name in the model registry
+_TRACEABLE: Dict[str, Type[nn.Module]] = {
+    "hstu-ranking": TraceableRanking,
+    "hstu-retrieval": TraceableRetrieval,
+}
 
-    if model_kind(model) == "ranking":
-        return TraceableRanking(model)
-    return TraceableRetrieval(model)
+
+def traceable(model: nn.Module) -> nn.Module:
+    """The traceable form of a tzrec-gr model: :class:`TraceableRanking` of an
+    ``HSTURanking``, :class:`TraceableRetrieval` of an ``HSTURetrieval`` (or of a subclass),
+    found by the model's record in :mod:`tzrec_gr.models.registry`.
+
+    Raises:
+        TypeError: a model without a traceable form here (naming those with one).
+    """
+    require("tzrec_gr.models", "tzrec-acc[gr]", "tracing tzrec-gr models")  # their records
+    from tzrec_gr.models.registry import ModelRegistryError, get_model, record_for_class
+
+    for cls in type(model).__mro__:  # the nearest registered class is the model's
+        try:
+            name = record_for_class(cls).name
+        except ModelRegistryError:
+            continue
+        if name in _TRACEABLE:
+            return _TRACEABLE[name](model)
+        break
+    classes = sorted(get_model(name).model_class.__name__ for name in _TRACEABLE)
+    raise TypeError(
+        f"model must be one of tzrec_gr.models.{', '.join(classes)}, got "
+        f"{type(model).__module__}.{type(model).__qualname__}"
+    )

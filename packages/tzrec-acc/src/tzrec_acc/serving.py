@@ -135,6 +135,21 @@ def predict_limits(session: Any) -> Any:
     return _gr("serving.files").session_limits(session)
 
 
+def _limits(served: Dict[str, Any]) -> Any:
+    """The :class:`tzrec_gr.serving.files.Limits` of a package's ``served`` entry: its
+    kind, catalogue and bound, and what its server's ``package_fields`` stored (a field a
+    server does not store keeps the default: a package of a model that scores no
+    candidates stores no ``max_candidates``)."""
+    return _gr("serving.files").Limits(
+        served["model"],
+        served["num_items"],
+        served["max_events"],
+        served.get("max_candidates", 0),
+        served.get("contextual_width", 0),
+        tuple(f"task_{i}" for i in range(served.get("num_tasks", 0))),
+    )
+
+
 def _slice(value: Optional[torch.Tensor], start: int, stop: int) -> Optional[torch.Tensor]:
     return None if value is None else value[start:stop]
 
@@ -209,25 +224,14 @@ class PackageSession:
                 ": it takes the sample batch's shapes only; export it with --dynamic "
                 "users,tokens"
             )
-        self.kind: str = served["model"]
-        files = _gr("serving.files")
-        if self.kind == "retrieval":
-            if "items" not in served:
-                raise ValueError(
-                    f"{path} is a retrieval package without the item table that top-K "
-                    "needs (its sample file names no PACKAGE.items.pt); export it again, or "
-                    "serve the checkpoint (load_session('best.pt'))"
-                )
-            self.limits = files.Limits("retrieval", served["num_items"], served["max_events"])
-        else:
-            self.limits = files.Limits(
-                "ranking",
-                served["num_items"],
-                served["max_events"],
-                served["max_candidates"],
-                served["contextual_width"],
-                tuple(f"task_{i}" for i in range(served["num_tasks"])),
+        self.kind: str = served["model"]  # a label, for messages
+        if _gr("serving.files").predict_kind(self.kind).takes_k and "items" not in served:
+            raise ValueError(
+                f"{path} is a {self.kind} package without the item table that top-K "
+                "needs (its sample file names no PACKAGE.items.pt); export it again, or "
+                "serve the checkpoint (load_session('best.pt'))"
             )
+        self.limits = _limits(served)
         vocabulary = _gr("vocabulary")
         try:
             self.vocabularies = vocabulary.IdVocabularies.from_payload(sample, str(sample_file))
@@ -250,12 +254,12 @@ class PackageSession:
                 "checkpoint on that device"
             )
         self._items: Optional[torch.Tensor] = None
-        if self.kind == "retrieval":
+        if self.limits.predicts.takes_k:  # its top-K ranks the catalogue export wrote
             table_file = path.parent / served["items"]
             if not table_file.is_file():
                 raise FileNotFoundError(
                     f"no file at {table_file}: the catalogue that export wrote beside the "
-                    f"retrieval package {path}; copy it with the package, or export again"
+                    f"{self.kind} package {path}; copy it with the package, or export again"
                 )
             items = torch.load(table_file, map_location="cpu", weights_only=True)
             if not isinstance(items, torch.Tensor) or items.shape[:1] != (self.limits.num_items,):
@@ -452,13 +456,20 @@ class PackageSession:
         raise TypeError(
             f"{call} is not possible from a package: {self.path} re-encodes whole histories "
             "on every call and keeps no per-user state; pass Histories to "
-            f"{'recommend' if self.kind == 'retrieval' else 'score'}, or serve the training "
+            f"{self._answers}, or serve the training "
             "checkpoint (tzrec_acc.serving.load_session('best.pt'), a ServingSession) to "
             "open, extend and close users"
         )
 
+    @property
+    def _answers(self) -> str:
+        """The call this package answers: ``recommend`` where its predictions are the
+        top-k of the catalogue, else ``score`` (of candidates)."""
+        return "recommend" if self.limits.predicts.takes_k else "score"
+
     def _require(self, kind: str, call: str, other: str) -> None:
-        if self.kind != kind:
+        """TypeError unless this package answers ``call`` (of a ``kind`` package)."""
+        if self._answers != call:
             raise TypeError(
                 f"{call} needs a {kind} package; {self.path} is a {self.kind} package, which "
                 f"answers {other}"
@@ -481,7 +492,7 @@ class PackageSession:
         limits = self.limits
         histories.check(
             limits.num_items,
-            needs_actions=self.kind == "ranking",
+            needs_actions="actions" in limits.predicts.columns,
             contextual_width=limits.contextual_width,
         )
         lengths = histories.offsets[1:] - histories.offsets[:-1]

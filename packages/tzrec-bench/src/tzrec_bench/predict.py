@@ -9,6 +9,7 @@
 
 The model is a checkpoint of ``tzrec-bench train`` (``best.pt``, or a run's folder: its
 ``best.pt``, else ``checkpoint.pt``, :func:`tzrec_gr.checkpoint.resolve_checkpoint`) of
+a model with a registered server (:func:`tzrec_gr.serving.server.server_for`), e.g.
 ``hstu-retrieval`` (top-K of the catalogue per user) or ``hstu-ranking`` (per-task
 probabilities of each user's candidates), loaded by :func:`tzrec_gr.checkpoint.load_model`
 (which checks its vocabulary against its catalogue) and served by
@@ -22,9 +23,10 @@ The users are the rows of ``--input`` (the columns: :mod:`tzrec_gr.serving.files
 (retrieval) the raw user ids of ``--users`` / ``--users-file``, whose histories are read from
 the run's event log (``--data`` for another copy or path) through the same reader, column
 mapping, ``--min-events`` and cache as training (:mod:`tzrec_bench.predict_users`); ids the
-log does not hold are counted and named, not an error. Reading, checking, batching, writing
-and the summary are :func:`tzrec_gr.serving.files.write_predictions`, shared with ``python
--m tzrec_acc predict``. A CSV output holds one row per user with each list as a JSON list in
+log does not hold are counted and named, not an error. The header and ids lines, reading,
+checking, batching, writing and the summary are
+:func:`tzrec_gr.serving.predict_command.run_predict`, shared with ``python -m tzrec_acc
+predict``. A CSV output holds one row per user with each list as a JSON list in
 its cell (``["a b", "c,d"]``), so any id reads back with a CSV reader.
 
 Exit status: 0 when at least one user was answered (the last line counts answered and
@@ -131,18 +133,15 @@ def _check_source(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Runs ``predict``; returns the exit status."""
-    from tzrec_bench.data import DataFormatError
     from tzrec_bench.predict_users import read_user_ids
     from tzrec_gr.checkpoint import resolve_checkpoint
     from tzrec_gr.serving.files import (
         PredictError,
         check_output_path,
-        item_vocabulary,
         pick_device,
-        seen_rule,
         session_limits,
-        write_predictions,
     )
+    from tzrec_gr.serving.predict_command import run_predict
 
     # every option, the output folder and the input file first: no model is loaded for a
     # run that cannot finish
@@ -164,37 +163,36 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return _fail(parser, f"checkpoint: no checkpoint at {file}", 2)
     try:
         session, tasks, config = load_session(file, device, args.backend)
-        items, ids_line = item_vocabulary(args.ids, session.vocabularies, str(file))
         limits = session_limits(session, tasks)
+        if user_ids is not None and limits.extra_columns:
+            raise PredictError(_by_id_needs(limits.extra_columns))
     except (ValueError, TypeError, PredictError) as exc:  # CheckpointError is a ValueError
         return _fail(parser, str(exc), 2)
-    if args.input is None and limits.kind != "retrieval":
-        return _fail(parser, "--users: a ranking model scores candidates; give them in "
-                     "--input FILE (columns user_id, item_ids, timestamps, actions, "
-                     "candidates)", 2)
-    what = (
-        f"top {args.k} of {limits.num_items} items" if limits.kind == "retrieval"
-        else f"{len(limits.tasks)} task probabilities ({', '.join(limits.tasks)}) per candidate"
-    )
-    rules = f"; {seen_rule(args.exclude_seen)}" if limits.kind == "retrieval" else ""
-    print(f"tzrec-bench predict: {config.get('model', type(session.model).__name__)} from "
-          f"{file} on {device}: {what}{rules}")
-    print(ids_line)
-    records = None
-    if user_ids is not None:
-        try:
-            records = _users(user_ids, args.data, config, items is not None)
-        except DataFormatError:
-            raise  # a malformed log: exit 1, by main
-        except ValueError as exc:
-            return _fail(parser, str(exc), 2)
-        if isinstance(records, int):
-            return records
+    title = (f"{config.get('model', type(session.model).__name__)} from {file} on {device}: "
+             f"{_predicts(limits, args.k)}")
+    users = None if user_ids is None else _users(user_ids, args.data, config)
     try:
-        return write_predictions(session, limits, args, prog=parser.prog, items=items,
-                                 batch_size=args.batch_size, records=records)
+        return run_predict(session, limits, args, prog=parser.prog, title=title,
+                           model_file=str(file), batch_size=args.batch_size, users=users)
     except PredictError as exc:
         return _fail(parser, str(exc), 2)
+
+
+def _by_id_needs(columns: Sequence[str]) -> str:
+    """Why ``--users`` cannot give a model's rows: they need ``columns`` besides the
+    histories the log holds."""
+    named = ", ".join(columns)
+    return (f"--users: the model's rows need {named} besides the histories the run's log "
+            f"holds; give them in --input FILE (columns user_id, item_ids, timestamps, "
+            f"{named})")
+
+
+def _predicts(limits: Any, k: int) -> str:
+    """What the header says is predicted per user."""
+    if limits.predicts.takes_k:
+        return f"top {k} of {limits.num_items} items"
+    tasks = limits.tasks
+    return f"{len(tasks)} task probabilities ({', '.join(tasks)}) per candidate"
 
 
 def load_session(
@@ -202,39 +200,68 @@ def load_session(
 ) -> Tuple[Any, Optional[Tuple[str, ...]], Dict[str, Any]]:
     """The serving session over the checkpoint's model (through
     :func:`tzrec_gr.checkpoint.load_model`: its weights and its vocabulary checked against
-    its catalogue), its task names (ranking) and the run's saved settings.
+    its catalogue), its task names (a model built with label bits per task: ranking) and
+    the run's saved settings.
 
     Raises:
-        CheckpointError (a ValueError): a damaged checkpoint, or one of a model predict does
-            not serve; ValueError: an unknown backend.
+        CheckpointError (a ValueError): a damaged checkpoint, or one of a model without a
+            registered server (:func:`tzrec_gr.serving.server.server_for`); ValueError: an
+            unknown backend.
     """
     from tzrec_gr.checkpoint import CheckpointError, load_model
-    from tzrec_gr.models import HSTURanking, HSTURetrieval
+    from tzrec_gr.models.registry import record_for_class
     from tzrec_gr.serving import ServingSession
+    from tzrec_gr.serving.server import servable_models, server_for
 
     model, vocabularies = load_model(file, backend, expected=EXPECTED)
-    config = _settings(file)
-    if not isinstance(model, (HSTURetrieval, HSTURanking)):
+    config, bits = _saved(file)
+    try:
+        server_for(model)
+    except TypeError:
         name = config.get("model", type(model).__name__)
-        raise CheckpointError(f"{file} holds a {name} model; predict serves hstu-retrieval and "
-                              "hstu-ranking checkpoints")
-    tasks = None
-    if isinstance(model, HSTURanking):  # the label bits the model was built with
-        tasks = task_names(model.get_buffer("_task_bits").tolist())
+        served = ", ".join(record_for_class(c).name for c in servable_models())
+        raise CheckpointError(f"{file} holds a {name} model, which has no registered server; "
+                              f"predict serves {served}") from None
+    tasks = None if bits is None else task_names(bits)
     return ServingSession(model, device=device, vocabularies=vocabularies), tasks, config
 
 
-def _settings(file: Path) -> Dict[str, Any]:
-    """The run's saved settings (``config``; empty for a checkpoint written without them),
-    read with the tensors memory-mapped: the weights were read once by load_model."""
+def _saved(file: Path) -> Tuple[Dict[str, Any], Optional[List[int]]]:
+    """The run's saved settings (``config``; empty for a checkpoint written without them)
+    and the label bit of each task the model was built with (its ``task_bitmasks``; None
+    for a model without), read with the tensors memory-mapped: the weights were read once
+    by load_model."""
     import torch
 
     payload = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    config = payload.get("config") if isinstance(payload, dict) else None
-    return dict(config) if isinstance(config, dict) else {}
+    payload = payload if isinstance(payload, dict) else {}
+    config = payload.get("config")
+    spec = payload.get("model_config")
+    kwargs = spec.get("kwargs") if isinstance(spec, dict) else None
+    bits = kwargs.get("task_bitmasks") if isinstance(kwargs, dict) else None
+    return (dict(config) if isinstance(config, dict) else {},
+            None if bits is None else [int(b) for b in bits])
 
 
-def _users(ids: List[str], data_path: Optional[str], config: Dict[str, Any],
+def _users(ids: List[str], data_path: Optional[str], config: Dict[str, Any]) -> Any:
+    """The :data:`~tzrec_gr.serving.predict_command.Users` of the raw user ids ``ids``, whose
+    histories are read from the run's log (or ``data_path``); a bad ``data_path`` is a
+    PredictError (exit 2), a malformed or missing log exit 1 (by main)."""
+    from tzrec_bench.data import DataFormatError
+    from tzrec_gr.serving.files import PredictError
+
+    def users(items: Any) -> Any:
+        try:
+            return _found(ids, data_path, config, items is not None)
+        except DataFormatError:
+            raise
+        except ValueError as exc:
+            raise PredictError(str(exc)) from exc
+
+    return users
+
+
+def _found(ids: List[str], data_path: Optional[str], config: Dict[str, Any],
            raw_items: bool) -> Any:
     """``(total, records)`` of the users ``ids`` found in the run's log (or ``data_path``),
     after a line naming those it does not hold; an exit status when none is found."""

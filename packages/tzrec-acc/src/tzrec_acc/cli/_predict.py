@@ -7,6 +7,7 @@ import pathlib
 from typing import Any, Optional, Tuple
 
 from tzrec_acc.cli._options import UsageError, _files, _model_file
+from tzrec_ops.extras import require
 
 
 def _predict(args: argparse.Namespace, destination: Optional[str] = None) -> int:
@@ -43,17 +44,11 @@ def _predict(args: argparse.Namespace, destination: Optional[str] = None) -> int
             raise UsageError(str(exc)) from exc
         limits = files.session_limits(predictor)
         what = f"{type(model).__name__} from {model_path} on {device}"
-    try:
-        items, ids_line = files.item_vocabulary(args.ids, predictor.vocabularies, str(model_path))
-    except files.PredictError as exc:
-        raise UsageError(str(exc)) from exc
-    rules = f"; {files.seen_rule(args.exclude_seen)}" if limits.kind == "retrieval" else ""
-    print(f"python -m tzrec_acc predict: {what} ({limits.kind}){rules}")
-    print(ids_line)
-    try:  # the summary line and the exit status: the rules tzrec-bench predict follows too
-        return files.write_predictions(predictor, limits, args, prog="python -m tzrec_acc "
-                                       "predict", items=items, batch_size=batch_size,
-                                       destination=destination)
+    command = require("tzrec_gr.serving.predict_command", "tzrec-acc[gr]", "predict")
+    try:  # the header, the summary line and the exit status: tzrec-bench predict's too
+        return command.run_predict(predictor, limits, args, prog="python -m tzrec_acc predict",
+                                   title=f"{what} ({limits.kind})", model_file=str(model_path),
+                                   batch_size=batch_size, destination=destination)
     except files.PredictError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -72,6 +67,4 @@ def _package_predictor(path: pathlib.Path, batch_size: int) -> Tuple[Any, Any, i
 
 def _serving() -> Any:
     """:mod:`tzrec_gr.serving` (``tzrec-acc[gr]``)."""
-    from tzrec_ops.extras import require
-
     return require("tzrec_gr.serving", "tzrec-acc[gr]", "predict")

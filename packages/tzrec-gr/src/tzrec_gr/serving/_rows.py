@@ -131,6 +131,14 @@ class Limits:
         """What predictions from files read and write for this kind."""
         return predict_kind(self.kind)
 
+    @property
+    def extra_columns(self) -> Tuple[str, ...]:
+        """The input columns a row needs besides ``user_id``, ``item_ids`` and
+        ``timestamps`` (its kind's :attr:`PredictKind.columns`, ``contextual`` only where
+        the model takes contextual features)."""
+        return tuple(c for c in self.predicts.columns
+                     if c != "contextual" or self.contextual_width)
+
 
 def suffix_format(path: Union[str, pathlib.Path], formats: Dict[str, str], option: str) -> str:
     suffix = pathlib.Path(path).suffix.lower()
@@ -391,7 +399,7 @@ def check_row(
             nothing else is the row's problem), ``"skip-user"`` makes it the row's problem.
             An unknown candidate is always the row's problem: it cannot be scored.
     """
-    reads = [c for c in limits.predicts.columns if c != "contextual" or limits.contextual_width]
+    reads = limits.extra_columns
     required = [*REQUIRED, *reads]
     for name in required:
         if name not in record or (name != "user_id" and _missing(record[name])):

@@ -5,9 +5,10 @@ Legend: B = users per batch, K = items returned (retrieval) or tasks (ranking).
 The one implementation behind ``tzrec-bench predict`` (from a training checkpoint) and
 ``python -m tzrec_acc predict`` (from a checkpoint or an exported package): both build a
 *predictor* (a :class:`~tzrec_gr.serving.ServingSession`, or anything with its
-``recommend`` / ``score``) and its :class:`Limits`, then call :func:`write_predictions`
-(:func:`predict_file` or :func:`predict_records`, the summary line and the exit status);
-their options come from :func:`add_predict_arguments`.
+``recommend`` / ``score``) and its :class:`Limits`, then call
+:func:`~tzrec_gr.serving.predict_command.run_predict` (the header and ids lines, then
+:func:`write_predictions`: :func:`predict_file` or :func:`predict_records`, the summary line
+and the exit status); their options come from :func:`add_predict_arguments`.
 
 Why it lives here: tzrec-gr is the one package both commands import (tzrec-bench depends on
 it; tzrec-acc serves tzrec-gr models only with its ``[gr]`` extra), it holds the serving API
@@ -104,7 +105,9 @@ from tzrec_gr.serving._rows import (
     Limits,
     NothingAnsweredError,
     PredictError,
+    PredictKind,
     input_format,
+    predict_kind,
     read_records,
 )
 from tzrec_gr.vocabulary import IdVocabularies, Vocabulary
@@ -119,6 +122,7 @@ __all__ = [
     "NothingAnsweredError",
     "OUTPUT_FORMATS",
     "PredictError",
+    "PredictKind",
     "PredictSummary",
     "Predictor",
     "UNKNOWN_ITEMS",
@@ -130,6 +134,7 @@ __all__ = [
     "output_format",
     "pick_device",
     "predict_file",
+    "predict_kind",
     "predict_records",
     "read_records",
     "seen_rule",
@@ -210,7 +215,9 @@ def write_predictions(
     records: Optional[Tuple[Optional[int], Records]] = None,
     destination: Optional[str] = None,
 ) -> int:
-    """The end of both ``predict`` commands: the predictions of ``args.input`` (or of
+    """The end of both ``predict`` commands (their driver,
+    :func:`~tzrec_gr.serving.predict_command.run_predict`, calls it): the predictions of
+    ``args.input`` (or of
     ``records``: ``(total, records)``, e.g. users looked up by id) to ``args.output`` with
     the options of :func:`add_predict_arguments`, then the summary line on stdout
     (``wrote DESTINATION: ...``, default ``args.output``).
