@@ -11,7 +11,7 @@ parity), :mod:`~tzrec_acc.gr` (tzrec-gr models: inputs, dynamic shapes, serving 
 :mod:`~tzrec_acc.tensorrt`, :mod:`~tzrec_acc.quant`, :mod:`~tzrec_acc.precision`,
 :mod:`~tzrec_acc.checkpoint` (rebuild a saved model), :mod:`~tzrec_acc.serving` (one
 session API over a checkpoint or a package) and :mod:`~tzrec_acc.cli`. Its
-benchmark is tzrec-bench's ``python -m tzrec_bench.export_bench``.
+benchmark is tzrec-bench's ``python -m tzrec_bench.benchmarks.export``.
 """
 
 from __future__ import annotations
