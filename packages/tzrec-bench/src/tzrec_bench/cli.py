@@ -43,11 +43,12 @@ from tzrec_bench.train.config import (
     TABLE_OPTIMIZER_NAMES,
     ConfigError,
     TrainConfig,
-    metric_names,
     model_choices,
 )
 from tzrec_bench.train.metrics import NonFiniteError
 from tzrec_bench.train.run_folder import RunFolderError
+from tzrec_bench.train.tasks import facts_of_task
+from tzrec_gr.models.registry import TASKS
 from tzrec_ops.commandline import ArgumentParser
 from tzrec_ops.registry import BackendError, resolve_backend
 
@@ -228,12 +229,11 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "interacted with (the SASRec paper's protocol, N=100; one seeded draw "
                    "shared by every model), reported as sampled_hr@10, sampled_ndcg@10 and "
                    "sampled_mrr beside the full-catalogue metrics; 0: off")
-    g.add_argument("--metric", choices=metric_names("retrieval") + metric_names("ranking"),
-                   metavar="NAME",
-                   help="validation metric for early stopping and best.pt (default: ndcg@10 "
-                   "for retrieval, auc, the mean over tasks, for ranking); retrieval: "
-                   f"{', '.join(metric_names('retrieval'))}; ranking: "
-                   f"{', '.join(metric_names('ranking'))}")
+    tasks = [facts_of_task(task) for task in TASKS]
+    g.add_argument("--metric", choices=[m for t in tasks for m in t.metrics], metavar="NAME",
+                   help="validation metric for early stopping and best.pt (default: "
+                   + ", ".join(f"{t.key_metric} for {t.name}" for t in tasks) + "); "
+                   + "; ".join(f"{t.name}: {', '.join(t.metrics)}" for t in tasks))
     g.add_argument("--patience", type=COUNT, default=d.patience, metavar="N",
                    help="stop after N validations in a row without improvement (0 never stops)")
     g.add_argument("--min-delta", type=_number(float, 0.0), default=d.min_delta, metavar="X",
