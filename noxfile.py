@@ -44,6 +44,7 @@ ROOT = pathlib.Path(__file__).resolve().parent
 CONSTRAINTS = ROOT / "constraints" / "cpu.txt"
 REPORTS = ROOT / ".nox" / "reports"
 EXAMPLE_PLUGIN = ROOT / "examples" / "tzrec-ops-backend-example"
+EXAMPLE_MODEL_PLUGIN = ROOT / "examples" / "tzrec-gr-model-example"
 TORCH_PIN = "torch==2.13.0+cpu"
 TEST_TOOLS = ("pytest", "pytest-xdist")
 
@@ -199,36 +200,53 @@ for _short, _dist in PACKAGES.items():
     _make_test_session(_short, _dist)
 
 
-@nox.session(name="test-plugins", tags=["test"], reuse_venv=False)
-def test_plugins(session: nox.Session) -> None:
-    """The example backend as a third party ships it: built as a wheel, installed with
-    tzrec-ops into a fresh environment, then seen by ``python -m tzrec_ops info``, picked by
-    name and by ``TZREC_OPS_BACKEND`` (tests/test_plugin_install.py), and held to tzrec-ops'
-    conformance suite (``pytest --tzrec-backend compiled``) and its own tests.
-
-    tests/ holds the tests across packages, so tzrec-gr and tzrec-acc come along (editable).
-    """
-    wheels = pathlib.Path(session.create_tmp()) / "wheels"
-    shutil.rmtree(wheels, ignore_errors=True)
+def _build_wheel(session: nox.Session, project: pathlib.Path, out_dir: pathlib.Path,
+                 dist: str) -> str:
+    """Build ``project`` as a wheel into ``out_dir``, as its author ships it; its path."""
     if session.venv_backend == "uv":
-        session.run("uv", "build", "--wheel", "--out-dir", str(wheels), str(EXAMPLE_PLUGIN),
+        session.run("uv", "build", "--wheel", "--out-dir", str(out_dir), str(project),
                     *_index_args(session), external=True)
     else:
         _install(session, "build")
-        session.run("python", "-m", "build", "--wheel", "--outdir", str(wheels),
-                    str(EXAMPLE_PLUGIN))
-    (wheel,) = wheels.glob("tzrec_ops_compiled-*.whl")
+        session.run("python", "-m", "build", "--wheel", "--outdir", str(out_dir), str(project))
+    (wheel,) = out_dir.glob(f"{dist.replace('-', '_')}-*.whl")
+    return str(wheel)
+
+
+@nox.session(name="test-plugins", tags=["test"], reuse_venv=False)
+def test_plugins(session: nox.Session) -> None:
+    """The example plugins as a third party ships them: built as wheels, installed with
+    tzrec-ops and tzrec-gr into a fresh environment.
+
+    The backend (examples/tzrec-ops-backend-example) is seen by ``python -m tzrec_ops info``,
+    picked by name and by ``TZREC_OPS_BACKEND`` (tests/test_plugin_install.py), and held to
+    tzrec-ops' conformance suite (``pytest --tzrec-backend compiled``) and its own tests.
+    The model (examples/tzrec-gr-model-example) is listed by tzrec-gr's model registry and
+    trained, evaluated, predicted, served and exported by the tools unchanged
+    (tests/test_model_plugin.py), and passes its own tests.
+
+    tests/ holds the tests across packages, so tzrec-gr, tzrec-acc and tzrec-bench come along
+    (editable).
+    """
+    wheels = pathlib.Path(session.create_tmp()) / "wheels"
+    shutil.rmtree(wheels, ignore_errors=True)
+    backend = _build_wheel(session, EXAMPLE_PLUGIN, wheels, "tzrec-ops-compiled")
+    model = _build_wheel(session, EXAMPLE_MODEL_PLUGIN, wheels, "tzrec-gr-model-example")
     _install(
         session,
         _package_path("tzrec-ops", "test"),
-        str(wheel),
+        backend,
+        model,
         "-e",
         _package_path("tzrec-gr"),
         "-e",
         _package_path("tzrec-acc"),
+        "-e",
+        _package_path("tzrec-bench"),
         *TEST_TOOLS,
         "nox",  # tests/test_noxfile.py loads this file
-        reinstall=("tzrec-ops", "tzrec-ops-compiled", "tzrec-gr", "tzrec-acc"),
+        reinstall=("tzrec-ops", "tzrec-ops-compiled", "tzrec-gr-model-example", "tzrec-gr",
+                   "tzrec-acc", "tzrec-bench"),
     )
     # Inductor's compiled kernels outlive the fresh environment (the C++ builds are most of
     # the suite's time); a cache entry is keyed on the code and the compiler flags
@@ -240,6 +258,9 @@ def test_plugins(session: nox.Session) -> None:
         session.run("pytest", "tests", "--tzrec-backend", "compiled", "-ra", "-p",
                     "no:cacheprovider", f"--junitxml={REPORTS / 'test-plugins-suite.xml'}",
                     *session.posargs)
+    with session.chdir(EXAMPLE_MODEL_PLUGIN):
+        session.run("pytest", "tests", "-ra", "-p", "no:cacheprovider",
+                    f"--junitxml={REPORTS / 'test-plugins-model.xml'}", *session.posargs)
 
 
 # -- optional CPU extras: fbgemm-gpu-cpu and torchrec -------------------------------------------
