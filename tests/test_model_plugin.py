@@ -112,8 +112,6 @@ def test_evaluate_gives_the_metrics_train_wrote(run):
         assert f"{metric:<8}  {test[metric]:.4f}" in out, out
 
 
-@pytest.mark.xfail(strict=True, reason="packages/tzrec-bench/src/tzrec_bench/predict.py:217 "
-                   "serves only an isinstance of HSTURetrieval or HSTURanking")
 def test_predict_writes_what_the_serving_session_recommends(run, tmp_path):
     rows = [{"user_id": u, "item_ids": items, "timestamps": stamps}
             for u, (items, stamps) in USERS.items()]
@@ -167,8 +165,6 @@ def test_tzrec_acc_exports_the_plugin_model_and_runs_the_package(run, tmp_path, 
         _run("-m", "tzrec_acc", "run", str(package)))
 
 
-@pytest.mark.xfail(strict=True, reason="packages/tzrec-acc/src/tzrec_acc/checkpoint.py:41 "
-                   "rebuilds only the classes in CLASSES (HSTURanking, HSTURetrieval)")
 def test_tzrec_acc_exports_the_plugin_model_from_a_state_dict_and_config(run, tmp_path):
     payload = torch.load(run / "best.pt", map_location="cpu", weights_only=True)
     torch.save(payload["model"], tmp_path / "weights.pt")

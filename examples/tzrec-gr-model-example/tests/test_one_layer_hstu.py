@@ -63,11 +63,11 @@ def test_the_server_extends_exactly_what_forward_gives():
 def test_bad_input_names_the_argument():
     model = _model()
     ids, lengths, times = _history()
-    with pytest.raises(ValueError, match=r"^lengths must sum to item_ids' 8 rows, got 7$"):
+    with pytest.raises(ValueError, match=r"^lengths sums to 7 but item_ids has 8 rows"):
         model(ids, torch.tensor([4, 3]), times)
-    with pytest.raises(ValueError, match=r"^item_ids must be in \[0, 40\)$"):
+    with pytest.raises(ValueError, match=r"^item_ids must be in \[0, num_items=40\)"):
         model(ids + 40, lengths, times)
-    with pytest.raises(ValueError, match=r"^item_ids must be a 1-D integer tensor"):
+    with pytest.raises(ValueError, match=r"^item_ids must be an integer tensor"):
         model(ids.float(), lengths, times)
 
 

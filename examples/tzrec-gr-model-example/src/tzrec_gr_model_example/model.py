@@ -26,9 +26,15 @@ from tzrec_gr import (
 )
 from tzrec_gr.features import UIH_LENGTHS, UIH_SEQUENCE, UIH_TIMESTAMPS
 from tzrec_gr.losses import sampled_softmax_loss
+from tzrec_gr.models.inputs import (
+    check_int_tensor,
+    check_item_ids,
+    check_lengths,
+    check_rows,
+)
 from tzrec_gr.models.registry import ModelRecord, register_model
 from tzrec_gr.postprocessors import OutputPostprocessor
-from tzrec_ops.jagged import mirror, offsets_from_lengths, value_checks_enabled
+from tzrec_ops.jagged import mirror, offsets_from_lengths
 
 __all__ = ["MODEL_NAME", "OneLayerHSTU", "ProjectionHead"]
 
@@ -51,14 +57,6 @@ class ProjectionHead(OutputPostprocessor):
 
     def forward(self, seq_embeddings: torch.Tensor, seq_timestamps: Any = None) -> torch.Tensor:
         return _normalized(self.proj(seq_embeddings))
-
-
-def _check_int(name: str, value: Any) -> None:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
-    if value.dim() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
-        raise ValueError(f"{name} must be a 1-D integer tensor, got {value.dtype} of shape "
-                         f"{tuple(value.shape)}")
 
 
 class OneLayerHSTU(nn.Module):
@@ -140,27 +138,13 @@ class OneLayerHSTU(nn.Module):
 
     def check_history(self, item_ids: torch.Tensor, lengths: torch.Tensor,
                       timestamps: torch.Tensor, max_seq_len: int) -> None:
-        """Check a history with at most ``max_seq_len`` events per user (errors name the
-        argument)."""
-        for name, value in (("item_ids", item_ids), ("lengths", lengths),
-                            ("timestamps", timestamps)):
-            _check_int(name, value)
-        if timestamps.shape != item_ids.shape:
-            raise ValueError(f"timestamps must have item_ids' {item_ids.shape[0]} rows, got "
-                             f"{timestamps.shape[0]}")
-        # values are read on the host: not while torch.export traces the model, nor on a
-        # device unless asked (tzrec_ops' switch, TZREC_OPS_VALUE_CHECKS, turns them off)
-        if not value_checks_enabled() or (item_ids.device.type != "cpu"
-                                          and not self.validate_inputs):
-            return
-        if bool((lengths < 0).any()) or bool((lengths > max_seq_len).any()):
-            raise ValueError(f"lengths must be in [0, max_seq_len={max_seq_len}], got "
-                             f"{lengths.tolist()}")
-        if int(lengths.sum()) != item_ids.shape[0]:
-            raise ValueError(f"lengths must sum to item_ids' {item_ids.shape[0]} rows, got "
-                             f"{int(lengths.sum())}")
-        if item_ids.numel() and (int(item_ids.min()) < 0 or int(item_ids.max()) >= self.num_items):
-            raise ValueError(f"item_ids must be in [0, {self.num_items})")
+        """Check a history with at most ``max_seq_len`` events per user, with tzrec-gr's
+        own input checks (errors name the argument)."""
+        check_int_tensor("item_ids", item_ids)
+        check_int_tensor("timestamps", timestamps)
+        check_rows("timestamps", timestamps, item_ids.shape[0], "item_ids")
+        check_lengths("lengths", lengths, max_seq_len, "max_seq_len", item_ids.shape[0], "item_ids")
+        check_item_ids("item_ids", item_ids, self.num_items, self.validate_inputs)
 
     def embed_features(self, item_ids: torch.Tensor, lengths: torch.Tensor,
                        timestamps: torch.Tensor) -> Dict[str, torch.Tensor]:
