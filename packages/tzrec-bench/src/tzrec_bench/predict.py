@@ -58,7 +58,8 @@ def add_parser(subparsers: argparse._SubParsersAction, formatter: type) -> argpa
         help="top-K recommendations or candidate scores for users (a file of histories, or "
         "user ids of the run's log)",
         description=(
-            "Load a model trained by `tzrec-bench train` (hstu-retrieval or hstu-ranking) "
+            "Load a model trained by `tzrec-bench train` (any with a registered server: "
+            "hstu-retrieval, hstu-ranking or a plugin's) "
             "and write, for every user of --input (or of --users/--users-file: their "
             "histories are read from the run's event log), the top --k items of the "
             "catalogue (retrieval; the user's own items left out unless --include-seen) or "
