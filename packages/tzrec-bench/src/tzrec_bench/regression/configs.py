@@ -119,7 +119,7 @@ def data_dir(config: RunConfig, data_root: Optional[str]) -> Optional[Path]:
     if config.settings.get("data_dir"):
         return Path(config.settings["data_dir"])
     root = data_root or os.environ.get(DATA_ENV)
-    return Path(root) / data if root else None
+    return Path(root) / SOURCES[data].folder if root else None
 
 
 def missing_data(config: RunConfig, data_root: Optional[str]) -> Optional[str]:
