@@ -11,7 +11,10 @@ import torch
 
 from tzrec_bench.cli import build_parser, main
 from tzrec_bench.regression.command import run
-from tzrec_bench.regression.harness import FLOORS
+from tzrec_bench.regression.harness import floor_models
+
+#: the simple baselines run beside a retrieval config
+RETRIEVAL_FLOORS = floor_models("retrieval")
 
 CONFIG = """description = "a stand-in"
 [train]
@@ -30,7 +33,7 @@ def _raising(only_floors: bool = False):
     """A trainer whose runs raise (a floor's only, with ``only_floors``)."""
 
     def trainer(config):
-        if only_floors and config.model not in FLOORS["retrieval"]:
+        if only_floors and config.model not in RETRIEVAL_FLOORS:
             return {"ndcg@10": 0.5}
         raise OSError(f"the cache entry of seed {config.seed} could not be read back")
 
@@ -60,8 +63,8 @@ def test_a_floor_run_that_raises_fails_the_command(tmp_path, capsys):
             "--work-dir", str(tmp_path / "runs")]
     assert _run_configs(argv, _raising(only_floors=True)) == 1
     out = capsys.readouterr().out
-    assert out.count("run failed: seed 3: OSError") == len(FLOORS["retrieval"])
-    assert f"{len(FLOORS['retrieval'])} failed runs" in out
+    assert out.count("run failed: seed 3: OSError") == len(RETRIEVAL_FLOORS)
+    assert f"{len(RETRIEVAL_FLOORS)} failed runs" in out
 
 
 def test_run_configs_on_data_that_raises_inside_the_run_exits_1(tmp_path, capsys):
