@@ -105,6 +105,14 @@ def test_string_ids_and_integer_ids_are_told_apart_per_role(tmp_path):
     assert _sequences(ds) == {1: ["042", "B7"], 2: ["42"]}
 
 
+@pytest.mark.parametrize("name", ["log.seq", "log.txt"])
+def test_an_integer_beyond_int64_makes_string_ids(tmp_path, name):
+    big = str(2**63)  # 19 digits, one past int64
+    ds = _load(_write(tmp_path / name, f"1 {big}\n2 7\n"), tmp_path)
+    assert ds.user_raw_ids.dtype == np.int64
+    assert ds.item_raw_ids.tolist() == ["7", big]  # sorted as strings
+
+
 @pytest.mark.parametrize("text", ["", "\n\n  \n"])
 def test_a_file_without_users_is_refused(tmp_path, text):
     path = _write(tmp_path / "log.seq", text)

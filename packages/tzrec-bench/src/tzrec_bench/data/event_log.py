@@ -406,12 +406,16 @@ def _checked_numbers(batch: _Batch, role: str, name: str, dtype: type) -> np.nda
 
 
 def _canonical_ints(strings: pa.Array) -> bool:
-    """Whether every string is an integer written the one way ``str(int)`` writes it."""
+    """Whether every string is an integer written the one way ``str(int)`` writes it, and
+    fits in int64 (a larger one makes every id of its role a string)."""
     matched = pc.match_substring_regex(strings, r"^(0|-?[1-9][0-9]{0,18})$")
     if not pc.all(matched).as_py():
         return False
-    return bool(pc.all(pc.equal(pc.cast(pc.cast(strings, pa.int64()), pa.string()),
-                                strings)).as_py())
+    try:
+        integers = pc.cast(strings, pa.int64())
+    except pa.ArrowInvalid:  # 19 digits beyond int64
+        return False
+    return bool(pc.all(pc.equal(pc.cast(integers, pa.string()), strings)).as_py())
 
 
 # -- the two passes --------------------------------------------------------------------------
