@@ -108,7 +108,8 @@ def read_user_lines(path: Path) -> Iterator[UserLines]:
             raise DataFormatError(f"{path}: line {line}: user {user!r} has no items; "
                                   f"expected {EXPECTED}")
         flat = pc.list_flatten(fields)
-        starts = fields.offsets.to_numpy()[:-1]
+        offsets = fields.offsets.to_numpy()
+        starts = offsets[:-1] - offsets[0]  # each line's user in the flattened fields
         is_item = np.ones(len(flat), dtype=bool)
         is_item[starts] = False
         users = flat.take(starts)
