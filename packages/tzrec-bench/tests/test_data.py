@@ -280,7 +280,8 @@ def test_kuairand_missing_columns_are_named(tmp_path):
 def test_load_dataset_argument_errors(tmp_path, monkeypatch):
     # the rules of --data, with the CLI's messages (tests/test_data_options.py)
     with pytest.raises(ValueError, match=r"^--data: 'ml-10m' is neither a data set \(synthetic, "
-                                         r"ml-100k, ml-1m, ml-20m, kuairand, amazon-games\) nor "
+                                         r"ml-100k, ml-1m, ml-20m, kuairand, amazon-games, "
+                                         r"amazon-beauty, amazon-sports\) nor "
                                          "an existing file or folder$"):
         load_dataset("ml-10m")
     monkeypatch.delenv("TZREC_BENCH_DATA", raising=False)
@@ -289,7 +290,8 @@ def test_load_dataset_argument_errors(tmp_path, monkeypatch):
         load_dataset("ml-1m")
     with pytest.raises(ValueError, match=r"^num_users: options of the synthetic data set"):
         load_dataset("ml-1m", tmp_path, num_users=3)
-    assert DATASETS == ("synthetic", "ml-100k", "ml-1m", "ml-20m", "kuairand", "amazon-games")
+    assert DATASETS == ("synthetic", "ml-100k", "ml-1m", "ml-20m", "kuairand", "amazon-games",
+                        "amazon-beauty", "amazon-sports")
 
 
 def test_data_dir_defaults_to_the_environment(tmp_path, monkeypatch):

@@ -13,7 +13,8 @@ from tzrec_bench.data import load_dataset
 from tzrec_bench.data.load import DATA_ENV, DataOptionError, check_data_options
 from tzrec_bench.train.config import ConfigError, TrainConfig
 
-SETS = "synthetic, ml-100k, ml-1m, ml-20m, kuairand, amazon-games"
+SETS = ("synthetic, ml-100k, ml-1m, ml-20m, kuairand, amazon-games, amazon-beauty, "
+        "amazon-sports")
 
 
 @pytest.fixture

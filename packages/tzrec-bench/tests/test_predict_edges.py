@@ -25,7 +25,7 @@ from tzrec_bench.cli import main
 from tzrec_bench.train.config import TrainConfig
 from tzrec_bench.train.loop import train
 from tzrec_gr.checkpoint import BEST
-from tzrec_gr.file_formats import FORMATS
+from tzrec_gr.file_formats import FORMATS, LOG_ONLY
 from tzrec_gr.serving import ServingSession
 from tzrec_gr.serving.files import (
     PredictError,
@@ -186,10 +186,12 @@ def test_inputs_in_the_formats_training_reads(run, tmp_path, capsys, name):
 
 def test_every_format_of_training_but_text_is_an_input_format():
     """One suffix table for both readers: predict reads each format training reads, plain or
-    .gz, except ``user item`` text (no list columns) and gzipped Parquet."""
+    .gz, except ``user item`` text and ``.seq`` user lines (event logs only) and gzipped
+    Parquet."""
     for suffix, fmt in FORMATS.items():
-        if fmt == "text":
-            with pytest.raises(PredictError, match=r"^--input must end with one of .*users\.txt"):
+        if fmt in LOG_ONLY:
+            with pytest.raises(PredictError,
+                               match=rf"^--input must end with one of .*users\{suffix}"):
                 input_format(f"users{suffix}")
             continue
         assert input_format(f"users{suffix.upper()}") == fmt, suffix

@@ -298,7 +298,8 @@ def test_shipped_configs_load_and_have_baselines():
     shipped = shipped_configs()
     models = {"hstu-retrieval", "hstu-ranking", "sasrec"}
     assert set(shipped) == {f"{m}-{d}" for m in models for d in ("synthetic", "ml-100k")} | {
-        "hstu-retrieval-amazon-games", "sasrec-amazon-games"}
+        f"{m}-amazon-{d}" for m in ("hstu-retrieval", "sasrec") for d in ("games", "beauty",
+                                                                           "sports")}
     for name, path in shipped.items():
         config = load_config(name)
         assert config.path == path and config.description

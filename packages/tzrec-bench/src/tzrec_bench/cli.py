@@ -149,10 +149,11 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     g.add_argument("--data", default=d.data, metavar="NAME|PATH",
                    help=f"a named data set ({', '.join(DATASETS)}: synthetic is generated, "
                    "the others are read from --data-dir), or the path of your own event log: "
-                   "a file or a folder of Parquet, CSV, JSONL or 'user item [time]' text "
-                   "files, gzip allowed")
+                   "a file or a folder of Parquet, CSV, JSONL, 'user item [time]' text "
+                   "or .seq ('user item item ...', one user a line) files, gzip allowed")
     g.add_argument("--data-dir", metavar="PATH",
-                   help=f"folder with a named data set's files (default: ${DATA_ENV}/<data>)")
+                   help=f"folder with a named data set's files (default: ${DATA_ENV}/<data>; "
+                   f"${DATA_ENV}/amazon-s3 for amazon-beauty and amazon-sports)")
     _add_log_options(g)
     g.add_argument("--cache-dir", metavar="PATH",
                    help="where parsed data sets are cached (default: $TZREC_BENCH_CACHE, "

@@ -4,7 +4,8 @@ One table for both readers: training's event-log reader (tzrec-bench) and the pr
 reader (:mod:`tzrec_gr.serving.files`), so a file that one reads the other reads too. A text
 format may be gzip-compressed (``.csv.gz``): ``.gz`` is looked through, it is no format.
 ``.jsonl``, ``.ndjson`` and ``.json`` are one format, JSON lines (one object per line).
-``text`` (``user item [time]`` per line) is for event logs only.
+``text`` (``user item [time]`` per line) and ``sequences`` (``.seq``: ``user item item ...``,
+one user a line) are for event logs only (:data:`LOG_ONLY`).
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Union
 
-__all__ = ["FORMATS", "format_of"]
+__all__ = ["FORMATS", "LOG_ONLY", "format_of"]
 
 #: file suffix (before an optional ``.gz``) -> format
 FORMATS = {
     ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv",
-    ".jsonl": "json", ".ndjson": "json", ".json": "json", ".txt": "text",
+    ".jsonl": "json", ".ndjson": "json", ".json": "json", ".txt": "text", ".seq": "sequences",
 }
+#: the formats read as event logs only, not as prediction inputs
+LOG_ONLY = frozenset({"text", "sequences"})
 
 
 def format_of(path: Union[str, Path]) -> Optional[str]:

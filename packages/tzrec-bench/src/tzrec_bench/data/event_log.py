@@ -1,5 +1,5 @@
-"""Any interaction log as a data set: Parquet, CSV, TSV, JSONL or ``user item`` text, a file or a
-folder of files, streamed by pyarrow into a memory-mapped cache entry.
+"""Any interaction log as a data set: Parquet, CSV, TSV, JSONL, ``user item`` text or one user a
+line, a file or a folder of files, streamed by pyarrow into a memory-mapped cache entry.
 
 One event per row. The columns are found by name (:class:`Columns`, ``--columns``)::
 
@@ -18,7 +18,8 @@ text, ``user item [time]`` per line, separated by spaces or tabs. A text log's f
 is a header when every field of it is a column name (``user``, ``item``, ``time``, or a
 name of the ``--columns`` mapping, defaults included): it is skipped, and its names find
 the columns as in CSV, rating and action included. Without one the columns are ``user``,
-``item`` and ``time`` by position.
+``item`` and ``time`` by position. ``.seq``: one user a line, ``user item item ...``, no
+timestamps and no column mapping (:mod:`tzrec_bench.data.user_lines`).
 
 A folder is read file by file in the order of the files' paths, each file in row order: that
 is the *file order*; which files a folder's log is made of, and which folders are refused
@@ -58,6 +59,8 @@ from tzrec_bench.data.grouping import Spool, write_grouped
 from tzrec_bench.data.log_files import format_of
 from tzrec_bench.data.log_rows import delimited_problem, json_problem, non_blank_lines, open_text
 from tzrec_bench.data.text_format import DataFormatError
+from tzrec_bench.data.user_lines import FORMAT as USER_LINES
+from tzrec_bench.data.user_lines import OneLinePerUser, UserLines, read_user_lines
 
 TEXT_COLUMNS = ("user", "item", "time")
 ROLES = ("user", "item", "time", "rating", "action")
@@ -141,6 +144,7 @@ class _Batch:
     time: Optional[pa.Array]
     rating: Optional[pa.Array]
     action: Optional[pa.Array]
+    user_lines: Optional[UserLines] = None  # a one-user-a-line log's block
 
 
 def _first_line(path: Path) -> str:
@@ -175,7 +179,8 @@ def _text_layout(path: Path, columns: Columns) -> _Layout:
         raise DataFormatError(
             f"{path}: line 1: {len(fields)} field{'s' * (len(fields) != 1)}; expected 'user "
             "item' or 'user item time' per line, separated by spaces or tabs (a first line "
-            "of column names is a header)"
+            "of column names is a header; one user a line, 'user item item ...', is read "
+            "from a file ending in .seq)"
         )
     mapped = [role for role in ("rating", "action") if getattr(columns, role)]
     if mapped:
@@ -187,10 +192,15 @@ def _text_layout(path: Path, columns: Columns) -> _Layout:
                    delimiter, False, list(TEXT_COLUMNS[:len(fields)]))
 
 
-def _layout(path: Path, columns: Columns) -> _Layout:
-    fmt = format_of(path)
+def _layout(path: Path, columns: Columns, fmt: Optional[str] = None) -> _Layout:
+    fmt = fmt or format_of(path)
     if fmt == "text":
         return _text_layout(path, columns)
+    if fmt == USER_LINES:
+        if columns != Columns():
+            raise DataFormatError(f"{path}: --columns maps {columns.text()}, but a one-user-a-"
+                                  "line log (.seq) has no columns to map: 'user item item ...'")
+        return _Layout(fmt, {"user": "user", "item": "item"}, frozenset({"time"}), " ", False)
     wanted = {role: getattr(columns, role) for role in ROLES if getattr(columns, role)}
     optional = frozenset({"time"} if columns.time == Columns.time else ())
     return _Layout(fmt, wanted, optional, "\t" if fmt == "tsv" else ",")
@@ -234,9 +244,20 @@ def _read_error(path: Path, layout: _Layout, exc: Exception) -> DataFormatError:
     return DataFormatError(f"{path}: {text}")
 
 
-def _batches(path: Path, columns: Columns) -> Iterator[_Batch]:
-    """The file's events in record batches, columns checked to exist."""
-    layout = _layout(path, columns)
+def _user_line_batches(path: Path, layout: _Layout) -> Iterator[_Batch]:
+    row = 1
+    for block in read_user_lines(path):
+        yield _Batch(path, layout, row, block.event_users, block.items, None, None, None, block)
+        row += len(block.items)
+
+
+def _batches(path: Path, columns: Columns, fmt: Optional[str] = None) -> Iterator[_Batch]:
+    """The file's events in record batches, columns checked to exist; ``fmt``: the format,
+    whatever the suffix (None: by the suffix)."""
+    layout = _layout(path, columns, fmt)
+    if layout.fmt == USER_LINES:
+        yield from _user_line_batches(path, layout)
+        return
     try:
         # pyarrow reads the first block to build the dataset
         dataset = _dataset(path, layout)
@@ -385,12 +406,16 @@ def _checked_numbers(batch: _Batch, role: str, name: str, dtype: type) -> np.nda
 
 
 def _canonical_ints(strings: pa.Array) -> bool:
-    """Whether every string is an integer written the one way ``str(int)`` writes it."""
+    """Whether every string is an integer written the one way ``str(int)`` writes it, and
+    fits in int64 (a larger one makes every id of its role a string)."""
     matched = pc.match_substring_regex(strings, r"^(0|-?[1-9][0-9]{0,18})$")
     if not pc.all(matched).as_py():
         return False
-    return bool(pc.all(pc.equal(pc.cast(pc.cast(strings, pa.int64()), pa.string()),
-                                strings)).as_py())
+    try:
+        integers = pc.cast(strings, pa.int64())
+    except pa.ArrowInvalid:  # 19 digits beyond int64
+        return False
+    return bool(pc.all(pc.equal(pc.cast(integers, pa.string()), strings)).as_py())
 
 
 # -- the two passes --------------------------------------------------------------------------
@@ -451,10 +476,13 @@ def _codes(array: pa.Array, vocabulary: pa.Array) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """How a log is read: its column mapping and the k-core filter (0: none)."""
+    """How a log is read: its column mapping, the k-core filter (0: none) and the format of
+    every file, whatever its suffix (None: each file's by its suffix; a named set whose
+    files' suffix is not their format, such as S3-Rec's one-user-a-line ``.txt``)."""
 
     columns: Columns = Columns()
     min_events: int = 0
+    file_format: Optional[str] = None
 
 
 def write_event_log(folder: Path, name: str, files: Sequence[Path], options: ReadOptions,
@@ -469,15 +497,18 @@ def write_event_log(folder: Path, name: str, files: Sequence[Path], options: Rea
     users, items = _IdCollector("user"), _IdCollector("item")
     text_ids = {"user": False, "item": False}
     has = {"time": None, "rating": False, "action": False}
+    one_line_per_user = OneLinePerUser()
     events = 0
     for path in files:  # pass 1: check every value, collect the ids
         file_events = 0
-        for batch in _batches(path, columns):
+        for batch in _batches(path, columns, options.file_format):
+            if batch.user_lines is not None:
+                one_line_per_user.add(batch.user_lines)
             wanted = batch.layout.wanted
             for collector in (users, items):
                 role = collector.role
                 collector.add(batch, _checked_ids(batch, role, wanted[role]))
-                text_ids[role] |= batch.layout.fmt in ("csv", "tsv", "text")
+                text_ids[role] |= batch.layout.fmt in ("csv", "tsv", "text", USER_LINES)
             timed = batch.time is not None
             if has["time"] is None:
                 has["time"] = timed
@@ -494,9 +525,10 @@ def write_event_log(folder: Path, name: str, files: Sequence[Path], options: Rea
             file_events += len(batch.user)
         if not file_events:
             raise DataFormatError(f"{path}: no events")
-        if format_of(path) == "json":
+        if (options.file_format or format_of(path)) == "json":
             _check_one_object_per_line(path, file_events, columns)
         events += file_events
+    one_line_per_user.check()
     user_ids, item_ids = users.vocabulary(text_ids["user"]), items.vocabulary(text_ids["item"])
 
     spools = {"user": Spool(folder / "user.tmp", np.int64),
@@ -507,7 +539,7 @@ def write_event_log(folder: Path, name: str, files: Sequence[Path], options: Rea
     if has["action"]:
         spools["action"] = Spool(folder / "action.tmp", np.int64)
     for path in files:  # pass 2: each event's rows, in file order
-        for batch in _batches(path, columns):
+        for batch in _batches(path, columns, options.file_format):
             wanted = batch.layout.wanted
             spools["user"].append(_codes(_plain(batch.user), user_ids))
             spools["item"].append(_codes(_plain(batch.item), item_ids))

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Dict, Optional, Union
 
-from tzrec_bench.data.amazon import AMAZON_GAMES
+from tzrec_bench.data.amazon import AMAZON_BEAUTY, AMAZON_GAMES, AMAZON_SPORTS
 from tzrec_bench.data.cache import cache_path, default_cache_dir, load_cached
 from tzrec_bench.data.dataset import SequenceDataset
 from tzrec_bench.data.event_log import Columns, ReadOptions, write_event_log
@@ -19,7 +19,8 @@ from tzrec_bench.data.synthetic import synthetic
 PathLike = Union[str, "os.PathLike[str]"]
 DATA_ENV = "TZREC_BENCH_DATA"
 SOURCES: Dict[str, Source] = {
-    source.name: source for source in (ML_100K, ML_1M, ML_20M, KUAIRAND, AMAZON_GAMES)
+    source.name: source for source in (ML_100K, ML_1M, ML_20M, KUAIRAND, AMAZON_GAMES,
+                                       AMAZON_BEAUTY, AMAZON_SPORTS)
 }
 DATASETS = ("synthetic", *SOURCES)
 #: the cache entries of event logs read by path are named after this
@@ -96,7 +97,8 @@ def check_data_options(
     if data_dir is None:
         if not os.environ.get(DATA_ENV):
             raise DataOptionError("data_dir", f"--data {data} needs the folder of its files "
-                                  f"(or {DATA_ENV} set to a folder holding {data}/)")
+                                  f"(or {DATA_ENV} set to a folder holding "
+                                  f"{SOURCES[data].folder}/)")
     elif not Path(data_dir).is_dir():
         raise FileNotFoundError(f"--data-dir: no such folder: {data_dir}")
 
@@ -121,9 +123,10 @@ def load_dataset(
 
     Args:
         name (str): ``synthetic``, ``ml-100k``, ``ml-1m``, ``ml-20m``, ``kuairand``,
-            ``amazon-games``, or a path.
+            ``amazon-games``, ``amazon-beauty``, ``amazon-sports``, or a path.
         data_dir (str | PathLike | None): a named set's folder. Default:
-            ``$TZREC_BENCH_DATA/<name>``.
+            ``$TZREC_BENCH_DATA/<folder>``: the set's name, ``amazon-s3`` for
+            ``amazon-beauty`` and ``amazon-sports`` (:attr:`Source.folder`).
         cache_dir (str | PathLike | None): where read data sets are cached. Default:
             ``$TZREC_BENCH_CACHE``, else ``~/.cache/tzrec-bench``.
         seed (int): the synthetic data set's seed. Default: 0.
@@ -154,7 +157,7 @@ def load_dataset(
     if source is None:
         return _load_event_log(name, columns, min_events, cache)
     if data_dir is None:  # check_data_options saw the variable set
-        data_dir = Path(os.environ[DATA_ENV]) / name
+        data_dir = Path(os.environ[DATA_ENV]) / source.folder
     files = source.files(Path(data_dir))
     options = ReadOptions(min_events=min_events)
     path = cache_path(cache, source.name, source.version, files, options.min_events)

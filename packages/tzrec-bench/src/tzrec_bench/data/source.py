@@ -24,6 +24,12 @@ class Source(abc.ABC):
     name: str
     version: int
 
+    @property
+    def folder(self) -> str:
+        """Its folder under ``$TZREC_BENCH_DATA`` (and ``--data-root``): its name, unless
+        several sets share one (S3-Rec's Amazon sets: ``amazon-s3``)."""
+        return self.name
+
     @abc.abstractmethod
     def files(self, data_dir: Path) -> List[Path]:
         """The files :meth:`write` needs, found in ``data_dir``.

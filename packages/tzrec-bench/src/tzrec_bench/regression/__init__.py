@@ -7,5 +7,7 @@ baseline thresholds.
   regressed / failed verdict of one metric;
 - :mod:`~tzrec_bench.regression.harness`: the repeated runs, their mean and spread, the
   summary table and JSON;
+- :mod:`~tzrec_bench.regression.published`: papers' results on a data set (shipped TOML
+  files), shown beside the runs under the published protocol, never judged;
 - :mod:`~tzrec_bench.regression.command`: the subcommand's options.
 """

@@ -48,7 +48,9 @@ def add_parser(subparsers: argparse._SubParsersAction,
             "thresholds (failed: a run raised, or the metric is missing or NaN). Exits 1 on "
             "a regression or a failure, and whenever a run raised (a floor's too, judged or "
             "not: the last line counts them as failed runs). A config whose data is absent "
-            "is skipped, with the reason."
+            "is skipped, with the reason. Where papers' results on a config's data set ship "
+            "with the package (amazon-beauty, amazon-sports), they are shown beside it, "
+            "marked as published, when its runs follow their protocol; never judged."
         ),
         epilog=f"shipped configs: {', '.join(shipped_configs())}",
         formatter_class=formatter,

@@ -12,7 +12,8 @@ A config file holds a ``description`` and a ``[train]`` table whose keys are
 
 The config's name is the file's stem. The package ships a few (:func:`shipped_configs`):
 synthetic ones, tiny and pinned to the CPU so that their shipped baselines hold anywhere, and
-MovieLens-100K ones, which read ``u.data`` from ``--data-root``/``$TZREC_BENCH_DATA``.
+ones on named sets (MovieLens-100K, the Amazon sets), which read their files from their folder
+under ``--data-root``/``$TZREC_BENCH_DATA``.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def data_dir(config: RunConfig, data_root: Optional[str]) -> Optional[Path]:
     if config.settings.get("data_dir"):
         return Path(config.settings["data_dir"])
     root = data_root or os.environ.get(DATA_ENV)
-    return Path(root) / data if root else None
+    return Path(root) / SOURCES[data].folder if root else None
 
 
 def missing_data(config: RunConfig, data_root: Optional[str]) -> Optional[str]:

@@ -13,6 +13,11 @@ item transitions and item-kNN for retrieval, item and user popularity for rankin
 the same data, split and seeds, through the same trainer and metrics, and the table gives
 the config's gain over the best of them (on its task's
 :attr:`~tzrec_bench.train.tasks.TaskFacts.table_metrics`).
+
+Where results were published on the config's data set, their rows are shown beside the
+config's, marked as published, when the config follows their protocol
+(:mod:`tzrec_bench.regression.published`), with its gain over the best of them; they are never
+judged.
 """
 
 from __future__ import annotations
@@ -32,6 +37,12 @@ from tzrec_bench.regression.baseline import (
     metric_status,
 )
 from tzrec_bench.regression.configs import RunConfig, data_dir, missing_data
+from tzrec_bench.regression.published import (
+    Published,
+    published_for,
+    published_gains,
+    published_lines,
+)
 from tzrec_bench.train.config import TrainConfig
 from tzrec_bench.train.tasks import facts_of_task
 from tzrec_gr.models.registry import TASKS, get_model, model_names
@@ -73,6 +84,7 @@ class ConfigResult:
     errors: List[str] = field(default_factory=list)  # one line per run that raised
     metrics: Dict[str, MetricResult] = field(default_factory=dict)
     floors: List["ConfigResult"] = field(default_factory=list)  # the simple baselines
+    published: Optional[Published] = None  # papers' rows on its data set, never judged
 
 
 def _summarize(values: List[Optional[float]], runs: int,
@@ -144,6 +156,8 @@ def run_configs(configs: Sequence[RunConfig], repeats: int, baseline: Baseline,
     for config in configs:
         result = run_config(config, repeats, baseline.get(config.name, {}), trainer, work_dir,
                             data_root)
+        if result.skipped is None:
+            result.published = published_for(config.settings)
         if floors and result.skipped is None:
             for floor in floor_configs(config):
                 key = repr(sorted(floor.settings.items()))
@@ -218,9 +232,14 @@ def summary_table(results: Sequence[ConfigResult]) -> str:
                 f"{t.value:.4f} ± {t.tolerance:.4f} {t.direction}")
             lines.append(f"{r.name:<28} {name:<12} {spread:>20} {base:>25} {m.status or '-'}")
         lines.extend(_floor_lines(r))
+        lines.extend(published_lines(r.published, _means(r)))
     tally = counts(results)
     lines.append(", ".join(f"{n} {status}" for status, n in tally.items()))
     return "\n".join(lines)
+
+
+def _means(result: ConfigResult) -> Dict[str, Optional[float]]:
+    return {name: m.mean for name, m in result.metrics.items()}
 
 
 def _floor_lines(result: ConfigResult) -> List[str]:
@@ -248,7 +267,11 @@ def summary_json(results: Sequence[ConfigResult], repeats: int) -> Dict[str, obj
         "configs": [
             {**asdict(r), "floor_gains": {
                 name: {"floor": best, "floor_mean": value, "relative_gain": gain}
-                for name, (best, value, gain) in floor_gains(r).items()}}
+                for name, (best, value, gain) in floor_gains(r).items()},
+             "published_gains": {
+                name: {"row": best, "value": value, "relative_gain": gain}
+                for name, (best, value, gain) in published_gains(r.published,
+                                                                 _means(r)).items()}}
             for r in results
         ],
     }

@@ -18,7 +18,7 @@ import math
 import pathlib
 from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from tzrec_gr.file_formats import FORMATS
+from tzrec_gr.file_formats import FORMATS, LOG_ONLY
 from tzrec_gr.models.registry import TASKS
 from tzrec_gr.serving.inputs import _id_array
 from tzrec_gr.vocabulary import Vocabulary
@@ -26,7 +26,7 @@ from tzrec_ops.extras import require
 
 #: input file suffix (before an optional ``.gz``, except Parquet's) -> format: those of
 #: event logs but their ``user item`` text
-INPUT_FORMATS = {suffix: fmt for suffix, fmt in FORMATS.items() if fmt != "text"}
+INPUT_FORMATS = {suffix: fmt for suffix, fmt in FORMATS.items() if fmt not in LOG_ONLY}
 #: the delimiter of each delimited format
 DELIMITERS = {"csv": ",", "tsv": "\t"}
 #: ``--unknown-items``: leave an item the model does not know out of the history, or skip
