@@ -153,7 +153,13 @@ def test_on_cuda_captured_dropout_draws_the_eager_padded_masks(tmp_path):
             losses = []
             for step in range(6):
                 trainer.step = step
-                losses.append(float(trainer.train_step(trainer.global_rows(step))))
+                # once captured, a step reads nothing back from the device
+                torch.cuda.set_sync_debug_mode("error" if capture and step >= 2 else 0)
+                try:
+                    loss = trainer.train_step(trainer.global_rows(step))
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+                losses.append(float(loss))
             assert bool(trainer.captured.graphs) == capture
             runs.append(torch.tensor(losses))
         finally:
