@@ -36,6 +36,7 @@ from tzrec_bench.data.load import DATA_ENV, DataOptionError, check_data_options
 from tzrec_bench.train.checkpoint import CheckpointError, DataMismatchError
 from tzrec_bench.train.config import (
     AMP_MODES,
+    CUDA_GRAPHS,
     DEFAULT_EPOCHS,
     DEVICES,
     SHARDING_TYPES,
@@ -205,6 +206,12 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "dropout on, the compiled step draws its masks from Inductor's generator "
                    "(seeded by --seed; not the eager run's masks). Not with the fitted "
                    "baselines or --sharding torchrec")
+    g.add_argument("--cuda-graphs", choices=CUDA_GRAPHS, default=d.cuda_graphs,
+                   help="capture the whole training step (forward, loss, backward, clipping, "
+                   "AdamW) in CUDA graphs, one per bucket of batch sizes (the batch padded "
+                   "with users left out of the loss), and replay them: the GPU no longer "
+                   "waits for Python. auto: on a CUDA device, one process, a model that "
+                   "supports it; on: the same, an error where it cannot apply; off: never")
     g.add_argument("--epochs", type=POSITIVE, metavar="N",
                    help=f"passes over the training users (default: {DEFAULT_EPOCHS} when "
                    "--max-steps is not given)")

@@ -11,7 +11,7 @@ N = negatives, L_t = total candidates, K = tasks.
 
 from __future__ import annotations
 
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch.nn import functional as F
@@ -49,6 +49,7 @@ def sampled_softmax_loss(
     item_embedding_fn: Callable[[torch.Tensor], torch.Tensor],
     negatives: torch.Tensor,
     temperature: float,
+    loss_mask: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Mean next-item sampled-softmax loss over the tokens that have a next item.
 
@@ -67,6 +68,9 @@ def sampled_softmax_loss(
         item_embedding_fn (Callable): ids [...] -> [..., E] item embeddings.
         negatives (torch.Tensor): [N] negative item ids shared by every token.
         temperature (float): T.
+        loss_mask (torch.Tensor | None): [L] bool, the tokens whose terms count (a padded
+            batch's real tokens: padding users are then left out of the sum and the count,
+            so the loss is that of the batch without them); None: every token.
 
     Returns:
         torch.Tensor: scalar; 0 when no token has a next item.
@@ -79,6 +83,8 @@ def sampled_softmax_loss(
     )
     logits = torch.cat([pos_logit.unsqueeze(1), neg_logit], dim=1).float()
     per_token = torch.logsumexp(logits, dim=1) - logits[:, 0]
+    if loss_mask is not None:
+        has_next = has_next & loss_mask
     weight = has_next.to(per_token.dtype)
     return (per_token * weight).sum() / weight.sum().clamp(min=1.0)
 

@@ -225,12 +225,15 @@ class SASRec(nn.Module):
         timestamps: torch.Tensor,
         max_seq_len: int,
         negatives: Optional[torch.Tensor] = None,
+        loss_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Mean sampled-softmax loss over positions that have a next item.
 
         Args:
             negatives (torch.Tensor | None): [N] negative ids; None draws ``num_negatives``
                 uniformly from the catalogue.
+            loss_mask (torch.Tensor | None): [L] bool, the tokens whose terms count (a
+                padded batch's real ones); None: every token.
 
         Returns:
             torch.Tensor: scalar.
@@ -241,7 +244,8 @@ class SASRec(nn.Module):
                 0, self.num_items, (self.num_negatives,), device=item_ids.device
             )
         return sampled_softmax_loss(
-            user, item_ids, lengths, self.item_embedding, negatives, self.temperature
+            user, item_ids, lengths, self.item_embedding, negatives, self.temperature,
+            loss_mask,
         )
 
 
@@ -263,6 +267,7 @@ register_model(
         name="sasrec",
         model_class=SASRec,
         task="retrieval",
+        graph_step=True,
         trainer_kwargs=_trainer_kwargs,
         description="SASRec's causal softmax attention, trained with HSTU's sampled softmax",
     )

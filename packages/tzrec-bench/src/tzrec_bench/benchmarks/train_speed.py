@@ -33,7 +33,14 @@ from tzrec_bench.train.distributed import close, init_distributed
 from tzrec_bench.train.loop import Trainer
 from tzrec_bench.train.strategies import Replicated
 
-MODES = ("eager", "compile")
+#: each mode's (compile, cuda_graphs) settings: graph captures the step in CUDA graphs
+#: (train/graphed_step.py), compile+graph captures the compiled step
+MODES = {
+    "eager": (False, "off"),
+    "compile": (True, "off"),
+    "graph": (False, "on"),
+    "compile+graph": (True, "on"),
+}
 
 
 @dataclasses.dataclass
@@ -106,9 +113,10 @@ def measure(
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="train-speed-")))
         for name, config in configs.items():
             for mode in modes:
+                compiled, graphs = MODES[mode]
                 run = dataclasses.replace(
-                    config, compile=mode == "compile", out_dir=str(work / f"{name}-{mode}"),
-                    progress=False, plot=False,
+                    config, compile=compiled, cuda_graphs=graphs,
+                    out_dir=str(work / f"{name}-{mode}"), progress=False, plot=False,
                 )
                 ctx = init_distributed(run.device)
                 stack.callback(close, ctx)
@@ -127,11 +135,11 @@ def measure(
 
 
 def table(pairs: Sequence[Pair]) -> str:
-    """The figures, one line per pair, with each config's compiled/eager ratio and each
+    """The figures, one line per pair, with each config's ratio of every mode to eager and each
     pair's ratio to the first config in the same mode."""
     rate = {(p.name, p.mode): p.median("tokens") / p.median("seconds") for p in pairs}
     first = pairs[0].name
-    lines = [f"{'config':34s} {'mode':8s} {'tokens/s':>10s} {'samples/s':>10s} "
+    lines = [f"{'config':34s} {'mode':13s} {'tokens/s':>10s} {'samples/s':>10s} "
              f"{'ms/step':>8s} {'first step s':>12s} {'warm-up s':>9s} "
              f"{'vs ' + first[:20]:>24s}"]
     for p in pairs:
@@ -139,14 +147,15 @@ def table(pairs: Sequence[Pair]) -> str:
         step_ms = 1e3 * seconds / p.rounds[0]["steps"]
         versus = rate[(p.name, p.mode)] / rate.get((first, p.mode), float("nan"))
         lines.append(
-            f"{p.name:34s} {p.mode:8s} {rate[(p.name, p.mode)]:10.0f} "
+            f"{p.name:34s} {p.mode:13s} {rate[(p.name, p.mode)]:10.0f} "
             f"{p.median('samples') / seconds:10.0f} {step_ms:8.2f} {p.first_step_s:12.1f} "
             f"{p.warmup_s:9.1f} {versus:24.2f}x"
         )
     for name in dict.fromkeys(p.name for p in pairs):
-        if (name, "eager") in rate and (name, "compile") in rate:
-            speedup = rate[(name, "compile")] / rate[(name, "eager")]
-            lines.append(f"{name}: compiled / eager {speedup:.2f}x")
+        for mode in MODES:
+            if mode != "eager" and (name, "eager") in rate and (name, mode) in rate:
+                speedup = rate[(name, mode)] / rate[(name, "eager")]
+                lines.append(f"{name}: {mode} / eager {speedup:.2f}x")
     return "\n".join(lines)
 
 
@@ -154,7 +163,7 @@ def add_parser(subparsers: argparse._SubParsersAction,
                formatter: type = argparse.HelpFormatter) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "train-speed",
-        help="training tokens/s of run configs side by side (eager and compiled)",
+        help="training tokens/s of run configs side by side (eager, compiled, captured)",
         description=__doc__.split("\n\n", 2)[2],
         formatter_class=formatter,
     )

@@ -30,10 +30,13 @@ RESUMABLE_CHANGES = frozenset(
         "data", "columns", "data_dir", "cache_dir", "device", "backend", "out_dir", "resume",
         "overwrite", "paths_as_typed",
         "max_steps", "epochs", "eval_batch_size", "exclude_seen", "patience", "min_delta",
-        "checkpoint_every", "log_every", "plot", "progress", "compile", "eval_negatives",
+        "checkpoint_every", "log_every", "plot", "progress", "compile", "cuda_graphs",
+        "eval_negatives",
         "test_users",
     }
 )
+#: --cuda-graphs: auto captures the training step where it can (graphed_step.py)
+CUDA_GRAPHS = ("auto", "on", "off")
 #: the settings that name files or folders, stored absolute (see TrainConfig.with_absolute_paths)
 PATH_FIELDS = ("data", "data_dir", "cache_dir", "out_dir")
 
@@ -92,6 +95,7 @@ class TrainConfig:
     clip_grad_norm: float = 1.0
     amp: str = "auto"
     compile: bool = False
+    cuda_graphs: str = "auto"
     epochs: Optional[int] = None
     max_steps: Optional[int] = None
     # the item table across processes (train/sharding.py)
@@ -223,6 +227,9 @@ class TrainConfig:
             raise ConfigError("compile", "not supported with --sharding torchrec (its sharded "
                               "tables run outside torch.compile); expected --sharding "
                               "replicate, or no --compile")
+        if self.cuda_graphs not in CUDA_GRAPHS:
+            raise ConfigError("cuda_graphs", f"expected one of {', '.join(CUDA_GRAPHS)}; got "
+                              f"{self.cuda_graphs!r}")
         if self.overwrite and self.resume:
             raise ConfigError("overwrite", "--resume continues the run in --out-dir and "
                               "--overwrite replaces it: give one of them")

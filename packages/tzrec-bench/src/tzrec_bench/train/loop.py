@@ -16,7 +16,9 @@ metrics refuse non-finite scores. Ctrl-C ends the run at a step boundary (under 
 the same one on every rank) with a checkpoint that ``--resume`` continues exactly.
 Where the weights live (``--sharding``) is a strategy of :mod:`~tzrec_bench.train.strategies`,
 chosen once. With ``--compile`` the training step runs under ``torch.compile``; evaluation
-stays eager, and checkpoints hold the same keys as an eager run's.
+stays eager, and checkpoints hold the same keys as an eager run's. On a CUDA device the
+step is captured in CUDA graphs where it can be (``--cuda-graphs``,
+:mod:`~tzrec_bench.train.graphed_step`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 import torch
 
 from tzrec_bench.data.log_files import describe_files
-from tzrec_bench.train import checkpoint, validation
+from tzrec_bench.train import checkpoint, graphed_step, validation
 from tzrec_bench.train.config import ConfigError, TrainConfig
 from tzrec_bench.train.distributed import (
     AnyRankFlag,
@@ -41,6 +43,7 @@ from tzrec_bench.train.distributed import (
 )
 from tzrec_bench.train.factory import build_model, is_fitted, make_task
 from tzrec_bench.train.fitted import FittedRun
+from tzrec_bench.train.graphed_step import CapturedStep
 from tzrec_bench.train.interrupts import Interrupted, deferred_interrupts
 from tzrec_bench.train.metrics import NonFiniteError
 from tzrec_bench.train.report import metrics_table, open_ended_progress, progress_bar
@@ -73,6 +76,8 @@ class Trainer(Run):
         self.total_steps = config.total_steps(self.steps_per_epoch)
         self.eval_every = config.eval_every or self.steps_per_epoch
         self._epoch, self._order = -1, np.empty(0, dtype=np.int64)
+        #: the step in CUDA graphs (--cuda-graphs), or None: eager
+        self.captured = CapturedStep(self) if graphed_step.wanted(config, ctx) else None
         if config.resume:
             self._resume()
 
@@ -87,6 +92,7 @@ class Trainer(Run):
             f"({self.steps_per_epoch} per epoch of {c.batch_size} "
             f"users), validation every {self.eval_every}, early stopping on {c.key_metric}"
             + "".join("\n" + line for line in self.strategy.header_lines())
+            + (f"\n{self.captured.describe()}" if self.captured is not None else "")
         )
 
     # -- one step ----------------------------------------------------------------------
@@ -111,15 +117,18 @@ class Trainer(Run):
         scale = (
             self.task.loss_terms(local) * averaged / max(self.task.loss_terms(rows), 1)
         )
-        batch = self.task.batch(local, self.step)
         self.model.train()
-        with autocast(self.ctx.device, self.amp):
-            loss = self.strategy.module(batch) * scale
-        self.strategy.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.config.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.strategy.clipped, self.config.clip_grad_norm)
-        self.strategy.optimizer.step()
+        if self.captured is not None:
+            loss = self.captured(local, self.step, scale)
+        else:
+            batch = self.task.batch(local, self.step)
+            with autocast(self.ctx.device, self.amp):
+                loss = self.strategy.module(batch) * scale
+            self.strategy.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.config.clip_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.strategy.clipped, self.config.clip_grad_norm)
+            self.strategy.optimizer.step()
         self.scheduler.step()
         # reported as a term of the mean over ranks, which is then the global-batch mean
         loss = loss.detach() * (self.ctx.world_size / averaged)

@@ -64,6 +64,43 @@ def seen_pairs(
     return torch.from_numpy(user), torch.from_numpy(item)
 
 
+def pad_batch(
+    item_ids: torch.Tensor, lengths: torch.Tensor, timestamps: torch.Tensor,
+    tokens: int, users: int, max_seq_len: int,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A CPU jagged batch padded to ``tokens`` tokens by ``users`` padding users after its
+    own, each at most ``max_seq_len`` long (the first ones full, the rest shorter or
+    empty), so that batches of one bucket share every shape. Padding tokens are item 0 at
+    time 0; they attend only to their own padding user.
+
+    Returns:
+        (item_ids [tokens], lengths [B + users], timestamps [tokens], loss_mask [tokens]
+        bool: True on the batch's own tokens).
+
+    Raises:
+        ValueError: the padding does not fit (fewer tokens than the batch's, or more than
+            ``users`` users of ``max_seq_len`` can hold).
+    """
+    own = item_ids.shape[0]
+    extra = tokens - own
+    if extra < 0 or extra > users * max_seq_len:
+        raise ValueError(f"tokens={tokens}: a batch of {own} tokens pads to between {own} "
+                         f"and {own + users * max_seq_len} with {users} padding users")
+    full, rest = divmod(extra, max_seq_len)
+    pad_lengths = torch.zeros(users, dtype=lengths.dtype)
+    pad_lengths[:full] = max_seq_len
+    if rest:
+        pad_lengths[full] = rest
+    mask = torch.zeros(tokens, dtype=torch.bool)
+    mask[:own] = True
+    return (
+        torch.cat([item_ids, item_ids.new_zeros(extra)]),
+        torch.cat([lengths, pad_lengths]),
+        torch.cat([timestamps, timestamps.new_zeros(extra)]),
+        mask,
+    )
+
+
 #: catalogue rows looked up at once by the evaluation of a sharded table
 CATALOGUE_CHUNK = 65536
 
@@ -91,26 +128,39 @@ class RetrievalTask:
     def tokens(self, rows: np.ndarray, step: int) -> int:
         return int(self._kept[rows].sum())
 
-    def batch(self, rows: np.ndarray, step: int) -> Batch:
+    def batch(self, rows: np.ndarray, step: int,
+              padded: Optional[Tuple[int, int]] = None) -> Batch:
+        """The device inputs of ``rows`` at ``step``; with ``padded = (tokens, users)``,
+        padded to exactly that many tokens and padding users (:func:`pad_batch`)."""
         cpu = make_batch(self.split.train, rows, self.config.max_seq_len)
+        item_ids, lengths, timestamps = cpu.item_ids, cpu.lengths, cpu.timestamps
+        mask = None
+        if padded is not None:
+            item_ids, lengths, timestamps, mask = pad_batch(
+                item_ids, lengths, timestamps, *padded, self.config.max_seq_len
+            )
         device = self.ctx.device
         negatives = step_negatives(
             self.config.seed, step, self.num_items, self.config.num_negatives
         )
-        return {
-            "item_ids": cpu.item_ids.to(device, non_blocking=True),
-            "lengths": to_device(cpu.lengths, device),
-            "timestamps": cpu.timestamps.to(device, non_blocking=True),
+        batch = {
+            "item_ids": item_ids.to(device, non_blocking=True),
+            "lengths": to_device(lengths, device),
+            "timestamps": timestamps.to(device, non_blocking=True),
             "negatives": negatives.to(device, non_blocking=True),
         }
+        if mask is not None:
+            batch["loss_mask"] = mask.to(device, non_blocking=True)
+        return batch
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         # Every batch is given the same max_seq_len, not its own longest history: HSTU's
         # attention scales by it, and a fixed value makes a user's output the same in any
         # batch, on any rank and in evaluation.
+        mask = batch.get("loss_mask")
         return model.loss(
             batch["item_ids"], batch["lengths"], batch["timestamps"], self.config.max_seq_len,
-            negatives=batch["negatives"],
+            negatives=batch["negatives"], **({} if mask is None else {"loss_mask": mask}),
         )
 
     @torch.no_grad()

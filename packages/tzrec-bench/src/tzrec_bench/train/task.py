@@ -39,7 +39,9 @@ class Task(Protocol):
         """Tokens the model reads for ``rows`` at step ``step`` (for throughput)."""
 
     def batch(self, rows: np.ndarray, step: int) -> Batch:
-        """The device inputs of the loss for ``rows`` at optimizer step ``step``."""
+        """The device inputs of the loss for ``rows`` at optimizer step ``step``. The task
+        of a model whose record has ``graph_step`` also takes ``padded=(tokens, users)``
+        (see :mod:`~tzrec_bench.train.graphed_step`)."""
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """The mean loss over the batch's terms."""

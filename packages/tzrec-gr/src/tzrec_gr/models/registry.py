@@ -73,6 +73,9 @@ class ModelRecord:
         fitted: fitted from counts (``model.fit(train)``) rather than trained by gradients.
         shardable: its trainer may shard its embedding tables with torchrec (``tzrec-bench
             train --sharding torchrec``): its constructor takes ``embedding_tables``.
+        graph_step: its ``loss`` takes ``loss_mask`` (the real tokens of a batch padded to
+            a fixed size) and reads nothing back from the device, so a trainer may capture
+            its whole training step in a CUDA graph (``tzrec-bench train --cuda-graphs``).
         trainer_kwargs: the constructor kwargs from a trainer's settings (see
             :data:`TrainerKwargs`); None for a model no trainer builds.
         description: one line on what the model is.
@@ -88,6 +91,7 @@ class ModelRecord:
     task: str
     fitted: bool = False
     shardable: bool = False
+    graph_step: bool = False
     trainer_kwargs: Optional[TrainerKwargs] = None
     description: str = ""
     server: Optional[Callable[[nn.Module], Any]] = None

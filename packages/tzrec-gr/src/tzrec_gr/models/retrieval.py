@@ -237,12 +237,15 @@ class HSTURetrieval(nn.Module):
         timestamps: torch.Tensor,
         max_seq_len: Optional[int] = None,
         negatives: Optional[torch.Tensor] = None,
+        loss_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Mean sampled-softmax loss over positions that have a next item
         (:func:`tzrec_gr.losses.sampled_softmax_loss`).
 
         Args:
             negatives (torch.Tensor | None): [N] negative ids; None draws N uniformly.
+            loss_mask (torch.Tensor | None): [L] bool, the tokens whose terms count (a
+                padded batch's real ones); None: every token.
 
         Returns:
             torch.Tensor: scalar.
@@ -256,7 +259,8 @@ class HSTURetrieval(nn.Module):
             check_int_tensor("negatives", negatives)
             check_item_ids("negatives", negatives, self.num_items, self.validate_inputs)
         return sampled_softmax_loss(
-            user, item_ids, lengths, self.item_embedding, negatives, self.temperature
+            user, item_ids, lengths, self.item_embedding, negatives, self.temperature,
+            loss_mask,
         )
 
 
@@ -280,6 +284,7 @@ register_model(
         model_class=HSTURetrieval,
         task="retrieval",
         shardable=True,
+        graph_step=True,
         trainer_kwargs=_trainer_kwargs,
         description="causal HSTU over item histories, trained with a sampled softmax",
     )
