@@ -184,6 +184,9 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     g.add_argument("--num-candidates", type=POSITIVE, default=d.num_candidates, metavar="N",
                    help="ranking: candidates per user in training (the last events of the "
                    "history)")
+    g.add_argument("--no-input-projection", dest="input_projection", action="store_false",
+                   help="hstu-retrieval: feed the item embeddings to the first layer as they "
+                   "are scored (tied, as SASRec), without the input Linear map")
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--batch-size", type=POSITIVE, default=d.batch_size, metavar="B",

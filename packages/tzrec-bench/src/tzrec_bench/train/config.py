@@ -7,6 +7,7 @@ Each field is a ``tzrec-bench train`` option of the same name (``batch_size`` is
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
@@ -87,6 +88,7 @@ class TrainConfig:
     num_negatives: int = 128
     temperature: float = 0.05
     num_candidates: int = 8
+    input_projection: bool = True
     # optimisation
     batch_size: int = 128
     lr: float = 1e-3
@@ -239,6 +241,12 @@ class TrainConfig:
         if self.eval_negatives and self.sharding == "torchrec":
             raise ConfigError("eval_negatives", "not with --sharding torchrec (its evaluation "
                               "reads the catalogue in chunks); expected --sharding replicate")
+        if not self.input_projection and "input_projection" not in inspect.signature(
+            get_model(self.model).model_class
+        ).parameters:
+            raise ConfigError("input_projection", f"{self.model} has no input projection to "
+                              "leave out; drop --no-input-projection (input_projection = "
+                              "false in a config)")
         if self.metric is not None and self.metric not in self.facts.metrics:
             raise ConfigError("metric", f"{self.metric!r} is not a metric of {self.model}; "
                               f"expected one of {', '.join(self.facts.metrics)}")

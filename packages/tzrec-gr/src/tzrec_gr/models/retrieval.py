@@ -65,6 +65,12 @@ class HSTURetrieval(nn.Module):
             ``forward`` gives. Default: 512.
         validate_inputs (bool): also check item ids that are on a GPU (one device read per
             call; ids on the CPU are always checked). Keyword only. Default: False.
+        input_projection (bool): map the item embeddings through the preprocessor's
+            ``Linear(E -> E)`` before the positional encoder. False feeds the item table's
+            rows to it unchanged, so a history token enters the stack as the very vector
+            its item is scored with (input and output embeddings tied, as in SASRec) and
+            the residual path carries the last item to the user embedding, which helps
+            most on short histories. Keyword only. Default: True.
         embedding_tables (str | TableFactory): the item table's implementation
             (:func:`tzrec_gr.embeddings.embedding_table`): ``"plain"``, an ``nn.Embedding``;
             ``"torchrec"``, a torchrec ``EmbeddingCollection`` that
@@ -110,6 +116,7 @@ class HSTURetrieval(nn.Module):
         *,
         max_seq_len: int = 512,
         validate_inputs: bool = False,
+        input_projection: bool = True,
         embedding_tables: Union[str, TableFactory] = "plain",
     ) -> None:
         super().__init__()
@@ -131,6 +138,7 @@ class HSTURetrieval(nn.Module):
         # the most tokens a user's cache holds (one per event)
         self.max_cached_len = max_seq_len
         self.validate_inputs = validate_inputs
+        self.input_projection = input_projection
         self.item_embeddings = embedding_table(
             embedding_tables, num_items, embedding_dim, name="item", device=device
         )
@@ -148,8 +156,12 @@ class HSTURetrieval(nn.Module):
             )
             for _ in range(num_layers)
         ]
+        preprocessor = UIHPreprocessor(embedding_dim, embedding_dim, backend=backend, device=device)
+        if not input_projection:
+            # the preprocessor's only use of the rows is this map (no actions, no prefix)
+            preprocessor.projection = nn.Identity()
         self.transducer = HSTUTransducer(
-            UIHPreprocessor(embedding_dim, embedding_dim, backend=backend, device=device),
+            preprocessor,
             STUStack(layers),
             positional_encoder=HSTUPositionalEncoder(
                 embedding_dim, num_position_buckets, backend=backend, device=device
@@ -275,6 +287,8 @@ def _trainer_kwargs(settings: Any, num_items: int, task_bits: Sequence[int]) -> 
         temperature=settings.temperature,
         dropout_ratio=settings.dropout,
         backend=settings.backend,
+        # settings made before the option (a namespace without it) keep the projection
+        input_projection=getattr(settings, "input_projection", True),
     )
 
 

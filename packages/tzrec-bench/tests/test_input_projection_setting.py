@@ -1,0 +1,45 @@
+"""``--no-input-projection`` (``input_projection`` of a config): hstu-retrieval built,
+saved and evaluated without the input map; a model without one refuses it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tzrec_bench.cli import main
+from tzrec_bench.train.config import TrainConfig
+from tzrec_bench.train.factory import model_config
+
+TINY = [
+    "--synthetic-users", "40", "--synthetic-items", "100", "--max-seq-len", "12",
+    "--embedding-dim", "16", "--num-layers", "1", "--num-negatives", "16", "--batch-size", "16",
+    "--no-progress", "--no-plot",
+]
+
+
+def test_the_setting_reaches_the_model_and_defaults_to_the_projection():
+    kwargs = model_config(TrainConfig(), 20)["kwargs"]
+    assert kwargs["input_projection"] is True
+    kwargs = model_config(TrainConfig(input_projection=False), 20)["kwargs"]
+    assert kwargs["input_projection"] is False
+
+
+def test_train_and_evaluate_without_the_projection(tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = ["train", *TINY, "--no-input-projection", "--max-steps", "2", "--out-dir", str(run)]
+    assert main(argv) == 0
+    saved = json.loads((run / "metrics.json").read_text())["test"]
+    capsys.readouterr()
+    # evaluate rebuilds the model from the checkpoint's arguments (a strict state load)
+    assert main(["evaluate", str(run), "--split", "test"]) == 0
+    assert f"{saved['hr@10']:.4f}" in capsys.readouterr().out
+
+
+def test_a_model_without_the_projection_refuses_the_setting(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", *TINY, "--model", "sasrec", "--no-input-projection",
+              "--out-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert "sasrec has no input projection" in err and "--no-input-projection" in err
