@@ -48,12 +48,13 @@ class UserHistories:
         self._popular = self._popularity()
 
     def parse_user(self, value: Any) -> Any:
-        """The raw user id of a request's ``user`` (text is read as the log's kind of id)."""
-        return self.users.parse(value) if isinstance(value, str) else value
+        """The raw user id of a request's ``user``, read as the log's kind of id (``"17"``
+        and ``17`` are one id, as in predict's JSON input)."""
+        return self.users.parse(str(value))
 
     def parse_item(self, value: Any) -> Any:
-        """The raw item id of a request's item (text is read as the model's kind of id)."""
-        return self.items.parse(value) if isinstance(value, str) else value
+        """The raw item id of a request's item, read as the model's kind of id."""
+        return self.items.parse(str(value))
 
     def log_row(self, user: Any) -> int:
         """The user's row in the log, or -1."""
