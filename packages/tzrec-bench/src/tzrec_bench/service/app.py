@@ -28,12 +28,11 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, List, Optional, Union
+from typing import Annotated, Any, AsyncIterator, List, Optional, Union
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
-from typing_extensions import Annotated
 
 from tzrec_bench.service.batcher import Overloaded
 from tzrec_bench.service.core import Service
@@ -116,9 +115,9 @@ def create_app(service: Service) -> FastAPI:
         try:
             return await asyncio.wrap_future(future)
         except BadRequest as exc:
-            return _error(422, exc.field, str(exc).split(": ", 1)[1])
+            return _error(422, exc.field, exc.message)
         except NotFound as exc:
-            return _error(404, exc.field, str(exc).split(": ", 1)[1])
+            return _error(404, exc.field, exc.message)
 
     @app.get("/recommend")
     async def recommend(

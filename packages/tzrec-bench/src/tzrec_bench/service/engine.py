@@ -37,6 +37,7 @@ class BadRequest(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.message = message
 
 
 class NotFound(LookupError):
@@ -45,6 +46,7 @@ class NotFound(LookupError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.message = message
 
 
 @dataclass(frozen=True)
