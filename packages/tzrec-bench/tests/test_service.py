@@ -238,9 +238,13 @@ def test_score_is_the_sessions_answer_and_follows_new_events(ranking_service_run
         ({"user": user, "candidates": [candidates[0], "nope"]}, 422, "candidates[1]"),
         ({"user": "nobody", "candidates": candidates}, 404, "user"),
         ({"user": user, "candidates": []}, 422, "candidates"),
+        ({"user": str(2**70), "candidates": candidates}, 422, "user"),  # integer ids: 64 bits
+        ({"user": user, "candidates": [candidates[0], str(-2**70)]}, 422, "candidates[1]"),
     ):
         answer = client.post("/score", json=body)
         assert answer.status_code == status and field in answer.text, answer.text
+    assert client.post("/events", json={**new, "items": [str(2**64), 1]}).json()["field"] == (
+        "items[0]")
     assert client.get("/recommend", params={"user": user}).status_code == 404
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, AsyncIterator, List, Optional, Union
+from typing import Annotated, Any, AsyncIterator, List, Optional, Tuple, Union
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -79,6 +79,18 @@ def _error(status: int, field: str, message: str, **headers: str) -> JSONRespons
                         headers=headers or None)
 
 
+def _parse(field: str, value: Any, parse: Any) -> Any:
+    """``parse(value)``; its ValueError as a BadRequest naming ``field``."""
+    try:
+        return parse(value)
+    except ValueError as exc:
+        raise BadRequest(field, str(exc)) from None
+
+
+def _parse_all(field: str, values: List[Any], parse: Any) -> Tuple[Any, ...]:
+    return tuple(_parse(f"{field}[{p}]", v, parse) for p, v in enumerate(values))
+
+
 def create_app(service: Service) -> FastAPI:
     """The app over ``service``; its batcher starts and stops with the app's lifespan."""
     metrics = ServiceMetrics(service)
@@ -107,11 +119,15 @@ def create_app(service: Service) -> FastAPI:
                         time.perf_counter() - started)
         return response
 
-    async def answer(request: Any) -> Any:
+    async def answer(make: Any) -> Any:
+        """The batcher's answer to the request ``make()`` builds (parsing ids: a BadRequest
+        is a 422 before anything is queued)."""
         try:
-            future = service.batcher.submit(request)
+            future = service.batcher.submit(make())
         except Overloaded as exc:
             return _error(503, "queue", str(exc), **{"Retry-After": str(RETRY_AFTER_S)})
+        except BadRequest as exc:
+            return _error(422, exc.field, exc.message)
         try:
             return await asyncio.wrap_future(future)
         except BadRequest as exc:
@@ -132,7 +148,8 @@ def create_app(service: Service) -> FastAPI:
         if k > service.limits.num_items:
             return _error(422, "k", f"at most the {service.limits.num_items} items of the "
                           f"catalogue, got {k}")
-        return await answer(Recommend(histories.parse_user(user), k, exclude_seen))
+        return await answer(lambda: Recommend(
+            _parse("user", user, histories.parse_user), k, exclude_seen))
 
     @app.post("/score")
     async def score(body: ScoreBody) -> Any:
@@ -144,14 +161,16 @@ def create_app(service: Service) -> FastAPI:
         if len(body.candidates) > most:
             return _error(422, "candidates", f"at most {most} (the model's max_targets), "
                           f"got {len(body.candidates)}")
-        return await answer(Score(histories.parse_user(body.user),
-                                  tuple(histories.parse_item(i) for i in body.candidates)))
+        return await answer(lambda: Score(
+            _parse("user", body.user, histories.parse_user),
+            _parse_all("candidates", body.candidates, histories.parse_item)))
 
     @app.post("/events")
     async def events(body: EventsBody) -> Any:
         """Append the user's new events (stored before the answer)."""
-        return await answer(Events(
-            histories.parse_user(body.user), tuple(histories.parse_item(i) for i in body.items),
+        return await answer(lambda: Events(
+            _parse("user", body.user, histories.parse_user),
+            _parse_all("items", body.items, histories.parse_item),
             None if body.timestamps is None else tuple(body.timestamps),
             None if body.actions is None else tuple(body.actions)))
 

@@ -49,17 +49,21 @@ class UserHistories:
 
     def parse_user(self, value: Any) -> Any:
         """The raw user id of a request's ``user``, read as the log's kind of id (``"17"``
-        and ``17`` are one id, as in predict's JSON input)."""
-        return self.users.parse(str(value))
+        and ``17`` are one id, as in predict's JSON input).
+
+        Raises:
+            ValueError: an integer id outside the 64-bit range.
+        """
+        return _fits(self.users.parse(str(value)))
 
     def parse_item(self, value: Any) -> Any:
-        """The raw item id of a request's item, read as the model's kind of id."""
-        return self.items.parse(str(value))
+        """The raw item id of a request's item, read as the model's kind of id (ValueError:
+        an integer outside the 64-bit range)."""
+        return _fits(self.items.parse(str(value)))
 
     def log_row(self, user: Any) -> int:
         """The user's row in the log, or -1."""
-        raw = np.asarray([user], dtype=np.int64 if isinstance(user, int) else object)
-        return int(self.users.rows(raw)[0])
+        return int(self.users.rows(_id_array([user]))[0])
 
     def known(self, user: Any) -> bool:
         """The user has events (in the log or appended)."""
@@ -80,9 +84,7 @@ class UserHistories:
         """The model rows of raw item ids; -1 for an item the model does not know."""
         if not len(raw_items):
             return []
-        kinds = all(isinstance(i, int) and not isinstance(i, bool) for i in raw_items)
-        array = np.asarray(list(raw_items), dtype=np.int64 if kinds else object)
-        return self.items.rows(array).tolist()
+        return self.items.rows(_id_array(raw_items)).tolist()
 
     def add(self, user: Any, events: Sequence[StoredEvent]) -> None:
         """Lay appended ``events`` (stored already) on the user's history."""
@@ -138,3 +140,17 @@ class UserHistories:
     def appended_users(self) -> int:
         """Users with appended events."""
         return len(self._appended)
+
+
+def _fits(raw: Any) -> Any:
+    if isinstance(raw, int) and not -2**63 <= raw < 2**63:
+        raise ValueError("integer ids must fit in 64 bits")
+    return raw
+
+
+def _id_array(raw: Sequence[Any]) -> np.ndarray:
+    """Raw ids as an int64 array when all are integers, else as objects (which the
+    vocabulary reads one by one)."""
+    if all(isinstance(i, int) and not isinstance(i, bool) for i in raw):
+        return np.asarray(list(raw), dtype=np.int64)
+    return np.asarray(list(raw), dtype=object)
