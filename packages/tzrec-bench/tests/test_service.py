@@ -286,3 +286,14 @@ def test_the_readmes_curl_examples_run(service_run, serve):
         method, path, kwargs = _as_request(words)
         got = client.request(method, path, **kwargs)
         assert got.status_code == 200, (shlex.join(words), got.text)
+
+
+def test_a_database_of_generated_data_is_refused_for_a_log(service_run, ranking_service_run,
+                                                          serve, tmp_path):
+    from tzrec_bench.service.store import StoreMismatch
+
+    db = tmp_path / "synthetic.sqlite"
+    service, _ = serve(ranking_service_run.run, None, db)  # synthetic data: no fingerprint
+    service.close()
+    with pytest.raises(StoreMismatch, match="unfingerprinted synthetic"):
+        serve(service_run.run, service_run.log, db)

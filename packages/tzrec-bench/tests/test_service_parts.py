@@ -122,3 +122,8 @@ def test_serve_refuses_a_bad_option_by_name(tmp_path, capsys, option, value):
     assert main(["serve", str(tmp_path), option, value]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and option in err
+
+
+def test_serve_names_a_missing_checkpoint_or_log(tmp_path, capsys):
+    assert main(["serve", str(tmp_path / "nothing")]) == 1
+    assert "RUN_OR_CHECKPOINT: no checkpoint at" in capsys.readouterr().err

@@ -6,8 +6,9 @@
     curl 'http://127.0.0.1:8000/recommend?user=17&k=10'
 
 Exit status: 2 for a bad option, a missing ``serve`` extra, a damaged checkpoint, a model
-the service cannot answer by user id, or a database made for other data; 1 for a missing or
-malformed event log (by ``tzrec-bench``'s main); 0 when the server stops.
+the service cannot answer by user id, or a database made for other data; 1 for a missing
+checkpoint or a missing or malformed event log (by ``tzrec-bench``'s main); 0 when the
+server stops.
 """
 
 from __future__ import annotations

@@ -106,7 +106,8 @@ def open_service(checkpoint: str, data: Optional[str], db: str, *, device: Any =
     if differences:
         notes.append(f"{run.source} is not the model's training data ({'; '.join(differences)})"
                      ": items the model does not know are left out of its input")
-    store = EventStore(db, dataset.fingerprint)
+    # data without a fingerprint (a generated set) is told apart by its name
+    store = EventStore(db, dataset.fingerprint or f"unfingerprinted {run.source}")
     histories = UserHistories(dataset, vocabularies.items, store.by_user(), limits.max_events)
     engine = Engine(session, limits.tasks, histories, store, max_cached_users)
     batcher = Batcher(engine, max_batch=max_batch, max_wait_s=max_wait_ms / 1000.0,

@@ -51,8 +51,9 @@ class EventStore:
 
     Args:
         path: the database file (created with its folder's parent existing).
-        data_fingerprint: the event log's fingerprint; a database made for another log is
-            refused (:class:`StoreMismatch`), as its events would follow other histories.
+        data_fingerprint: what identifies the event log (its fingerprint); a database made
+            for another log is refused (:class:`StoreMismatch`), as its events would follow
+            other histories. Empty: no check.
 
     Safe to call from several threads (one connection behind a lock).
     """
