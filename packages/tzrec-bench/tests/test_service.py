@@ -297,3 +297,33 @@ def test_a_database_of_generated_data_is_refused_for_a_log(service_run, ranking_
     service.close()
     with pytest.raises(StoreMismatch, match="unfingerprinted synthetic"):
         serve(service_run.run, service_run.log, db)
+
+
+def test_concurrent_requests_share_session_calls_with_the_same_answers(service_run, serve,
+                                                                       tmp_path):
+    _, alone = serve(service_run.run, service_run.log, max_batch=1)
+    users = [f"u{i}" for i in range(8)]
+    single = [alone.get("/recommend", params={"user": u, "k": 5}).json() for u in users]
+    _, client = serve(service_run.run, service_run.log, tmp_path / "batched.sqlite",
+                      max_batch=8, max_wait_ms=500)
+    got = client.gather([("GET", "/recommend", {"params": {"user": u, "k": 5}})
+                         for u in users])
+    for answer, expected in zip(got, single):
+        assert answer.json()["items"] == expected["items"]
+        assert answer.json()["scores"] == pytest.approx(expected["scores"], abs=1e-6)
+    text = client.get("/metrics").text
+    count = float(re.search(r"tzrec_batch_size_count (\S+)", text).group(1))
+    assert count < len(users), text  # gathered: fewer session calls than requests
+    assert float(re.search(r"tzrec_batch_size_sum (\S+)", text).group(1)) == len(users)
+
+
+def test_a_users_requests_in_one_batch_are_answered_in_order(service_run, serve):
+    from tzrec_bench.service.engine import Events, Recommend
+
+    service, _ = serve(service_run.run, service_run.log)
+    new = Events("u9", ("i1", "i2", "i3"), (1_800_000_000,) * 3)
+    first, stored, last = service.engine([Recommend("u9", 5), new, Recommend("u9", 5)])
+    assert stored["stored"] == 3
+    _same(first, *_expected(service_run.run, *_history(service_run.rows, "u9"), 5))
+    _same(last, *_expected(service_run.run, *_history(
+        service_run.rows, "u9", [(i, 1_800_000_000) for i in new.items]), 5))
