@@ -36,7 +36,6 @@ class Pending:
 
     request: Any
     future: Future = field(default_factory=Future)
-    queued_at: float = field(default_factory=time.perf_counter)
 
 
 Handler = Callable[[List[Any]], Sequence[Any]]

@@ -116,12 +116,15 @@ class Engine:
         answers: List[Any] = [None] * len(requests)
         for run in split_in_order(requests, _key, lambda r: r.user):
             batch = [requests[i] for i in run]
-            if isinstance(batch[0], Recommend):
-                out = self._recommend(batch)
-            elif isinstance(batch[0], Score):
-                out = self._score(batch)
-            else:
-                out = self._events(batch)
+            try:
+                if isinstance(batch[0], Recommend):
+                    out = self._recommend(batch)
+                elif isinstance(batch[0], Score):
+                    out = self._score(batch)
+                else:
+                    out = self._events(batch)
+            except Exception as exc:  # this run fails; the batch's other runs are answered
+                out = [exc] * len(batch)
             for i, answer in zip(run, out):
                 answers[i] = answer
         return answers
