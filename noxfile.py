@@ -50,8 +50,9 @@ TEST_TOOLS = ("pytest", "pytest-xdist")
 
 # short name -> distribution; the distribution's folder is packages/<distribution>
 PACKAGES = {"ops": "tzrec-ops", "gr": "tzrec-gr", "acc": "tzrec-acc", "bench": "tzrec-bench"}
-# extras each package's tests install: tzrec-ops runs its Triton kernels in the interpreter
-TEST_EXTRAS = {"tzrec-ops": "test,triton"}
+# extras each package's tests install: tzrec-ops runs its Triton kernels in the interpreter;
+# tzrec-bench's service tests need its HTTP layer
+TEST_EXTRAS = {"tzrec-ops": "test,triton", "tzrec-bench": "test,serve"}
 # suites long enough to run on every core
 PARALLEL = {"tzrec-ops", "tzrec-gr", "tzrec-acc"}
 

@@ -10,6 +10,7 @@ and ``plan`` (also ``python -m tzrec_bench``).
     tzrec-bench predict tzrec-bench-runs/run --input users.parquet --output top10.parquet
     tzrec-bench predict tzrec-bench-runs/run --users 17,42 --output top10.csv
     tzrec-bench show tzrec-bench-runs/run --user 17
+    tzrec-bench serve tzrec-bench-runs/run --port 8000     # the serve extra
     tzrec-bench ops --op hstu_mha --backends pytorch,triton --mode fwd,bwd
     tzrec-bench run-configs hstu-retrieval-synthetic --repeats 3
 
@@ -450,6 +451,18 @@ def _run_show(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return run(args, parser)
 
 
+def _add_serve(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from tzrec_bench.service.command import add_parser
+
+    return add_parser(subparsers, _HelpFormatter)
+
+
+def _run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from tzrec_bench.service.command import run
+
+    return run(args, parser)
+
+
 # -- ops -----------------------------------------------------------------------------------
 
 
@@ -519,6 +532,7 @@ SUBCOMMANDS: Dict[str, Tuple[Callable[..., argparse.ArgumentParser], Runner]] = 
     "evaluate": (_add_evaluate, _run_evaluate),
     "predict": (_add_predict, _run_predict),
     "show": (_add_show, _run_show),
+    "serve": (_add_serve, _run_serve),
     "ops": (_add_ops, _run_ops),
     "run-configs": (_add_run_configs, _run_run_configs),
     "plan": (_add_plan, _run_plan),

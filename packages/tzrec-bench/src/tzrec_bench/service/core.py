@@ -1,0 +1,131 @@
+"""A service's parts, loaded once: the model's session, the histories, the store, the
+engine and the batcher (:func:`open_service`); nothing here needs the HTTP extra.
+
+The model is a ``tzrec-bench train`` checkpoint loaded as ``predict`` loads it
+(:func:`tzrec_bench.predict.load_session`: weights and vocabularies checked, a model with a
+registered server); the users' histories come from the run's log
+(:func:`tzrec_bench.predict_users.load_run_data`) and the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from tzrec_bench.predict_users import load_run_data
+from tzrec_bench.service.batcher import Batcher
+from tzrec_bench.service.engine import Engine
+from tzrec_bench.service.histories import UserHistories
+from tzrec_bench.service.store import EventStore
+
+__all__ = ["Service", "ServiceError", "open_service"]
+
+
+class ServiceError(ValueError):
+    """A model or data the service cannot serve (the message says why)."""
+
+
+@dataclass
+class Service:
+    """What the HTTP layer serves.
+
+    Attributes:
+        engine: answers batches (:class:`~tzrec_bench.service.engine.Engine`).
+        batcher: gathers requests for the engine; started by the app.
+        limits: the model's :class:`~tzrec_gr.serving.files.Limits` (what a request may
+            ask: ``predicts.takes_k``, ``max_candidates``, ``num_items``, ``tasks``).
+        info: what ``GET /info`` answers (model and data fingerprints, model name, task).
+        notes: lines worth printing at start (e.g. the data differs from the model's).
+    """
+
+    engine: Engine
+    batcher: Batcher
+    limits: Any
+    info: Dict[str, Any]
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def recommends(self) -> bool:
+        """The model's predictions are each user's top ``k`` (``GET /recommend``)."""
+        return bool(self.limits.predicts.takes_k)
+
+    @property
+    def scores(self) -> bool:
+        """The model's predictions score given candidates (``POST /score``)."""
+        return "candidates" in self.limits.predicts.columns
+
+    def close(self) -> None:
+        """Stop the batcher and close the store."""
+        self.batcher.stop()
+        self.engine.store.close()
+
+
+def file_digest(path: Path) -> str:
+    """A BLAKE2 digest of a file's bytes (read in chunks)."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def open_service(checkpoint: str, data: Optional[str], db: str, *, device: Any = "cpu",
+                 backend: Optional[str] = None, max_batch: int = 32,
+                 max_wait_ms: float = 2.0, max_queue: int = 1024,
+                 max_cached_users: int = 100_000) -> Service:
+    """Load the model, the log and the database; the batcher is not started yet.
+
+    Raises:
+        ServiceError: a model the service cannot answer by user id; CheckpointError,
+            FileNotFoundError, DataFormatError, StoreMismatch: as their messages say.
+    """
+    from tzrec_bench.predict import load_session
+    from tzrec_gr.checkpoint import resolve_checkpoint
+    from tzrec_gr.serving.files import session_limits
+
+    file = resolve_checkpoint(checkpoint)
+    if not file.is_file():
+        raise FileNotFoundError(f"RUN_OR_CHECKPOINT: no checkpoint at {file}")
+    session, tasks, config = load_session(file, device, backend)
+    limits = session_limits(session, tasks)
+    vocabularies = session.vocabularies
+    if vocabularies is None:
+        raise ServiceError(f"{file} carries no id vocabulary; the service answers in the "
+                           "log's raw ids (train it again with this version)")
+    if limits.contextual_width:
+        raise ServiceError(f"{file}: the model reads contextual features besides the "
+                           "histories, which the event log does not hold")
+    run = load_run_data(config, data)
+    dataset = run.dataset
+    if session.server.needs_actions and dataset.actions is None:
+        raise ServiceError(f"the model reads an action per event and {run.source} has none")
+    notes = []
+    differences = vocabularies.differences(dataset.id_vocabularies(run.source))
+    if differences:
+        notes.append(f"{run.source} is not the model's training data ({'; '.join(differences)})"
+                     ": items the model does not know are left out of its input")
+    # data without a fingerprint (a generated set) is told apart by its name
+    store = EventStore(db, dataset.fingerprint or f"unfingerprinted {run.source}")
+    histories = UserHistories(dataset, vocabularies.items, store.by_user(), limits.max_events)
+    engine = Engine(session, limits.tasks, histories, store, max_cached_users)
+    batcher = Batcher(engine, max_batch=max_batch, max_wait_s=max_wait_ms / 1000.0,
+                      max_queue=max_queue)
+    info = {
+        "model": config.get("model", type(session.model).__name__),
+        "task": limits.kind,
+        "checkpoint": str(file),
+        "model_fingerprint": file_digest(file),
+        "data": run.source,
+        "data_fingerprint": dataset.fingerprint,
+        "training_data_fingerprint": vocabularies.fingerprint,
+        "items": limits.num_items,
+        "max_events": limits.max_events,
+        "max_candidates": limits.max_candidates,
+        "tasks": list(limits.tasks),
+        "users_in_log": len(dataset.user_raw_ids),
+        "database": str(db),
+        "device": str(session.device),
+    }
+    return Service(engine, batcher, limits, info, notes)
