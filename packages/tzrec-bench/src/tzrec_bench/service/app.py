@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, AsyncIterator, List, Optional, Tuple, Union
 
 from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
@@ -79,6 +80,21 @@ def _error(status: int, field: str, message: str, **headers: str) -> JSONRespons
                         headers=headers or None)
 
 
+def _field(loc: Tuple[Any, ...]) -> str:
+    """The request field an error's location names: ``items[3]`` for
+    ``("body", "items", 3, "constrained-int")`` (the union member pydantic tried is not a
+    field), ``body`` for a body that is not JSON."""
+    parts = list(loc[1:]) if loc and loc[0] in ("body", "query") else list(loc)
+    if not parts or not isinstance(parts[0], str):
+        return str(loc[0]) if loc else "request"
+    name = parts[0]
+    for part in parts[1:]:
+        if not isinstance(part, int):
+            break
+        name += f"[{part}]"
+    return name
+
+
 def _parse(field: str, value: Any, parse: Any) -> Any:
     """``parse(value)``; its ValueError as a BadRequest naming ``field``."""
     try:
@@ -109,6 +125,13 @@ def create_app(service: Service) -> FastAPI:
                   description="Recommendations by user id from a trained tzrec model.")
     app.state.service = service
     app.state.metrics = metrics
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """One line naming the first bad field; the value is not echoed (it may be a NaN or
+        an infinity, which JSON cannot carry back)."""
+        first = exc.errors()[0]
+        return _error(422, _field(tuple(first.get("loc", ()))), str(first.get("msg", "invalid")))
 
     @app.middleware("http")
     async def measure(request: Request, call_next: Any) -> Response:

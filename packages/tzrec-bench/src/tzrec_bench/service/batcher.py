@@ -140,13 +140,15 @@ class Batcher:
                                        f"{len(batch)} requests")
             except Exception as exc:  # the batch fails; the worker goes on
                 answers = [exc] * len(batch)
+            # reported before anyone is answered, so a caller's next look at the metrics
+            # already counts the batch that answered it
+            if self.on_batch is not None:
+                self.on_batch(len(batch), time.perf_counter() - started)
             for pending, answer in zip(batch, answers):
                 if isinstance(answer, BaseException):
                     pending.future.set_exception(answer)
                 else:
                     pending.future.set_result(answer)
-            if self.on_batch is not None:
-                self.on_batch(len(batch), time.perf_counter() - started)
 
 
 def split_in_order(requests: Sequence[Any], key: Callable[[Any], Hashable],
