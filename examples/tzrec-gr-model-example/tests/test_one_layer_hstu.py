@@ -73,7 +73,8 @@ def test_bad_input_names_the_argument():
 
 def test_the_server_refuses_another_model():
     hstu = HSTURetrieval(num_items=40, embedding_dim=16, num_layers=1, max_seq_len=12)
-    with pytest.raises(TypeError, match=r"^model must be a OneLayerHSTU, got HSTURetrieval$"):
+    with pytest.raises(TypeError, match=r"^OneLayerHSTUServer serves OneLayerHSTU models, "
+                       r"got HSTURetrieval$"):
         OneLayerHSTUServer(hstu)
 
 

@@ -25,7 +25,7 @@ from tzrec_bench.train.ranking import TASK_BITS
 from tzrec_gr.checkpoint import write_payload
 from tzrec_gr.models import HSTURetrieval, registry
 from tzrec_gr.models.registry import ModelRecord, get_model, register_model
-from tzrec_gr.serving import ModelServer, RetrievalServer
+from tzrec_gr.serving import RetrievalServer
 
 TINY = dict(data="synthetic", synthetic_users=48, synthetic_items=120, max_seq_len=16,
             embedding_dim=16, num_layers=1, num_heads=2, num_negatives=16, num_candidates=4)
@@ -65,10 +65,7 @@ class PluginRetrieval(nn.Module):
 class PluginServer(RetrievalServer):
     """Serves a PluginRetrieval as tzrec-gr serves an HSTURetrieval."""
 
-    model_name = "PluginRetrieval"
-
-    def __init__(self, model: nn.Module) -> None:
-        ModelServer.__init__(self, model)  # RetrievalServer's own check takes HSTURetrieval
+    model_class = PluginRetrieval
 
 
 @pytest.fixture

@@ -396,3 +396,26 @@ def test_the_servers_say_what_export_needs_per_model():
         assert flat and all(torch.equal(a, b) for a, b in zip(flat, flat_again))
         with pytest.raises(ValueError):
             server.example_inputs(batch=0)
+
+
+def test_a_server_accepts_its_model_class_and_subclasses_and_names_it_in_refusals():
+    from tzrec_gr.serving import RankingServer, RetrievalServer
+
+    class MyRetrieval(HSTURetrieval):
+        pass
+
+    class MyServer(RetrievalServer):
+        model_class = MyRetrieval
+
+    assert (RetrievalServer.model_name, RankingServer.model_name) == (
+        "HSTURetrieval", "HSTURanking")
+    assert MyServer.model_name == "MyRetrieval"
+    mine = MyRetrieval(num_items=10, embedding_dim=8, num_layers=1, max_seq_len=4)
+    assert MyServer(mine).model is mine and RetrievalServer(mine).model is mine
+    plain = HSTURetrieval(num_items=10, embedding_dim=8, num_layers=1, max_seq_len=4)
+    with pytest.raises(TypeError, match=r"^MyServer serves MyRetrieval models, got "
+                                        r"HSTURetrieval$"):
+        MyServer(plain)
+    with pytest.raises(TypeError, match=r"^RankingServer serves HSTURanking models, got "
+                                        r"HSTURetrieval$"):
+        RankingServer(plain)

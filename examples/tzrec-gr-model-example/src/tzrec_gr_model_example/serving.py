@@ -3,15 +3,13 @@
 The model keeps tzrec-gr's retrieval serving protocol (``item_embeddings``, ``transducer``,
 ``embed_features``, ``check_history``, ``last_rows``, ``item_embedding``, ``num_items``,
 ``max_seq_len``), so :class:`~tzrec_gr.serving.RetrievalServer`'s prefill, extend, score,
-top-K and export steps serve it unchanged; only the check of the model's class is this
+top-K and export steps serve it unchanged; only the model class it accepts is this
 server's own.
 """
 
 from __future__ import annotations
 
-from torch import nn
-
-from tzrec_gr.serving import ModelServer, RetrievalServer
+from tzrec_gr.serving import RetrievalServer
 from tzrec_gr_model_example.model import OneLayerHSTU
 
 __all__ = ["OneLayerHSTUServer"]
@@ -24,10 +22,4 @@ class OneLayerHSTUServer(RetrievalServer):
         TypeError: ``model`` is not a OneLayerHSTU.
     """
 
-    model_name = "OneLayerHSTU"
-
-    def __init__(self, model: nn.Module) -> None:
-        if not isinstance(model, OneLayerHSTU):
-            raise TypeError(f"model must be a OneLayerHSTU, got {type(model).__name__}")
-        # RetrievalServer's own check accepts only tzrec-gr's HSTURetrieval
-        ModelServer.__init__(self, model)
+    model_class = OneLayerHSTU

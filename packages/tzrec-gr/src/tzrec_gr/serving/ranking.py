@@ -76,17 +76,12 @@ class RankingServer(ModelServer):
     """
 
     kind = "ranking"
-    model_name = "HSTURanking"
+    model_class = HSTURanking
     call = "score"
     answers = "score(users, candidates)"
     request_size = "candidates"
     needs_actions = True
     keeps_query_time = True
-
-    def __init__(self, model: HSTURanking) -> None:
-        if not isinstance(model, HSTURanking):
-            raise TypeError(f"model must be an HSTURanking, got {type(model).__name__}")
-        super().__init__(model)
 
     # -- the tensor API -------------------------------------------------------------------
 

@@ -75,15 +75,10 @@ class RetrievalServer(ModelServer):
     """
 
     kind = "retrieval"
-    model_name = "HSTURetrieval"
+    model_class = HSTURetrieval
     call = "recommend"
     answers = "recommend(users, k)"
     request_size = "k"
-
-    def __init__(self, model: HSTURetrieval) -> None:
-        if not isinstance(model, HSTURetrieval):
-            raise TypeError(f"model must be an HSTURetrieval, got {type(model).__name__}")
-        super().__init__(model)
 
     # -- the tensor API -------------------------------------------------------------------
 

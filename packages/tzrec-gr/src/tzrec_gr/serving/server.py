@@ -160,7 +160,10 @@ class ModelServer(abc.ABC):
         model (nn.Module): as given.
         kind (str): ``"retrieval"`` or ``"ranking"``: a label for messages and output
             files, never a switch.
-        model_name (str): the model class this kind serves (for messages).
+        model_class (type | None): the model class this server serves (its subclasses
+            too; the constructor refuses anything else); a plugin's server subclasses a
+            tzrec-gr server and names its own class here. None: no check.
+        model_name (str): that class's name (for messages).
         call (str): the session call this kind answers (``"recommend"`` or ``"score"``).
         answers (str): that call with its arguments (for messages).
         request_size (str): the :meth:`~tzrec_gr.serving.ServingSession.warm_up` size of
@@ -171,6 +174,7 @@ class ModelServer(abc.ABC):
     """
 
     kind: str = ""
+    model_class: Optional[type] = None
     model_name: str = ""
     call: str = ""
     answers: str = ""
@@ -179,7 +183,15 @@ class ModelServer(abc.ABC):
     keeps_query_time: bool = False
 
     def __init__(self, model: nn.Module) -> None:
+        if self.model_class is not None and not isinstance(model, self.model_class):
+            raise TypeError(f"{type(self).__name__} serves {self.model_name} models, got "
+                            f"{type(model).__name__}")
         self.model = model
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.model_class is not None:
+            cls.model_name = cls.model_class.__name__
 
     # -- the model's sizes ----------------------------------------------------------------
 
