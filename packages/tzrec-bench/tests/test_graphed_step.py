@@ -5,6 +5,8 @@ tested on a GPU (``test_on_cuda_*``, ``-m gpu``)."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -166,3 +168,12 @@ def test_on_cuda_captured_dropout_draws_the_eager_padded_masks(tmp_path):
             close(ctx)
     assert torch.isfinite(runs[1]).all()
     torch.testing.assert_close(runs[1], runs[0], rtol=2e-2, atol=1e-3)
+
+
+def test_auto_captures_on_a_cuda_device_but_leaves_a_compiled_step_alone():
+    cuda = types.SimpleNamespace(device=torch.device("cuda"), distributed=False)
+    assert wanted(TrainConfig(**TINY), cuda)
+    assert not wanted(TrainConfig(**TINY, compile=True), cuda)
+    assert wanted(TrainConfig(**TINY, compile=True, cuda_graphs="on"), cuda)
+    assert not wanted(TrainConfig(**TINY), types.SimpleNamespace(device=torch.device("cuda"),
+                                                                 distributed=True))

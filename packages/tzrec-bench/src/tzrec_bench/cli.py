@@ -215,7 +215,8 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "AdamW) in CUDA graphs, one per bucket of batch sizes (the batch padded "
                    "with users left out of the loss), and replay them: the GPU no longer "
                    "waits for Python. auto: on a CUDA device, one process, a model that "
-                   "supports it; on: the same, an error where it cannot apply; off: never")
+                   "supports it, without --compile; on: also with --compile, an error where "
+                   "it cannot apply; off: never")
     g.add_argument("--epochs", type=POSITIVE, metavar="N",
                    help=f"passes over the training users (default: {DEFAULT_EPOCHS} when "
                    "--max-steps is not given)")

@@ -68,12 +68,17 @@ def refusal(config: TrainConfig, ctx: DistContext) -> Optional[str]:
 
 
 def wanted(config: TrainConfig, ctx: DistContext) -> bool:
-    """Whether the run captures its step: ``auto`` where :func:`refusal` finds nothing.
+    """Whether the run captures its step: ``auto`` where :func:`refusal` finds nothing and
+    ``--compile`` is off (both at once only with ``--cuda-graphs on``).
 
     Raises:
         ConfigError: ``--cuda-graphs on`` where the step cannot be captured.
     """
     if config.cuda_graphs == "off":
+        return False
+    if config.cuda_graphs == "auto" and config.compile:
+        # compile inside the captured step is measured (train-speed's compile+graph) but has
+        # no GPU test of its losses yet: --compile alone keeps its own step
         return False
     reason = refusal(config, ctx)
     if reason is not None and config.cuda_graphs == "on":
