@@ -88,8 +88,9 @@ def test_the_registry_lists_the_plugin_from_its_entry_point():
     assert NAME in model_names("retrieval") and failed_model_plugins() == []
 
 
-def test_train_offers_the_plugin_as_a_model():
-    assert NAME in _ok(_run("-m", "tzrec_bench", "train", "--help"))
+def test_train_offers_the_plugin_as_a_model_with_its_description():
+    shown = " ".join(_ok(_run("-m", "tzrec_bench", "train", "--help")).split())
+    assert f"{NAME} (retrieval): one HSTU layer with a learned projection head" in shown
 
 
 # -- train, evaluate, predict ----------------------------------------------------------------

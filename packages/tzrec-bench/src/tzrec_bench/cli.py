@@ -50,7 +50,7 @@ from tzrec_bench.train.config import (
 from tzrec_bench.train.metrics import NonFiniteError
 from tzrec_bench.train.run_folder import RunFolderError
 from tzrec_bench.train.tasks import facts_of_task
-from tzrec_gr.models.registry import TASKS
+from tzrec_gr.models.registry import TASKS, get_model
 from tzrec_ops.commandline import ArgumentParser
 from tzrec_ops.registry import BackendError, resolve_backend
 
@@ -117,6 +117,13 @@ def _record_given(parser: argparse.ArgumentParser) -> None:
 # -- train -----------------------------------------------------------------------------------
 
 
+def _model_line(name: str) -> str:
+    """``--model``'s help for one model, from its record."""
+    record = get_model(name)
+    kind = f"{record.task}, fitted from counts" if record.fitted else record.task
+    return f"{name} ({kind})" + (f": {record.description}" if record.description else "")
+
+
 def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "train",
@@ -143,11 +150,8 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     d = DEFAULTS
     g = p.add_argument_group("what to train")
     g.add_argument("--model", choices=model_choices(), default=d.model,
-                   help="hstu-retrieval and sasrec: next-item retrieval; hstu-ranking: "
-                   "multi-task ranking of held-out events; the simple baselines, fitted "
-                   "from counts in seconds: most-popular, item-transitions (first-order "
-                   "Markov chain backed off to popularity) and item-knn (retrieval), "
-                   "popularity-ranking (ranking)")
+                   help="a registered model (a plugin's too): " + "; ".join(
+                       _model_line(name) for name in model_choices()))
     g.add_argument("--data", default=d.data, metavar="NAME|PATH",
                    help=f"a named data set ({', '.join(DATASETS)}: synthetic is generated, "
                    "the others are read from --data-dir), or the path of your own event log: "
