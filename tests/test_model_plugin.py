@@ -89,7 +89,9 @@ def test_the_registry_lists_the_plugin_from_its_entry_point():
 
 
 def test_train_offers_the_plugin_as_a_model_with_its_description():
-    shown = " ".join(_ok(_run("-m", "tzrec_bench", "train", "--help")).split())
+    # wide enough that argparse breaks no line (it would break names at their hyphens)
+    shown = " ".join(_ok(_run("-m", "tzrec_bench", "train", "--help",
+                              env={"COLUMNS": "10000"})).split())
     assert f"{NAME} (retrieval): one HSTU layer with a learned projection head" in shown
 
 
