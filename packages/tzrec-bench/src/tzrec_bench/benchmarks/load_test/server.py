@@ -72,7 +72,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         source="the load test's events", max_batch=args.max_batch,
         max_wait_ms=args.max_wait_ms, max_queue=args.queue, max_cached_users=args.users)
     service.info["model_fingerprint"] = weights_digest(model)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY on the accepted connections only for a
+    # socket of that protocol (as uvicorn's own binding gets); without it Nagle's algorithm
+    # and the client's delayed ACK hold each answer's second write ~40 ms
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     print(f"service warm-up: {len(report['captured'])} CUDA graphs captured, "
