@@ -33,23 +33,30 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("model", ["ranking", "retrieval"])
-def test_http_mode_prints_both_rates_the_ratio_and_checks_the_answers(model, capsys):
+@pytest.mark.parametrize("model, databases", [
+    ("ranking", ["temp"]), ("retrieval", ["temp", ":memory:"])])
+def test_http_mode_prints_both_rates_the_ratio_and_checks_the_answers(model, databases,
+                                                                      capsys):
     # history 6, at most 12 events: retrieval users outgrow the model's input, so the check
     # covers items seen only before the newest events (left out by the service)
-    code = load_test.main([*TINY, "--model", model, "--http", "--events", "6"])
+    code = load_test.main([*TINY, "--model", model, "--http", "--events", "6",
+                           "--http-db", ",".join(databases)])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "the service in its own process (max batch 8" in out
-    assert "requests: 30 answered of 30 sent" in out and "0 dropped" in out
+    assert out.count("the service in its own process (max batch 8") == len(databases)
+    assert "requests: 30 served of 30 sent" in out  # in process
+    answered = re.findall(r"requests: 30 answered of 30 sent \([^)]*\), 0 dropped", out)
+    assert len(answered) == len(databases)
     assert re.search(r"client send lag \(sent - due\): p50 [\d.]+ ms", out)
-    ratio = re.search(r"HTTP / in-process, max batch 8: ([\d.,]+) / ([\d.,]+) requests/s "
-                      r"achieved at 20/s offered .* = ([\d.]+): (the HTTP layer costs|no cost)",
-                      out)
-    assert ratio, out
-    http_rate, in_process, shown = (float(g.replace(",", "")) for g in ratio.groups()[:3])
-    assert http_rate > 0 and in_process > 0
-    assert shown == pytest.approx(http_rate / in_process, abs=0.01)  # (rates shown to 0.1)
+    ratios = re.findall(r"HTTP \((events on disk|no database file)\) / in-process, max batch "
+                        r"8: ([\d.,]+) / ([\d.,]+) requests/s achieved at 20/s offered .* = "
+                        r"([\d.]+): (?:the HTTP layer costs|no cost)", out)
+    assert [r[0] for r in ratios] == [
+        "no database file" if db == ":memory:" else "events on disk" for db in databases], out
+    for _, *figures in ratios:
+        http_rate, in_process, shown = (float(g.replace(",", "")) for g in figures)
+        assert http_rate > 0 and in_process > 0
+        assert shown == pytest.approx(http_rate / in_process, abs=0.01)  # (shown to 0.1)
     checked = re.search(r"HTTP answers: (\d+) scoring requests against the full forward.*"
                         r"worst ([\d.e+-]+) of the fp32 tolerance", out)
     assert checked and int(checked.group(1)) >= 3 and float(checked.group(2)) <= 1.0

@@ -207,9 +207,11 @@ def _parser() -> argparse.ArgumentParser:
     http.add_argument("--queue", type=int, default=1024,
                       help="requests the service queues before answering 503. "
                       "Default: 1024")
-    http.add_argument("--http-db", metavar="PATH",
-                      help="the service's SQLite database (':memory:': none on disk). "
-                      "Default: a new file in a temporary folder")
+    http.add_argument("--http-db", metavar="DB", type=_comma_list(str, "databases"),
+                      default=["temp"],
+                      help="the service's SQLite database: temp (a new file in a temporary "
+                      "folder), :memory: (none on disk: the HTTP layer alone) or a path; a "
+                      "comma list runs the HTTP trials once per database. Default: temp")
     return p
 
 

@@ -5,8 +5,10 @@ The service runs in its own process (:mod:`~tzrec_bench.benchmarks.load_test.ser
 in production: its event loop, batcher thread and model do not share the client's
 interpreter), with the load test's model (same options and seed; the weights' digest is
 compared), its warm-up, ``--max-batch`` (the largest given) and ``--max-wait-ms``, and a
-SQLite database (``--http-db``; default a new file in a temporary folder: events are
-committed to disk before they are acknowledged, as in production).
+SQLite database (``--http-db``; default ``temp``, a new file in a temporary folder: events
+are committed to disk before they are acknowledged, as in production; ``:memory:`` keeps
+them in memory, which measures the HTTP layer without the disk; a comma list runs the HTTP
+trials once per database).
 
 A trial (:func:`run_http_trial`) draws the stream of the in-process trial at the same rate
 and seed (:func:`~tzrec_bench.benchmarks.load_test.stream.make_stream`), with the users
@@ -394,12 +396,26 @@ def _print_trial(result: HttpResult, args: argparse.Namespace) -> None:
 
 def run_http_mode(args: argparse.Namespace, model: torch.nn.Module,
                   in_process: Dict[int, Optional[float]], several: bool, log: Log) -> int:
-    """The HTTP mode after the in-process trials: the service started, the same trials
-    (one rate, ``--rates`` or ``--search`` from the in-process sustained rate) through
-    HTTP with the largest ``--max-batch``, the figures beside ``in_process`` (the
-    in-process sustained rate, or achieved rate at one rate, by batch bound) and their
-    ratio, the answer check. Returns 0, or 1 when a request was dropped, no answer was
-    checked or one is outside the tolerance."""
+    """The HTTP mode after the in-process trials, once per ``--http-db``: the service
+    started, the same trials (one rate, ``--rates`` or ``--search`` from the in-process
+    sustained rate) through HTTP with the largest ``--max-batch``, the figures beside
+    ``in_process`` (the in-process sustained rate, or achieved rate at one rate, by batch
+    bound) and their ratio; then the answer check. Returns 0, or 1 when a request failed
+    (other than a 503), no answer was checked or one is outside the tolerance."""
+    results: List[HttpResult] = []
+    for db in args.http_db:
+        found = _one_service(args, model, in_process, several, log, db)
+        if found is None:
+            return 1
+        results.extend(found)
+    return _verdict(args, results)
+
+
+def _one_service(args: argparse.Namespace, model: torch.nn.Module,
+                 in_process: Dict[int, Optional[float]], several: bool, log: Log,
+                 db: str) -> Optional[List[HttpResult]]:
+    """:func:`run_http_mode`'s trials on one service over the database ``db`` (``temp``:
+    a new file in a temporary folder); None when its model is not the in-process one."""
     import copy
     import itertools
     import os
@@ -416,11 +432,11 @@ def run_http_mode(args: argparse.Namespace, model: torch.nn.Module,
 
     max_batch = max(args.max_batches)
     folder = None
-    db = args.http_db
-    if db is None:
+    if db == "temp":
         folder = tempfile.mkdtemp(prefix="tzrec-load-test-")
         db = os.path.join(folder, "events.sqlite")
-    print(f"  HTTP: the service in its own process (max batch {max_batch}, max wait "
+    label = f"HTTP ({'no database file' if db == ':memory:' else 'events on disk'})"
+    print(f"  {label}: the service in its own process (max batch {max_batch}, max wait "
           f"{args.max_wait_ms:g} ms, queue {args.queue}, database {db}), "
           f"{args.connections} client connections (httpx)", flush=True)
     trial_no = itertools.count()
@@ -438,17 +454,17 @@ def run_http_mode(args: argparse.Namespace, model: torch.nn.Module,
         if service.info()["model_fingerprint"] != weights_digest(model):
             print("load_test: FAILED: the service's model has other weights than the "
                   "in-process one", file=sys.stderr)
-            return 1
+            return None
         if several:
             http_args = copy.copy(args)
             http_args.rate = in_process.get(max_batch) or args.rate
-            log(f"  HTTP, max batch {max_batch}: trials")
+            log(f"  {label}, max batch {max_batch}: trials")
             log("  " + table([], args.p99_ms)[0])
             if args.search:
                 search_rates(http_args, None, max_batch, args.p99_ms, log, run=run)
             else:
                 sweep_rates(args, None, max_batch, args.rates, args.p99_ms, log, run=run)
-            print(f"  HTTP, max batch {max_batch}, by rate:")
+            print(f"  {label}, max batch {max_batch}, by rate:")
             for line in table(results, args.p99_ms):
                 print("  " + line)
             http_rate = sustained(results, args.p99_ms)
@@ -458,7 +474,7 @@ def run_http_mode(args: argparse.Namespace, model: torch.nn.Module,
         else:
             trial = copy.copy(args)
             trial.max_batch = max_batch
-            print(f"  HTTP, max batch {max_batch}:", flush=True)
+            print(f"  {label}, max batch {max_batch}:", flush=True)
             shown = run(trial, None)
             _print_trial(shown, trial)
             print(f"  {lag_line(shown)}")
@@ -468,17 +484,17 @@ def run_http_mode(args: argparse.Namespace, model: torch.nn.Module,
         service.stop()
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
-    _ratio_line(args, in_process.get(max_batch), http_rate, max_batch, several)
-    return _verdict(args, results)
+    _ratio_line(args, label, in_process.get(max_batch), http_rate, max_batch, several)
+    return results
 
 
-def _ratio_line(args: argparse.Namespace, in_process: Optional[float],
+def _ratio_line(args: argparse.Namespace, label: str, in_process: Optional[float],
                 http_rate: Optional[float], max_batch: int, several: bool) -> None:
     what = (f"sustained (p99 < {args.p99_ms:g} ms, nothing dropped)" if several
             else f"achieved at {args.rate:g}/s offered (--search measures the sustained "
             "rates the target is about)")
     if not in_process or not http_rate or math.isnan(http_rate):
-        print(f"  HTTP / in-process, max batch {max_batch}: no ratio ({http_rate or 'no'} "
+        print(f"  {label} / in-process, max batch {max_batch}: no ratio ({http_rate or 'no'} "
               f"against {in_process or 'no'} requests/s {what})")
         return
     ratio = http_rate / in_process
@@ -487,7 +503,7 @@ def _ratio_line(args: argparse.Namespace, in_process: Optional[float],
     cost = (f"the HTTP layer costs {100 * (1 - ratio):.1f}% of the in-process rate "
             f"(target <= 20%: {target})" if ratio <= 1 else "no cost measured: the trials "
             "through HTTP served more (the machine's load differed between the two)")
-    print(f"  HTTP / in-process, max batch {max_batch}: {http_rate:,.1f} / {in_process:,.1f} "
+    print(f"  {label} / in-process, max batch {max_batch}: {http_rate:,.1f} / {in_process:,.1f} "
           f"requests/s {what} = {ratio:.3f}: {cost}", flush=True)
 
 
