@@ -114,6 +114,8 @@ class ServiceProcess:
         """Terminate the process (killed when it does not end within 30 s)."""
         if self.process.poll() is None:
             self.process.terminate()
+            assert self.process.stdin is not None
+            self.process.stdin.close()
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -136,7 +138,7 @@ def start_service(args: argparse.Namespace, max_batch: int, db: str, log: Log = 
                    max_wait_ms=args.max_wait_ms, queue=args.queue)
     process = subprocess.Popen(
         [sys.executable, "-m", "tzrec_bench.benchmarks.load_test.server", json.dumps(options)],
-        stdout=subprocess.PIPE, text=True)
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # stdin: see server.py
     assert process.stdout is not None
     port = None
     for line in process.stdout:  # the warm-up's report, then the port
@@ -229,7 +231,11 @@ class _Client:
                               f"{response.text[:200]}", response.status_code)
         if req.kind != "score" or response is None:
             return None
-        return self.answer(response.json())
+        try:
+            return self.answer(response.json())
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise _Failed(f"{method} {path}: an answer of another form "
+                          f"({type(exc).__name__}: {exc}): {response.text[:200]}") from None
 
 
 def _opener(args: argparse.Namespace, req: Request) -> Request:

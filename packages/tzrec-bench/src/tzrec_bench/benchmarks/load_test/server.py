@@ -7,7 +7,8 @@ does, and serves it with :mod:`tzrec_bench.service` (the app ``tzrec-bench serve
 over :func:`~tzrec_bench.service.core.assemble_service`) with uvicorn on a free local port.
 The log is empty: the load test sends each user's starting history as ``POST /events``
 before the clock. The first line it prints is the warm-up's report, the second
-``PORT <n>``; it serves until terminated.
+``PORT <n>``; it serves until terminated, or until its standard input closes (the load
+test holds it open: a load test killed leaves no server behind).
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
+import signal
 import socket
 import sys
+import threading
 from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
@@ -46,6 +50,15 @@ def empty_log(num_items: int, actions: bool) -> SequenceDataset:
 def _impl(fast: str, default: str) -> str:
     """What uvicorn's ``auto`` picks: ``fast`` when it is installed."""
     return fast if importlib.util.find_spec(fast) else default
+
+
+def _stop_when_stdin_closes() -> None:
+    """SIGTERM to this process (uvicorn shuts down on it) once stdin reaches its end."""
+    def watch() -> None:
+        sys.stdin.read()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -84,6 +97,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f" HTTP, {_impl('uvloop', 'asyncio')} loop), torch {torch.get_num_threads()} "
           "threads", flush=True)
     print(f"PORT {sock.getsockname()[1]}", flush=True)
+    _stop_when_stdin_closes()
     config = uvicorn.Config(create_app(service), log_level="warning", access_log=False,
                             backlog=4096)
     try:
