@@ -111,6 +111,16 @@ def test_a_failing_http_request_is_counted_as_dropped(model):
     assert not result.sustains(args.p99_ms) and not result.passed
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--http", "--connections", "0"], "--connections must be >= 1, got 0"),
+    (["--http", "--queue", "0"], "--queue must be >= 1, got 0"),
+    (["--http", "--max-wait-ms", "-1"], "--max-wait-ms must be >= 0, got -1"),
+])
+def test_bad_http_options_exit_2_naming_the_option(argv, message, capsys):
+    assert load_test.main([*TINY, *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_the_digest_tells_the_same_seeded_model_from_another():
     args = load_test._resolve(load_test._parser().parse_args(TINY))
     same = weights_digest(build_model(args))

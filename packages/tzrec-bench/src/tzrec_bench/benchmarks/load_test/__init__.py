@@ -3,6 +3,7 @@ and the sustained rate (the highest at which the p99 latency stays under a bound
 
     python -m tzrec_bench.benchmarks.load_test      # CPU, tiny model, ~10-20 s
     python -m tzrec_bench.benchmarks.load_test --device cuda --max-batch 32,1 --search
+    python -m tzrec_bench.benchmarks.load_test --device cuda --max-batch 32 --search --http
 
 One session serves a stream of requests, open-loop: request i is due ``i / --rate`` seconds
 after the start, whether or not the server has finished the ones before it, and its latency
@@ -38,6 +39,11 @@ and the correctness check. ``--rates`` or ``--search`` run trials at several rat
 (:mod:`~tzrec_bench.benchmarks.load_test.search`) and print a table per batch bound (offered and
 achieved rate, p50, p99, dropped) and the sustained rate: the highest offered rate served
 with nothing dropped and p99 under ``--p99-ms``.
+
+``--http`` then runs the same trials through HTTP against the service of ``tzrec-bench
+serve`` in its own process (:mod:`~tzrec_bench.benchmarks.load_test.http`) and prints its
+figures beside the in-process ones, with their ratio (the share of the in-process rate the
+HTTP layer costs) and the same check of its answers.
 
 The correctness check: every ``--check-every``-th scoring request is answered again, after
 the timed run, by the model's full forward over the user's whole history at that moment
