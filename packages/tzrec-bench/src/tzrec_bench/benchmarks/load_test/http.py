@@ -506,7 +506,7 @@ def _ratio_line(args: argparse.Namespace, label: str, in_process: Optional[float
     ratio = http_rate / in_process
     target = ("met" if 1 - ratio <= 0.2 else "not met") if args.device.type == "cuda" else \
         "applies on a GPU"
-    cost = (f"the HTTP layer costs {100 * (1 - ratio):.1f}% of the in-process rate "
+    cost = (f"{label} costs {100 * (1 - ratio):.1f}% of the in-process rate "
             f"(target <= 20%: {target})" if ratio <= 1 else "no cost measured: the trials "
             "through HTTP served more (the machine's load differed between the two)")
     print(f"  {label} / in-process, max batch {max_batch}: {http_rate:,.1f} / {in_process:,.1f} "
