@@ -330,3 +330,40 @@ def test_a_users_requests_in_one_batch_are_answered_in_order(service_run, serve)
     _same(first, *_expected(service_run.run, *_history(service_run.rows, "u9"), 5))
     _same(last, *_expected(service_run.run, *_history(
         service_run.rows, "u9", [(i, 1_800_000_000) for i in new.items]), 5))
+
+
+def test_exclude_seen_leaves_out_every_item_of_the_whole_history_as_predict(
+        service_run, serve, tmp_path):
+    """A user whose appended events push the log's out of the model's input: the answer
+    leaves out the items of every event (not only the newest the model reads), and equals
+    ``tzrec-bench predict``'s for the same events as a log."""
+    import csv
+    import json
+
+    from tzrec_bench.cli import main
+
+    service, client = serve(service_run.run, service_run.log)
+    bound = service.limits.max_events
+    new = [(f"i{(3 * j) % 30}", 1_800_000_000 + j) for j in range(bound)]
+    log_items, log_times = _history(service_run.rows, "u6")
+    older = set(log_items) - {i for i, _ in new}
+    assert older  # items only events outside the model's input hold
+    client.get("/recommend", params={"user": "u6"})  # open: the new events are extended
+    assert client.post("/events", json={"user": "u6", "items": [i for i, _ in new],
+                                        "timestamps": [t for _, t in new]}).status_code == 200
+    k = service.limits.num_items
+    got = client.get("/recommend", params={"user": "u6", "k": k}).json()
+    assert not older & set(got["items"]) and not {i for i, _ in new} & set(got["items"])
+    log = tmp_path / "u6.csv"
+    with open(log, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["user_id", "item_id", "timestamp"])
+        writer.writerows([["u6", i, t] for i, t in zip(log_items, log_times)])
+        writer.writerows([["u6", i, t] for i, t in new])
+    out = tmp_path / "top.csv"
+    assert main(["predict", str(service_run.run), "--users", "u6", "--data", str(log),
+                 "--output", str(out), "--k", str(k)]) == 0
+    with open(out, newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert got["items"] == json.loads(row["item_ids"])
+    assert got["scores"] == pytest.approx(json.loads(row["scores"]), abs=1e-6)

@@ -12,15 +12,16 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
+from tzrec_bench.data import SequenceDataset
 from tzrec_bench.predict_users import load_run_data
 from tzrec_bench.service.batcher import Batcher
 from tzrec_bench.service.engine import Engine
 from tzrec_bench.service.histories import UserHistories
 from tzrec_bench.service.store import EventStore
 
-__all__ = ["Service", "ServiceError", "open_service"]
+__all__ = ["Service", "ServiceError", "assemble_service", "open_service"]
 
 
 class ServiceError(ValueError):
@@ -83,18 +84,16 @@ def open_service(checkpoint: str, data: Optional[str], db: str, *, device: Any =
     """
     from tzrec_bench.predict import load_session
     from tzrec_gr.checkpoint import resolve_checkpoint
-    from tzrec_gr.serving.files import session_limits
 
     file = resolve_checkpoint(checkpoint)
     if not file.is_file():
         raise FileNotFoundError(f"RUN_OR_CHECKPOINT: no checkpoint at {file}")
     session, tasks, config = load_session(file, device, backend)
-    limits = session_limits(session, tasks)
     vocabularies = session.vocabularies
     if vocabularies is None:
         raise ServiceError(f"{file} carries no id vocabulary; the service answers in the "
                            "log's raw ids (train it again with this version)")
-    if limits.contextual_width:
+    if session.server.predict_limits(tasks).contextual_width:
         raise ServiceError(f"{file}: the model reads contextual features besides the "
                            "histories, which the event log does not hold")
     run = load_run_data(config, data)
@@ -107,19 +106,51 @@ def open_service(checkpoint: str, data: Optional[str], db: str, *, device: Any =
         notes.append(f"{run.source} is not the model's training data ({'; '.join(differences)})"
                      ": items the model does not know are left out of its input")
     # data without a fingerprint (a generated set) is told apart by its name
-    store = EventStore(db, dataset.fingerprint or f"unfingerprinted {run.source}")
-    histories = UserHistories(dataset, vocabularies.items, store.by_user(), limits.max_events)
+    service = assemble_service(session, tasks, dataset, db, source=run.source,
+                               data_key=dataset.fingerprint or f"unfingerprinted {run.source}",
+                               max_batch=max_batch, max_wait_ms=max_wait_ms,
+                               max_queue=max_queue, max_cached_users=max_cached_users)
+    service.info.update({
+        "model": config.get("model", type(session.model).__name__),
+        "checkpoint": str(file),
+        "model_fingerprint": file_digest(file),
+        "training_data_fingerprint": vocabularies.fingerprint,
+    })
+    service.notes.extend(notes)
+    return service
+
+
+def assemble_service(session: Any, tasks: Optional[Sequence[str]], dataset: SequenceDataset,
+                     db: str, *, source: str, data_key: str = "", max_batch: int = 32,
+                     max_wait_ms: float = 2.0, max_queue: int = 1024,
+                     max_cached_users: int = 100_000) -> Service:
+    """A service over a session and an event log already in memory (the batcher not
+    started): what :func:`open_service` does after loading its checkpoint and log, and how
+    the load test serves a model it built itself.
+
+    Args:
+        session: a :class:`~tzrec_gr.serving.ServingSession` with ``vocabularies`` (the
+            answers are raw ids).
+        tasks: a name per output of ``score`` (None: ``task_0``, ...).
+        dataset: the users' histories before any appended event.
+        db: the SQLite file of appended events (``":memory:"``: none kept).
+        source: the log, in words (``/info``'s ``data``).
+        data_key: what the database must have been made for (empty: no check).
+    """
+    from tzrec_gr.serving.files import session_limits
+
+    limits = session_limits(session, tasks)
+    store = EventStore(db, data_key)
+    histories = UserHistories(dataset, session.vocabularies.items, store.by_user(),
+                              limits.max_events)
     engine = Engine(session, limits.tasks, histories, store, max_cached_users)
     batcher = Batcher(engine, max_batch=max_batch, max_wait_s=max_wait_ms / 1000.0,
                       max_queue=max_queue)
     info = {
-        "model": config.get("model", type(session.model).__name__),
+        "model": type(session.model).__name__,
         "task": limits.kind,
-        "checkpoint": str(file),
-        "model_fingerprint": file_digest(file),
-        "data": run.source,
+        "data": source,
         "data_fingerprint": dataset.fingerprint,
-        "training_data_fingerprint": vocabularies.fingerprint,
         "items": limits.num_items,
         "max_events": limits.max_events,
         "max_candidates": limits.max_candidates,
@@ -128,4 +159,4 @@ def open_service(checkpoint: str, data: Optional[str], db: str, *, device: Any =
         "database": str(db),
         "device": str(session.device),
     }
-    return Service(engine, batcher, limits, info, notes)
+    return Service(engine, batcher, limits, info)

@@ -107,6 +107,7 @@ class Engine:
         self.store = store
         self.max_cached_users = max_cached_users
         self.needs_actions = bool(session.server.needs_actions)
+        self.num_items = len(histories.items)
         self._open: "OrderedDict[Any, None]" = OrderedDict()
         self.counters = {"cache_hits": 0, "cache_misses": 0, "unknown_items": 0,
                          "fallbacks": 0, "events_stored": 0}
@@ -176,12 +177,22 @@ class Engine:
         answers: Dict[int, Any] = {}
         served = [i for i, ok in enumerate(opened) if ok]
         if served:
-            top = self.session.recommend([users[i] for i in served], k,
+            # the session leaves out the items of the events it holds (the newest the model
+            # takes); the items of older events are seen too: ask for enough more to drop
+            # them after (exact: the order of the rest does not change)
+            older = [self.histories.older_items(users[i]) if exclude_seen else set()
+                     for i in served]
+            wanted = min(k + max(len(o) for o in older), self.num_items)
+            top = self.session.recommend([users[i] for i in served], wanted,
                                          exclude_seen=exclude_seen)
-            items = top.raw_ids(self.session.vocabularies)
+            rows = top.ids.detach().cpu().tolist()
             scores = top.scores.detach().float().cpu().tolist()
-            for i, ids, row in zip(served, items, scores):
-                answers[i] = {"user": users[i], "items": ids, "scores": row[:len(ids)]}
+            for i, seen, row_ids, row_scores in zip(served, older, rows, scores):
+                kept = [(r, s) for r, s in zip(row_ids, row_scores)
+                        if r >= 0 and r not in seen][:k]
+                answers[i] = {"user": users[i],
+                              "items": self.histories.items.raw([r for r, _ in kept]),
+                              "scores": [s for _, s in kept]}
         for i, ok in enumerate(opened):
             if not ok:
                 self.counters["fallbacks"] += 1

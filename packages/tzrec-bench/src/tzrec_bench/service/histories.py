@@ -10,7 +10,7 @@ newest ``max_events`` kept; the others are counted and left out, never an error.
 from __future__ import annotations
 
 import itertools
-from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -93,6 +93,23 @@ class UserHistories:
         kept.extend((row, int(e.timestamp), e.action) for row, e in zip(rows, events))
         if events:
             self._newest[user] = int(events[-1].timestamp)
+
+    def older_items(self, user: Any) -> Set[int]:
+        """The model rows of the user's known items that only events older than the newest
+        ``max_events`` known ones hold: seen, though not in the model's input (what
+        ``exclude_seen`` leaves out besides the session's cached items, as predict does)."""
+        log_row = self.log_row(user)
+        appended = self._appended.get(user, ())
+        in_log = 0 if log_row < 0 else int(self.dataset.offsets[log_row + 1]
+                                               - self.dataset.offsets[log_row])
+        if in_log + len(appended) <= self.max_events:  # (cheap: most users)
+            return set()
+        rows: List[int] = []
+        if log_row >= 0:
+            rows = self.item_rows(history(self.dataset, log_row, raw_items=True)["item_ids"])
+        rows.extend(row for row, _, _ in appended)
+        known = [row for row in rows if row >= 0]
+        return set(known[:-self.max_events]) - set(known[-self.max_events:])
 
     def model_input(self, user: Any) -> Optional[ModelInput]:
         """The user's events the model knows, newest ``max_events``; None when none."""

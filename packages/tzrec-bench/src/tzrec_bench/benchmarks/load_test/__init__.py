@@ -3,6 +3,7 @@ and the sustained rate (the highest at which the p99 latency stays under a bound
 
     python -m tzrec_bench.benchmarks.load_test      # CPU, tiny model, ~10-20 s
     python -m tzrec_bench.benchmarks.load_test --device cuda --max-batch 32,1 --search
+    python -m tzrec_bench.benchmarks.load_test --device cuda --max-batch 32 --search --http
 
 One session serves a stream of requests, open-loop: request i is due ``i / --rate`` seconds
 after the start, whether or not the server has finished the ones before it, and its latency
@@ -38,6 +39,11 @@ and the correctness check. ``--rates`` or ``--search`` run trials at several rat
 (:mod:`~tzrec_bench.benchmarks.load_test.search`) and print a table per batch bound (offered and
 achieved rate, p50, p99, dropped) and the sustained rate: the highest offered rate served
 with nothing dropped and p99 under ``--p99-ms``.
+
+``--http`` then runs the same trials through HTTP against the service of ``tzrec-bench
+serve`` in its own process (:mod:`~tzrec_bench.benchmarks.load_test.http`) and prints its
+figures beside the in-process ones, with their ratio (the share of the in-process rate the
+HTTP layer costs) and the same check of its answers.
 
 The correctness check: every ``--check-every``-th scoring request is answered again, after
 the timed run, by the model's full forward over the user's whole history at that moment
@@ -192,6 +198,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int,
                    help="torch CPU threads (torch.set_num_threads). Default: torch's")
     p.add_argument("--seed", type=int, default=0)
+    http = p.add_argument_group(
+        "HTTP mode", "the same trials through HTTP to the service (tzrec_bench.service) "
+        "in its own process, beside the in-process figures (needs tzrec-bench[serve] and "
+        "httpx)")
+    http.add_argument("--http", action="store_true",
+                      help="also run the trials through HTTP and print the ratio of the "
+                      "rates")
+    http.add_argument("--connections", type=int, default=64,
+                      help="the client's connection pool. Default: 64")
+    http.add_argument("--max-wait-ms", type=float, default=2.0,
+                      help="how long the service's batcher waits for more requests. "
+                      "Default: 2")
+    http.add_argument("--queue", type=int, default=1024,
+                      help="requests the service queues before answering 503. "
+                      "Default: 1024")
+    http.add_argument("--http-db", metavar="DB", type=_comma_list(str, "databases"),
+                      default=["temp"],
+                      help="the service's SQLite database: temp (a new file in a temporary "
+                      "folder), :memory: (none on disk: the HTTP layer alone) or a path; a "
+                      "comma list runs the HTTP trials once per database. Default: temp")
     return p
 
 
@@ -231,6 +257,11 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
             raise ValueError(f"--rates must be > 0, got {r:g}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    for name in ("connections", "queue"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if not args.max_wait_ms >= 0:
+        raise ValueError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     if not args.rate > 0:
@@ -245,6 +276,15 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError(
             f"--history ({args.history}) must be at most --max-history ({args.max_history})"
         )
+    if args.http:
+        from tzrec_bench.service import require_http
+        from tzrec_ops.extras import require
+
+        try:
+            require_http()
+            require("httpx", "tzrec-bench[test]", "the load test's --http")
+        except ImportError as exc:
+            raise ValueError(f"--http: {exc}") from None
     args.model_name = resolve_model(args.model)
     args.served = probe(args)
     if args.served.takes_k and args.k > args.items:
@@ -367,6 +407,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{report['seconds']:.1f} s in all"
           + (f"; {report['reason']}" if report["reason"] else ""), flush=True)
     results: List[LoadTestResult] = []
+    in_process: Dict[int, Optional[float]] = {}  # the rate of each bound, for --http
     for max_batch in args.max_batches:
         if several:
             print(f"  max batch {max_batch}: trials of {trial}")
@@ -394,6 +435,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 t for t in trials if t.rate == best)
             print(f"  at {shown.rate:,.0f}/s, {_call_line(shown)}")
             results.extend(trials)
+            in_process[max_batch] = best
         else:
             trial = copy.copy(args)
             trial.max_batch = max_batch
@@ -401,6 +443,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             result = run_load_test(trial, session, log=log)
             _report(trial, result, device)
             results.append(result)
+            in_process[max_batch] = result.achieved
     if device.type == "cuda":
         print(f"  CUDA graphs: {_graph_line(session.graph_stats())}")
     checks = sum(r.checks for r in results)
@@ -427,4 +470,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"load_test: FAILED: served answers differ from the full forward by "
               f"{worst:.3g}x the {args.dtype} tolerance", file=sys.stderr)
         status = 1
+    if args.http:
+        from tzrec_bench.benchmarks.load_test.http import run_http_mode
+
+        status = max(status, run_http_mode(args, session.model, in_process, several, log))
     return status

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import inspect
 import types
 from typing import List
@@ -24,6 +25,7 @@ __all__ = [
     "Served",
     "build_model",
     "model_choices",
+    "weights_digest",
     "probe",
     "resolve_model",
     "served_names",
@@ -141,3 +143,13 @@ def probe(args: argparse.Namespace) -> Served:
     """The facts of ``args``' model, asked of the server of a copy on the meta device (no
     memory and no weights: the facts are known before the model is built)."""
     return Served.of(args.model_name, server_for(_construct(args, torch.device("meta"))))
+
+
+def weights_digest(model: nn.Module) -> str:
+    """A BLAKE2 digest of the model's parameters and buffers (names, dtypes and bytes):
+    the load test and the service it starts build the same seeded model, and say so."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

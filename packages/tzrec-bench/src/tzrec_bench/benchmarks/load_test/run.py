@@ -32,6 +32,7 @@ __all__ = [
     "LoadTestResult",
     "build_model",
     "call_class",
+    "check_answers",
     "percentile",
     "run_load_test",
     "size_span",
@@ -188,16 +189,20 @@ def _serve(
 
 
 def _reference(
-    model: torch.nn.Module, check: Check, k: int, device: torch.device, served: Served
+    model: torch.nn.Module, check: Check, k: int, device: torch.device, served: Served,
+    whole_history: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(served values, the full forward's values at the same places), float64 on the host."""
+    """(served values, the full forward's values at the same places), float64 on the host.
+    A top-k answer leaves out the items of the history the model reads (the session's
+    rule), or with ``whole_history`` those of every event of the user (the service's)."""
     assert check.served is not None
     n = check.item_ids.numel()
     ids, times = check.item_ids.to(device), check.timestamps.to(device)
     lengths = torch.tensor([n], dtype=torch.int64, device=device)
     with torch.no_grad():
         if served.takes_k:
-            return _top_k_reference(model, check, k, ids, lengths, times)
+            seen = check.seen if whole_history else check.item_ids
+            return _top_k_reference(model, check, k, ids, lengths, times, seen)
         cands = check.request.item_ids
         t = cands.numel()
         query = check.timestamps[-1:].to(device)  # the session's query time: newest event
@@ -215,16 +220,16 @@ def _reference(
 
 def _top_k_reference(
     model: torch.nn.Module, check: Check, k: int, ids: torch.Tensor, lengths: torch.Tensor,
-    times: torch.Tensor,
+    times: torch.Tensor, seen_ids: torch.Tensor,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`_reference` of a top-k answer: the exact scores of the served ids, and the
-    exact top-k scores (seen items excluded) in rank order."""
+    exact top-k scores (``seen_ids`` excluded) in rank order."""
     assert check.served is not None
     user = model.user_embedding(ids, lengths, times)[0].double()
     items = model.item_embedding(torch.arange(model.num_items, device=ids.device)).double()
     scores = (items @ user).cpu()
     seen = torch.zeros(model.num_items, dtype=torch.bool)
-    seen[check.item_ids] = True
+    seen[seen_ids] = True
     scores[seen] = -math.inf
     best = scores.topk(k).values
     served_ids, served_scores = check.served
@@ -233,6 +238,32 @@ def _top_k_reference(
     got = torch.cat([served_scores[valid].double(), served_scores[valid].double()])
     want = torch.cat([scores[served_ids[valid]], best[valid]])
     return got, want
+
+
+def check_answers(
+    model: torch.nn.Module, checks: Sequence[Check], args: argparse.Namespace,
+    whole_history: bool = False,
+) -> Tuple[Tolerance, float, float]:
+    """The served answers of ``checks`` against the full forward (:func:`_reference`, with
+    ``whole_history`` as there): the dtype's tolerance, the largest |served - full| and the
+    worst ratio of a difference to what the tolerance allows (<= 1: within it)."""
+    device = torch.device(args.device)
+    tol = tolerance(DTYPES[args.dtype])
+    max_abs = worst = 0.0
+    for check in checks:
+        if check.served is None:  # dropped or not sent: counted by the caller
+            continue
+        got, want = _reference(model, check, args.k, device, args.served, whole_history)
+        if got.shape != want.shape:
+            if got.numel() != want.numel():
+                raise ValueError(f"request {check.request.index}: an answer of "
+                                 f"{got.numel()} values, the full forward's {want.numel()}")
+            got = got.reshape(want.shape)
+        diff = (got - want).abs()
+        allowed_diff = tol.atol * float(want.abs().max()) + tol.rtol * want.abs()
+        max_abs = max(max_abs, float(diff.max()))
+        worst = max(worst, float((diff / allowed_diff.clamp(min=1e-300)).max()))
+    return tol, max_abs, worst
 
 
 def size_span(low: int, high: int) -> List[int]:
@@ -396,16 +427,7 @@ def run_load_test(
             + (" (stopped: the p99 bound is already exceeded)" if stopped else "")
             + f"; checking {sum(c.served is not None for c in checks)} answers against the "
             "full forward")
-    tol = tolerance(DTYPES[args.dtype])
-    max_abs = worst = 0.0
-    for check in checks:
-        if check.served is None:  # dropped or not sent: counted above
-            continue
-        got, want = _reference(session.model, check, args.k, device, args.served)
-        diff = (got - want).abs()
-        allowed_diff = tol.atol * float(want.abs().max()) + tol.rtol * want.abs()
-        max_abs = max(max_abs, float(diff.max()))
-        worst = max(worst, float((diff / allowed_diff.clamp(min=1e-300)).max()))
+    tol, max_abs, worst = check_answers(session.model, checks, args)
     kinds: Dict[str, int] = {}
     for req in timed:
         kinds[req.kind] = kinds.get(req.kind, 0) + 1

@@ -35,21 +35,28 @@ from tzrec_gr.serving import ServingSession
 __all__ = ["search_rates", "sustained", "sweep_rates", "table"]
 
 Log = Optional[Callable[[str], Any]]
+#: runs one trial of options ``args`` with the p99 bound ``stop_ms`` (the HTTP mode's);
+#: default: :func:`run_load_test` on the session
+Runner = Callable[[argparse.Namespace, float], LoadTestResult]
 
 
 def _trial(
     args: argparse.Namespace,
-    session: ServingSession,
+    session: Optional[ServingSession],
     max_batch: int,
     rate: float,
     p99_ms: float,
     log: Log,
+    run: Optional[Runner] = None,
 ) -> LoadTestResult:
     trial = copy.copy(args)
     trial.rate, trial.max_batch = rate, max_batch
     if not getattr(args, "fixed_requests", True):  # --duration seconds at this rate
         trial.requests = max(1, int(round(args.duration * rate)))
-    result = run_load_test(trial, session, stop_ms=p99_ms)
+    if run is None:
+        result = run_load_test(trial, session, stop_ms=p99_ms)
+    else:
+        result = run(trial, p99_ms)
     if log:
         log("  " + row(result, p99_ms))
     return result
@@ -57,14 +64,16 @@ def _trial(
 
 def sweep_rates(
     args: argparse.Namespace,
-    session: ServingSession,
+    session: Optional[ServingSession],
     max_batch: int,
     rates: Sequence[float],
     p99_ms: float,
     log: Log = None,
+    run: Optional[Runner] = None,
 ) -> List[LoadTestResult]:
-    """One trial at each of ``rates``, lowest first."""
-    return [_trial(args, session, max_batch, r, p99_ms, log) for r in sorted(set(rates))]
+    """One trial at each of ``rates``, lowest first (``run``: how, default on
+    ``session``)."""
+    return [_trial(args, session, max_batch, r, p99_ms, log, run) for r in sorted(set(rates))]
 
 
 def _round(rate: float) -> float:
@@ -73,20 +82,21 @@ def _round(rate: float) -> float:
 
 def search_rates(
     args: argparse.Namespace,
-    session: ServingSession,
+    session: Optional[ServingSession],
     max_batch: int,
     p99_ms: float,
     log: Log = None,
+    run: Optional[Runner] = None,
 ) -> List[LoadTestResult]:
     """Trials from ``args.rate`` by doubling (or halving), then bisection (see the module
-    docstring); returns them in the order run."""
+    docstring), each on ``session`` or by ``run``; returns them in the order run."""
     trials: List[LoadTestResult] = []
     passing: Optional[float] = None
     failing: Optional[float] = None
     rate = args.rate
     lowest = args.rate / 64
     while len(trials) < args.max_trials:
-        result = _trial(args, session, max_batch, rate, p99_ms, log)
+        result = _trial(args, session, max_batch, rate, p99_ms, log, run)
         trials.append(result)
         if result.sustains(p99_ms):
             passing = rate if passing is None else max(passing, rate)

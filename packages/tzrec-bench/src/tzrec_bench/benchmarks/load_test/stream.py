@@ -42,12 +42,14 @@ class Request:
 @dataclasses.dataclass
 class Check:
     """A scoring request to answer again with the full forward: the user's history when it
-    was served (the newest events the model takes) and what the session answered."""
+    was served (the newest events the model takes), the items of every event of the user
+    so far (``seen``, sorted) and what the session answered."""
 
     request: Request
     item_ids: torch.Tensor
     timestamps: torch.Tensor
     actions: torch.Tensor
+    seen: torch.Tensor
     served: Optional[Tuple[torch.Tensor, ...]] = None
 
 
@@ -73,6 +75,7 @@ def make_stream(args: argparse.Namespace, count: int) -> Tuple[List[Request], Li
     candidates = args.served.candidates  # scoring requests carry candidates
     start = args.history * GAP_S
     histories: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    seen: Dict[int, set] = {}
     opens: List[Request] = []
     for user in dict.fromkeys(users):  # once each, in order of first appearance
         n = args.history
@@ -81,6 +84,7 @@ def make_stream(args: argparse.Namespace, count: int) -> Tuple[List[Request], Li
         actions = torch.randint(0, 8, (n,), generator=gen)
         opens.append(Request(len(opens), user, "open", ids, times, actions))
         histories[user] = (ids, times, actions)
+        seen[user] = set(ids.tolist())
     requests: List[Request] = []
     checks: List[Check] = []
     scored = 0
@@ -93,6 +97,7 @@ def make_stream(args: argparse.Namespace, count: int) -> Tuple[List[Request], Li
             times = torch.full((n,), now)
             actions = torch.randint(0, 8, (n,), generator=gen)
             requests.append(Request(index, user, "extend", ids, times, actions))
+            seen[user].update(ids.tolist())
             histories[user] = tuple(  # type: ignore[assignment]
                 torch.cat([old, new])[-args.max_history:]
                 for old, new in zip(histories[user], (ids, times, actions))
@@ -104,7 +109,7 @@ def make_stream(args: argparse.Namespace, count: int) -> Tuple[List[Request], Li
         req = Request(index, user, "score", cands, empty, empty)
         requests.append(req)
         if scored % args.check_every == 0:
-            checks.append(Check(req, *histories[user]))
+            checks.append(Check(req, *histories[user], torch.tensor(sorted(seen[user]))))
         scored += 1
     return opens + requests, checks
 
