@@ -5,6 +5,9 @@
     nox -s demo               # the main job
     nox -l                    # every session
 
+One file, past 600 lines: nox reads its sessions from this module only, and splitting them
+over imported modules would hide them from ``nox -l`` readers of this file.
+
 Each session installs only what it names, pinned by ``constraints/cpu.txt``. Sibling packages
 come from this repository, never from an index. Environments are reused between runs
 (``.nox/``); local packages are reinstalled every time so that metadata changes are seen.
