@@ -23,7 +23,10 @@ On a CUDA device two calls replay CUDA graphs, one per padded bucket of request 
 the ranking ``score`` (the model's ``score_step``; buckets of users, cached tokens and
 candidates, :mod:`~tzrec_gr.serving._score_graphs`) and the retrieval ``recommend`` of
 opened users (the top-K scan of their stored embeddings; buckets of users, k and seen
-items, :mod:`~tzrec_gr.serving._recommend_graphs`). A bucket's graph is captured by
+items, :mod:`~tzrec_gr.serving._recommend_graphs`). So does encoding whole histories, for
+both models (``open``, users encoded again after ``extend``, :class:`Histories` given to
+a call; buckets of users and events in all, :mod:`~tzrec_gr.serving._encode_graphs`).
+A bucket's graph is captured by
 :meth:`ServingSession.warm_up` before any request, or else by the first request in it;
 requests outside every bucket run eager. ``graph_stats()`` reports the captures, their
 time and memory, and the replays.
@@ -45,7 +48,14 @@ from torch import nn
 
 from tzrec_gr.checkpoint import load_model
 from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
-from tzrec_gr.serving._graphs import GraphPool, GraphSet, check_buckets, fit
+from tzrec_gr.serving._encode_graphs import EncodeGraphs
+from tzrec_gr.serving._graphs import (
+    GraphPool,
+    GraphSet,
+    check_buckets,
+    fit,
+    powers_of_two_up_to,
+)
 from tzrec_gr.serving._recommend_graphs import RecommendGraphs
 from tzrec_gr.serving._score_graphs import ScoreGraphs
 from tzrec_gr.serving._users import (
@@ -81,8 +91,8 @@ class ServingSession:
         device (torch.device | str | None): where to serve. Default: the model's.
         cuda_graphs (str): ``"auto"`` (graphs on a CUDA device, eager elsewhere), ``"on"``
             (a CUDA device required; a step that cannot be captured raises) or ``"off"``.
-            The ranking ``score`` and the retrieval ``recommend`` of opened users are
-            captured. Default: ``"auto"``.
+            The ranking ``score``, the retrieval ``recommend`` of opened users and the
+            whole-history encode are captured. Default: ``"auto"``.
         batch_buckets (Sequence[int]): the users per graph bucket (``recommend`` uses the
             powers of two up to the largest). Default: 1, 2, 4, ..., 64.
         length_buckets (Sequence[int] | None): per user per bucket, ranking: cached tokens
@@ -90,7 +100,13 @@ class ServingSession:
             retrieval: seen items (default: powers of two from 64 up to ``max_seq_len``).
         candidate_buckets (Sequence[int] | None): candidates per user per bucket (ranking).
             Default: powers of two up to the model's ``max_targets``.
-        max_graphs (int): the most graphs captured; later buckets run eager. Default: 32.
+        event_buckets (Sequence[int] | None): events of all users of a whole-history
+            encode per bucket. Default: powers of two from 64 up to the largest batch
+            bucket times the model's ``max_events``.
+        encode_graphs (bool): capture the whole-history encode too (with ``cuda_graphs``
+            not ``"off"``). Default: True.
+        max_graphs (int): the most graphs captured per call (``score`` or ``recommend``,
+            and the encode); later buckets run eager. Default: 32.
         chunk_size (int): catalogue items scored at a time by ``recommend``. Default: 65536.
         vocabularies (IdVocabularies | None): the raw ids of the model's items (and of the
             training data's users), which :meth:`from_checkpoint` reads from the checkpoint;
@@ -131,6 +147,8 @@ class ServingSession:
         batch_buckets: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
         length_buckets: Optional[Sequence[int]] = None,
         candidate_buckets: Optional[Sequence[int]] = None,
+        event_buckets: Optional[Sequence[int]] = None,
+        encode_graphs: bool = True,
         max_graphs: int = 32,
         chunk_size: int = 65536,
         vocabularies: Optional[IdVocabularies] = None,
@@ -158,6 +176,7 @@ class ServingSession:
         self._users = UserStore(self.device)
         self._catalogue: Optional[torch.Tensor] = None
         self._graphs: Optional[GraphSet] = None
+        self._encode_graphs: Optional[EncodeGraphs] = None
         self._pool = GraphPool()
         self._strict_graphs = cuda_graphs == "on"
         self._warm_up: Optional[Dict[str, Any]] = None
@@ -165,11 +184,14 @@ class ServingSession:
             ("batch_buckets", batch_buckets),
             ("length_buckets", length_buckets),
             ("candidate_buckets", candidate_buckets),
+            ("event_buckets", event_buckets),
         ):
             check_buckets(name, values)
         self._batch_buckets = tuple(sorted(batch_buckets))
         if isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 0:
             raise ValueError(f"max_graphs must be an int >= 0, got {max_graphs!r}")
+        if not isinstance(encode_graphs, bool):
+            raise ValueError(f"encode_graphs must be True or False, got {encode_graphs!r}")
         cuda = self.device.type == "cuda"
         if cuda_graphs == "on" and not cuda:
             raise ValueError(f"cuda_graphs='on' needs a CUDA device, got {self.device}")
@@ -188,6 +210,16 @@ class ServingSession:
             )
             if self._graphs is None:
                 self._no_graphs = why_not
+            if encode_graphs:
+                most = self._batch_buckets[-1] * server.max_events
+                self._encode_graphs = EncodeGraphs(
+                    server,
+                    self.device,
+                    self._pool,
+                    self._batch_buckets,
+                    event_buckets or powers_of_two_up_to(most, 64),
+                    max_graphs,
+                )
 
     @property
     def kind(self) -> str:
@@ -439,10 +471,13 @@ class ServingSession:
         ``skipped``. Without CUDA graphs (a CPU device, ``cuda_graphs="off"``, a ranking
         model with a sliding attention window) nothing is captured: the report says why.
 
-        Encoding whole histories (``open``, extended users encoded again) and the
-        incremental ``extend`` run eager, their kernels tuned at the first call of each
-        shape: ``histories`` and ``events`` run them before any request, at the batch
-        bucket of each of ``batch_sizes`` (:mod:`~tzrec_gr.serving._warm_up`).
+        Encoding whole histories (``open``, extended users encoded again) is captured
+        too, per bucket of users and events in all: ``histories`` captures the buckets
+        of each of ``batch_sizes`` users of each of ``histories`` events (reported under
+        ``encode_graphs``, in the same form). The incremental ``extend``, and encodes
+        outside those buckets, run eager, their kernels tuned at the first call of each
+        shape: ``histories`` and ``events`` run them once before any request, at the
+        batch bucket of each of ``batch_sizes`` (:mod:`~tzrec_gr.serving._warm_up`).
 
         Args:
             batch_sizes (Sequence[int] | None): users per request. Default: every
@@ -466,8 +501,9 @@ class ServingSession:
             room), ``failed`` (bucket -> error), ``capture_ms``, ``memory_bytes`` (static
             inputs and pool memory of the captures made now), ``encoded`` and ``extended``
             (the eager shapes run), ``encode_seconds``, ``seconds`` (wall time) and
-            ``reason`` (why nothing could be captured, else None). ``graph_stats()`` keeps
-            it as ``warm_up``.
+            ``reason`` (why nothing could be captured, else None), ``encode_graphs`` (the
+            encode captures' report: ``captured``... as above). ``graph_stats()`` keeps it
+            as ``warm_up``.
 
         Raises:
             ValueError: a size is not an int >= 1 or falls in no bucket (named), or an
@@ -492,8 +528,19 @@ class ServingSession:
             report["reason"] = None
         buckets = self._batch_buckets
         users = [fit(b, buckets) or b for b in batch_sizes or buckets]
+        encoder = self._encode_graphs
+        report["encode_graphs"] = (
+            GraphSet.no_report()
+            if encoder is None
+            else encoder.warm_up(
+                encoder.warm_up_buckets({"batch_sizes": users, "histories": histories}, False),
+                False,
+            )
+        )
         report.update(
-            warm_up_encoding(self.server, self.device, users, list(histories), list(events))
+            warm_up_encoding(
+                self.server, self.device, users, list(histories), list(events), self._prefill
+            )
         )
         report["seconds"] = time.perf_counter() - started
         self._warm_up = report
@@ -505,11 +552,19 @@ class ServingSession:
         ``capture_ms`` and ``memory_bytes`` (totals over the graphs), ``graphs`` (per
         bucket: ``bucket``, ``capture_ms``, ``memory_bytes`` = static inputs plus the pool
         memory the capture reserved, ``replays``, ``warm_up`` = captured by
-        :meth:`warm_up`), ``failed`` (buckets whose capture failed, with the error) and
-        ``warm_up`` (the last :meth:`warm_up`'s report, or None)."""
+        :meth:`warm_up`), ``failed`` (buckets whose capture failed, with the error),
+        ``encode`` (the same for the whole-history encode's graphs, with its own
+        ``enabled``) and ``warm_up`` (the last :meth:`warm_up`'s report, or None)."""
         graphs = self._graphs
         stats = GraphSet.no_stats() if graphs is None else graphs.stats()
-        return {"enabled": graphs is not None, **stats, "warm_up": self._warm_up}
+        encoder = self._encode_graphs
+        encode = GraphSet.no_stats() if encoder is None else encoder.stats()
+        return {
+            "enabled": graphs is not None,
+            **stats,
+            "encode": {"enabled": encoder is not None, **encode},
+            "warm_up": self._warm_up,
+        }
 
     # -- internals ------------------------------------------------------------------------
 
@@ -529,13 +584,23 @@ class ServingSession:
         self.server.check_histories(histories, **kwargs)
 
     def _prefill(self, h: Histories) -> ServingCache:
+        """Encode checked whole histories: replayed in a CUDA graph when they fit a
+        bucket, else eager."""
+        graphs = self._encode_graphs
+        if graphs is not None:
+            bucket = graphs.bucket(h.batch_size, h.item_ids.shape[0])
+            if bucket is not None:
+                cache = graphs.encode(bucket, h, self._strict_graphs)
+                if cache is not None:
+                    return cache
+            graphs.eager_calls += 1
         return self.server.prefill_histories(h, self.device)
 
     def _store(self, ids: List[Hashable], h: Histories, cache: ServingCache) -> None:
         self._users.store(ids, h, cache, self.server.request_times(h))
 
     def _encoded(self, users: UserIds, states: List[UserState]) -> List[UserState]:
-        return self._users.encoded(users, states, self.server)
+        return self._users.encoded(users, states, self.server, self._prefill)
 
     def _assemble(self, users: UserIds, states: List[Any]) -> ServingCache:
         return self._users.assemble(
