@@ -223,6 +223,12 @@ class EncodeGraphs(GraphSet):
             max_len=int(cached.max()) if batch else 0,
         )
 
+    def encode_request(self, histories: Histories, strict: bool) -> Optional[ServingCache]:
+        """:meth:`encode` in the request's bucket; None outside every bucket or when the
+        capture failed (counted as an eager call: the caller runs it eager)."""
+        bucket = self.bucket(histories.batch_size, histories.item_ids.shape[0])
+        return self.replayed(bucket, lambda b: self.encode(b, histories, strict))
+
     @torch.no_grad()
     def encode(self, bucket: Bucket, histories: Histories, strict: bool) -> Optional[ServingCache]:
         """The cache of checked ``histories`` replayed in ``bucket``'s graph; None when the

@@ -34,7 +34,8 @@ time and memory, and the replays.
 The session's parts live beside it: the model's server (:class:`~.ranking.RankingServer` or
 :class:`~.retrieval.RetrievalServer`, whose common protocol, :class:`~.server.ModelServer`,
 checks and encodes a request's histories), the opened users' state (:mod:`._users`), the
-graphs (:mod:`._graphs` and the two above); checkpoints are read by :mod:`tzrec_gr.checkpoint`.
+graphs (:mod:`._session_graphs`, :mod:`._graphs` and the three above); checkpoints are read
+by :mod:`tzrec_gr.checkpoint`.
 """
 
 from __future__ import annotations
@@ -48,16 +49,10 @@ from torch import nn
 
 from tzrec_gr.checkpoint import load_model
 from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
-from tzrec_gr.serving._encode_graphs import EncodeGraphs
-from tzrec_gr.serving._graphs import (
-    GraphPool,
-    GraphSet,
-    check_buckets,
-    fit,
-    powers_of_two_up_to,
-)
+from tzrec_gr.serving._graphs import GraphPool, check_buckets, fit
 from tzrec_gr.serving._recommend_graphs import RecommendGraphs
 from tzrec_gr.serving._score_graphs import ScoreGraphs
+from tzrec_gr.serving._session_graphs import build_graphs, graph_stats, warm_up_graphs
 from tzrec_gr.serving._users import (
     UserIds,
     UserState,
@@ -74,7 +69,7 @@ from tzrec_gr.serving.topk import TopK, catalogue_topk
 from tzrec_gr.stu import ServingCache
 from tzrec_gr.stu.serving_cache import longest
 from tzrec_gr.vocabulary import IdVocabularies
-from tzrec_ops.jagged import host_copy, offsets_from_lengths, to_device
+from tzrec_ops.jagged import offsets_from_lengths, to_device
 
 __all__ = ["ServingSession", "server_for"]
 
@@ -175,51 +170,24 @@ class ServingSession:
         self.vocabularies = vocabularies
         self._users = UserStore(self.device)
         self._catalogue: Optional[torch.Tensor] = None
-        self._graphs: Optional[GraphSet] = None
-        self._encode_graphs: Optional[EncodeGraphs] = None
         self._pool = GraphPool()
         self._strict_graphs = cuda_graphs == "on"
         self._warm_up: Optional[Dict[str, Any]] = None
-        for name, values in (
-            ("batch_buckets", batch_buckets),
-            ("length_buckets", length_buckets),
-            ("candidate_buckets", candidate_buckets),
-            ("event_buckets", event_buckets),
-        ):
-            check_buckets(name, values)
+        self._graphs, self._encode_graphs, self._no_graphs = build_graphs(
+            server,
+            self.device,
+            self._pool,
+            cuda_graphs=cuda_graphs,
+            batch_buckets=batch_buckets,
+            length_buckets=length_buckets,
+            candidate_buckets=candidate_buckets,
+            event_buckets=event_buckets,
+            encode_graphs=encode_graphs,
+            max_graphs=max_graphs,
+            chunk_size=chunk_size,
+            catalogue=self._items,
+        )
         self._batch_buckets = tuple(sorted(batch_buckets))
-        if isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 0:
-            raise ValueError(f"max_graphs must be an int >= 0, got {max_graphs!r}")
-        if not isinstance(encode_graphs, bool):
-            raise ValueError(f"encode_graphs must be True or False, got {encode_graphs!r}")
-        cuda = self.device.type == "cuda"
-        if cuda_graphs == "on" and not cuda:
-            raise ValueError(f"cuda_graphs='on' needs a CUDA device, got {self.device}")
-        self._no_graphs = f"cuda_graphs={cuda_graphs!r} on device {self.device}"
-        if cuda and cuda_graphs != "off":
-            self._graphs, why_not = self.server.cuda_graphs(
-                device=self.device,
-                pool=self._pool,
-                batch_buckets=batch_buckets,
-                length_buckets=length_buckets,
-                candidate_buckets=candidate_buckets,
-                max_graphs=max_graphs,
-                chunk_size=chunk_size,
-                catalogue=self._items,
-                strict=self._strict_graphs,
-            )
-            if self._graphs is None:
-                self._no_graphs = why_not
-            if encode_graphs:
-                most = self._batch_buckets[-1] * server.max_events
-                self._encode_graphs = EncodeGraphs(
-                    server,
-                    self.device,
-                    self._pool,
-                    self._batch_buckets,
-                    event_buckets or powers_of_two_up_to(most, 64),
-                    max_graphs,
-                )
 
     @property
     def kind(self) -> str:
@@ -520,22 +488,15 @@ class ServingSession:
                     f"{name} is for {server.call} ({server.kind}); this session serves {self.kind}"
                 )
         encoding_sizes(self.server, histories, events)
-        graphs = self._graphs
-        if graphs is None:
-            report = {**GraphSet.no_report(), "reason": f"no CUDA graphs here ({self._no_graphs})"}
-        else:
-            report = graphs.warm_up(graphs.warm_up_buckets(sizes, exclude_seen), False)
-            report["reason"] = None
         buckets = self._batch_buckets
         users = [fit(b, buckets) or b for b in batch_sizes or buckets]
-        encoder = self._encode_graphs
-        report["encode_graphs"] = (
-            GraphSet.no_report()
-            if encoder is None
-            else encoder.warm_up(
-                encoder.warm_up_buckets({"batch_sizes": users, "histories": histories}, False),
-                False,
-            )
+        report = warm_up_graphs(
+            self._graphs,
+            self._encode_graphs,
+            self._no_graphs,
+            sizes,
+            exclude_seen,
+            {"batch_sizes": users, "histories": histories},
         )
         report.update(
             warm_up_encoding(
@@ -555,16 +516,7 @@ class ServingSession:
         :meth:`warm_up`), ``failed`` (buckets whose capture failed, with the error),
         ``encode`` (the same for the whole-history encode's graphs, with its own
         ``enabled``) and ``warm_up`` (the last :meth:`warm_up`'s report, or None)."""
-        graphs = self._graphs
-        stats = GraphSet.no_stats() if graphs is None else graphs.stats()
-        encoder = self._encode_graphs
-        encode = GraphSet.no_stats() if encoder is None else encoder.stats()
-        return {
-            "enabled": graphs is not None,
-            **stats,
-            "encode": {"enabled": encoder is not None, **encode},
-            "warm_up": self._warm_up,
-        }
+        return graph_stats(self._graphs, self._encode_graphs, self._warm_up)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -587,14 +539,8 @@ class ServingSession:
         """Encode checked whole histories: replayed in a CUDA graph when they fit a
         bucket, else eager."""
         graphs = self._encode_graphs
-        if graphs is not None:
-            bucket = graphs.bucket(h.batch_size, h.item_ids.shape[0])
-            if bucket is not None:
-                cache = graphs.encode(bucket, h, self._strict_graphs)
-                if cache is not None:
-                    return cache
-            graphs.eager_calls += 1
-        return self.server.prefill_histories(h, self.device)
+        cache = None if graphs is None else graphs.encode_request(h, self._strict_graphs)
+        return cache if cache is not None else self.server.prefill_histories(h, self.device)
 
     def _store(self, ids: List[Hashable], h: Histories, cache: ServingCache) -> None:
         self._users.store(ids, h, cache, self.server.request_times(h))
@@ -618,16 +564,9 @@ class ServingSession:
     ) -> Optional[TopK]:
         """The opened users' top-k replayed in a CUDA graph, or None (then run eager)."""
         graphs = self._graphs
-        if not isinstance(graphs, RecommendGraphs) or not graphs.valid_k(k):
-            return None  # (a bad k raises in the eager call)
-        max_seen = None if seen is None else max(t.numel() for t in seen)
-        bucket = graphs.bucket(embeddings.shape[0], k, max_seen)
-        if bucket is not None:
-            top = graphs.recommend(bucket, embeddings, seen, self._strict_graphs)
-            if top is not None:
-                return top
-        graphs.eager_calls += 1
-        return None
+        if not isinstance(graphs, RecommendGraphs):
+            return None
+        return graphs.recommend_request(embeddings, seen, k, self._strict_graphs)
 
     def _score_cache(
         self,
@@ -644,16 +583,9 @@ class ServingSession:
             ids, timestamps = ids.to(self.device), timestamps.to(self.device)
         graphs = self._graphs
         if isinstance(graphs, ScoreGraphs):
-            bucket = graphs.bucket(
-                cache.batch_size,
-                int(host_copy(cache.lengths).values.max()),
-                int(lengths.max()) if lengths.numel() else 0,
-            )
-            if bucket is not None:
-                out = graphs.score(bucket, cache, ids, lengths, timestamps, self._strict_graphs)
-                if out is not None:
-                    return out
-            graphs.eager_calls += 1
+            out = graphs.score_request(cache, ids, lengths, timestamps, self._strict_graphs)
+            if out is not None:
+                return out
         candidates = {
             CANDIDATE_ITEM_ID: ids,
             CANDIDATE_LENGTHS: to_device(lengths, self.device),
