@@ -255,6 +255,22 @@ def test_warm_up_runs_every_shape_before_the_clock():
     assert len(session) == 0
 
 
+def test_no_encode_graphs_reaches_the_session(monkeypatch):
+    from tzrec_bench.benchmarks.load_test import run
+
+    made = []
+    real = run.ServingSession
+
+    def session(*a, **kw):
+        made.append(kw)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(run, "ServingSession", session)
+    run.run_load_test(_args("--requests", "4"))
+    run.run_load_test(_args("--requests", "4", "--no-encode-graphs"))
+    assert [kw["encode_graphs"] for kw in made] == [True, False]
+
+
 def _fake_trial(capacity, calls):
     """A run_load_test stand-in: the p99 stays under 50 ms iff the rate <= capacity."""
 

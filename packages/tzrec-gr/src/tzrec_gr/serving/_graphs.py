@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -212,6 +212,15 @@ class GraphSet:
             return False
         self.entries[entry.bucket] = entry
         return True
+
+    def replayed(self, bucket: Optional[Bucket], run: Callable[[Bucket], Any]) -> Any:
+        """``run(bucket)`` (a request replayed in ``bucket``'s graph, None when its capture
+        failed) for a request that fits ``bucket``; None otherwise or then, counted as an
+        eager call (the caller runs it eager)."""
+        out = None if bucket is None else run(bucket)
+        if out is None:
+            self.eager_calls += 1
+        return out
 
     def replay(self, entry: Entry) -> Any:
         """Replay the entry's graph on its buffers; returns its static output."""

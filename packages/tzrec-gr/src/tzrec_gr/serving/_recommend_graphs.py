@@ -189,6 +189,18 @@ class RecommendGraphs(GraphSet):
         )
 
     @torch.no_grad()
+    def recommend_request(
+        self, embeddings: torch.Tensor, seen: Optional[List[torch.Tensor]], k: int, strict: bool
+    ) -> Optional[TopK]:
+        """:meth:`recommend` in the request's bucket; None outside every bucket or when
+        the capture failed (counted as an eager call: the caller runs it eager), or for a
+        bad ``k`` (not counted: the eager call raises)."""
+        if not self.valid_k(k):
+            return None
+        max_seen = None if seen is None else max(t.numel() for t in seen)
+        bucket = self.bucket(embeddings.shape[0], k, max_seen)
+        return self.replayed(bucket, lambda b: self.recommend(b, embeddings, seen, strict))
+
     def recommend(
         self,
         bucket: Bucket,

@@ -273,6 +273,25 @@ class ScoreGraphs(GraphSet):
         assert isinstance(entry, _ScoreEntry) and entry.cache is not None
         remember_host_copy(entry.cache.lengths, entry.lengths_host)
 
+    def score_request(
+        self,
+        cache: ServingCache,
+        ids: torch.Tensor,
+        lengths: torch.Tensor,
+        timestamps: torch.Tensor,
+        strict: bool,
+    ) -> Optional[torch.Tensor]:
+        """:meth:`score` in the request's bucket; None outside every bucket or when the
+        capture failed (counted as an eager call: the caller runs it eager)."""
+        bucket = self.bucket(
+            cache.batch_size,
+            int(host_copy(cache.lengths).values.max()),
+            int(lengths.max()) if lengths.numel() else 0,
+        )
+        return self.replayed(
+            bucket, lambda b: self.score(b, cache, ids, lengths, timestamps, strict)
+        )
+
     @torch.no_grad()
     def score(
         self,

@@ -22,7 +22,18 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import TYPE_CHECKING, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Callable,
+    Dict,
+    Hashable,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import torch
 
@@ -292,18 +303,26 @@ class UserStore:
         self._group = None
 
     def encoded(
-        self, users: UserIds, states: List[UserState], server: ModelServer
+        self,
+        users: UserIds,
+        states: List[UserState],
+        server: ModelServer,
+        prefill: Optional[Callable[[Histories], ServingCache]] = None,
     ) -> List[UserState]:
         """``states`` (of ``users``) with every stale user's kept history encoded again by
-        ``server``, in one prefill (the users keep their place in the opening order);
-        ``states`` itself when none is stale."""
+        ``prefill`` (default: ``server``'s ``prefill_histories`` on the store's device), in
+        one call (the users keep their place in the opening order); ``states`` itself
+        when none is stale."""
         stale = [b for b, s in enumerate(states) if s.stale]
         if not stale:
             return states
         ids = user_list("users", users)
         history = stored_histories([states[b] for b in stale], query_time=server.keeps_query_time)
         with torch.no_grad():
-            cache = server.prefill_histories(history, self.device)
+            if prefill is None:
+                cache = server.prefill_histories(history, self.device)
+            else:
+                cache = prefill(history)
         again = [ids[b] for b in stale]
         self.store(again, history, cache, server.request_times(history), reopen=False)
         return [self.users[u] for u in ids]

@@ -14,12 +14,13 @@ largest sizes of the requests (with those two) covers every request in between.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.serving.server import ModelServer
+from tzrec_gr.stu import ServingCache
 
 __all__ = ["encoding_sizes", "synthetic_histories", "warm_up_encoding"]
 
@@ -74,6 +75,7 @@ def warm_up_encoding(
     batch_sizes: Sequence[int],
     histories: Sequence[int],
     events: Sequence[int],
+    prefill: Optional[Callable[[Histories], ServingCache]] = None,
 ) -> Dict[str, Any]:
     """Encode ``B`` synthetic users of ``n`` events for every ``B`` in ``batch_sizes`` and
     ``n`` in ``histories``; where the server extends incrementally, also append ``Δ``
@@ -87,6 +89,8 @@ def warm_up_encoding(
             ``[1, max_events]``.
         events (Sequence[int]): new events per user of the extends, each with the
             history within ``max_events`` (the combinations past it are left out).
+        prefill: encodes histories (the session's: a CUDA graph where one was captured).
+            Default: the server's ``prefill_histories`` on ``device``.
 
     Returns:
         Dict[str, Any]: ``encoded`` (``{"batch", "events"}`` of each encoding),
@@ -102,7 +106,8 @@ def warm_up_encoding(
     report: Dict[str, Any] = {"encoded": [], "extended": []}
     for batch in sorted(set(batch_sizes)):
         for n in lengths:
-            cache = server.prefill_histories(synthetic_histories(server, batch, n), device)
+            h = synthetic_histories(server, batch, n)
+            cache = server.prefill_histories(h, device) if prefill is None else prefill(h)
             report["encoded"].append({"batch": batch, "events": n})
             if not server.extends_incrementally:
                 continue

@@ -397,10 +397,22 @@ class RankingServer(ModelServer):
 
     @torch.no_grad()
     def prefill_histories(self, histories: Histories, device: torch.device) -> ServingCache:
-        features = self.history_features(histories, device)
-        if self.model.contextual_seq_len > 0 and histories.contextual is not None:
-            features[CONTEXTUAL] = histories.contextual.to(device, self.dtype)
-        query_time = histories.query_times().to(device)
+        contextual = histories.contextual
+        return self.encode(
+            self.history_features(histories, device),
+            None if contextual is None else contextual.to(device),
+            histories.query_times().to(device),
+        )
+
+    @torch.no_grad()
+    def encode(
+        self,
+        features: Batch,
+        contextual: Optional[torch.Tensor],
+        query_time: Optional[torch.Tensor],
+    ) -> ServingCache:
+        if self.model.contextual_seq_len > 0 and contextual is not None:
+            features = {**features, CONTEXTUAL: contextual.to(self.dtype)}
         return self._prefill(features, query_time, self.model.max_uih_len)
 
     @torch.no_grad()

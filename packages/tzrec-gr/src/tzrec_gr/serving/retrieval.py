@@ -35,6 +35,7 @@ from tzrec_gr.serving._recommend_graphs import RecommendGraphs
 from tzrec_gr.serving._rows import register_predict_kind
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.serving.server import (
+    Features,
     ModelServer,
     check_positive,
     example_new_lengths,
@@ -348,9 +349,21 @@ class RetrievalServer(ModelServer):
 
     @torch.no_grad()
     def prefill_histories(self, histories: Histories, device: torch.device) -> ServingCache:
-        f = self.history_features(histories, device)
+        return self.encode(self.history_features(histories, device), None, None)
+
+    @torch.no_grad()
+    def encode(
+        self,
+        features: Features,
+        contextual: Optional[torch.Tensor],
+        query_time: Optional[torch.Tensor],
+    ) -> ServingCache:
+        # (no contextual features; the time anchor is each user's newest event)
         return self._prefill(
-            f[UIH_ITEM_ID], f[UIH_LENGTHS], f[UIH_TIMESTAMPS], self.model.max_seq_len
+            features[UIH_ITEM_ID],
+            features[UIH_LENGTHS],
+            features[UIH_TIMESTAMPS],
+            self.model.max_seq_len,
         )
 
     @torch.no_grad()

@@ -407,6 +407,19 @@ class ModelServer(abc.ABC):
         """Encode histories checked by :meth:`check_histories` (not checked again)."""
 
     @abc.abstractmethod
+    def encode(
+        self,
+        features: Features,
+        contextual: Optional[torch.Tensor],
+        query_time: Optional[torch.Tensor],
+    ) -> ServingCache:
+        """:meth:`prefill_histories` of histories already on the device: ``features`` the
+        ``uih.*`` features (actions where :attr:`needs_actions`; the lengths' host copy
+        known), ``contextual`` [B, C * Fc] (or None), ``query_time`` [B] (or None where
+        the model anchors no time gaps on it). Reads nothing on the host, so a CUDA graph
+        can capture it (:mod:`._encode_graphs`)."""
+
+    @abc.abstractmethod
     def extend_histories(
         self, cache: ServingCache, events: Histories, device: torch.device
     ) -> ServingCache:

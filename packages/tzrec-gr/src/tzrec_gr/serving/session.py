@@ -23,7 +23,10 @@ On a CUDA device two calls replay CUDA graphs, one per padded bucket of request 
 the ranking ``score`` (the model's ``score_step``; buckets of users, cached tokens and
 candidates, :mod:`~tzrec_gr.serving._score_graphs`) and the retrieval ``recommend`` of
 opened users (the top-K scan of their stored embeddings; buckets of users, k and seen
-items, :mod:`~tzrec_gr.serving._recommend_graphs`). A bucket's graph is captured by
+items, :mod:`~tzrec_gr.serving._recommend_graphs`). So does encoding whole histories, for
+both models (``open``, users encoded again after ``extend``, :class:`Histories` given to
+a call; buckets of users and events in all, :mod:`~tzrec_gr.serving._encode_graphs`).
+A bucket's graph is captured by
 :meth:`ServingSession.warm_up` before any request, or else by the first request in it;
 requests outside every bucket run eager. ``graph_stats()`` reports the captures, their
 time and memory, and the replays.
@@ -31,7 +34,8 @@ time and memory, and the replays.
 The session's parts live beside it: the model's server (:class:`~.ranking.RankingServer` or
 :class:`~.retrieval.RetrievalServer`, whose common protocol, :class:`~.server.ModelServer`,
 checks and encodes a request's histories), the opened users' state (:mod:`._users`), the
-graphs (:mod:`._graphs` and the two above); checkpoints are read by :mod:`tzrec_gr.checkpoint`.
+graphs (:mod:`._session_graphs`, :mod:`._graphs` and the three above); checkpoints are read
+by :mod:`tzrec_gr.checkpoint`.
 """
 
 from __future__ import annotations
@@ -45,9 +49,10 @@ from torch import nn
 
 from tzrec_gr.checkpoint import load_model
 from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
-from tzrec_gr.serving._graphs import GraphPool, GraphSet, check_buckets, fit
+from tzrec_gr.serving._graphs import GraphPool, check_buckets, fit
 from tzrec_gr.serving._recommend_graphs import RecommendGraphs
 from tzrec_gr.serving._score_graphs import ScoreGraphs
+from tzrec_gr.serving._session_graphs import build_graphs, graph_stats, warm_up_graphs
 from tzrec_gr.serving._users import (
     UserIds,
     UserState,
@@ -64,7 +69,7 @@ from tzrec_gr.serving.topk import TopK, catalogue_topk
 from tzrec_gr.stu import ServingCache
 from tzrec_gr.stu.serving_cache import longest
 from tzrec_gr.vocabulary import IdVocabularies
-from tzrec_ops.jagged import host_copy, offsets_from_lengths, to_device
+from tzrec_ops.jagged import offsets_from_lengths, to_device
 
 __all__ = ["ServingSession", "server_for"]
 
@@ -81,8 +86,8 @@ class ServingSession:
         device (torch.device | str | None): where to serve. Default: the model's.
         cuda_graphs (str): ``"auto"`` (graphs on a CUDA device, eager elsewhere), ``"on"``
             (a CUDA device required; a step that cannot be captured raises) or ``"off"``.
-            The ranking ``score`` and the retrieval ``recommend`` of opened users are
-            captured. Default: ``"auto"``.
+            The ranking ``score``, the retrieval ``recommend`` of opened users and the
+            whole-history encode are captured. Default: ``"auto"``.
         batch_buckets (Sequence[int]): the users per graph bucket (``recommend`` uses the
             powers of two up to the largest). Default: 1, 2, 4, ..., 64.
         length_buckets (Sequence[int] | None): per user per bucket, ranking: cached tokens
@@ -90,7 +95,13 @@ class ServingSession:
             retrieval: seen items (default: powers of two from 64 up to ``max_seq_len``).
         candidate_buckets (Sequence[int] | None): candidates per user per bucket (ranking).
             Default: powers of two up to the model's ``max_targets``.
-        max_graphs (int): the most graphs captured; later buckets run eager. Default: 32.
+        event_buckets (Sequence[int] | None): events of all users of a whole-history
+            encode per bucket. Default: powers of two from 64 up to the largest batch
+            bucket times the model's ``max_events``.
+        encode_graphs (bool): capture the whole-history encode too (with ``cuda_graphs``
+            not ``"off"``). Default: True.
+        max_graphs (int): the most graphs captured per call (``score`` or ``recommend``,
+            and the encode); later buckets run eager. Default: 32.
         chunk_size (int): catalogue items scored at a time by ``recommend``. Default: 65536.
         vocabularies (IdVocabularies | None): the raw ids of the model's items (and of the
             training data's users), which :meth:`from_checkpoint` reads from the checkpoint;
@@ -131,6 +142,8 @@ class ServingSession:
         batch_buckets: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
         length_buckets: Optional[Sequence[int]] = None,
         candidate_buckets: Optional[Sequence[int]] = None,
+        event_buckets: Optional[Sequence[int]] = None,
+        encode_graphs: bool = True,
         max_graphs: int = 32,
         chunk_size: int = 65536,
         vocabularies: Optional[IdVocabularies] = None,
@@ -157,37 +170,24 @@ class ServingSession:
         self.vocabularies = vocabularies
         self._users = UserStore(self.device)
         self._catalogue: Optional[torch.Tensor] = None
-        self._graphs: Optional[GraphSet] = None
         self._pool = GraphPool()
         self._strict_graphs = cuda_graphs == "on"
         self._warm_up: Optional[Dict[str, Any]] = None
-        for name, values in (
-            ("batch_buckets", batch_buckets),
-            ("length_buckets", length_buckets),
-            ("candidate_buckets", candidate_buckets),
-        ):
-            check_buckets(name, values)
+        self._graphs, self._encode_graphs, self._no_graphs = build_graphs(
+            server,
+            self.device,
+            self._pool,
+            cuda_graphs=cuda_graphs,
+            batch_buckets=batch_buckets,
+            length_buckets=length_buckets,
+            candidate_buckets=candidate_buckets,
+            event_buckets=event_buckets,
+            encode_graphs=encode_graphs,
+            max_graphs=max_graphs,
+            chunk_size=chunk_size,
+            catalogue=self._items,
+        )
         self._batch_buckets = tuple(sorted(batch_buckets))
-        if isinstance(max_graphs, bool) or not isinstance(max_graphs, int) or max_graphs < 0:
-            raise ValueError(f"max_graphs must be an int >= 0, got {max_graphs!r}")
-        cuda = self.device.type == "cuda"
-        if cuda_graphs == "on" and not cuda:
-            raise ValueError(f"cuda_graphs='on' needs a CUDA device, got {self.device}")
-        self._no_graphs = f"cuda_graphs={cuda_graphs!r} on device {self.device}"
-        if cuda and cuda_graphs != "off":
-            self._graphs, why_not = self.server.cuda_graphs(
-                device=self.device,
-                pool=self._pool,
-                batch_buckets=batch_buckets,
-                length_buckets=length_buckets,
-                candidate_buckets=candidate_buckets,
-                max_graphs=max_graphs,
-                chunk_size=chunk_size,
-                catalogue=self._items,
-                strict=self._strict_graphs,
-            )
-            if self._graphs is None:
-                self._no_graphs = why_not
 
     @property
     def kind(self) -> str:
@@ -439,10 +439,13 @@ class ServingSession:
         ``skipped``. Without CUDA graphs (a CPU device, ``cuda_graphs="off"``, a ranking
         model with a sliding attention window) nothing is captured: the report says why.
 
-        Encoding whole histories (``open``, extended users encoded again) and the
-        incremental ``extend`` run eager, their kernels tuned at the first call of each
-        shape: ``histories`` and ``events`` run them before any request, at the batch
-        bucket of each of ``batch_sizes`` (:mod:`~tzrec_gr.serving._warm_up`).
+        Encoding whole histories (``open``, extended users encoded again) is captured
+        too, per bucket of users and events in all: ``histories`` captures the buckets
+        of each of ``batch_sizes`` users of each of ``histories`` events (reported under
+        ``encode_graphs``, in the same form). The incremental ``extend``, and encodes
+        outside those buckets, run eager, their kernels tuned at the first call of each
+        shape: ``histories`` and ``events`` run them once before any request, at the
+        batch bucket of each of ``batch_sizes`` (:mod:`~tzrec_gr.serving._warm_up`).
 
         Args:
             batch_sizes (Sequence[int] | None): users per request. Default: every
@@ -466,8 +469,9 @@ class ServingSession:
             room), ``failed`` (bucket -> error), ``capture_ms``, ``memory_bytes`` (static
             inputs and pool memory of the captures made now), ``encoded`` and ``extended``
             (the eager shapes run), ``encode_seconds``, ``seconds`` (wall time) and
-            ``reason`` (why nothing could be captured, else None). ``graph_stats()`` keeps
-            it as ``warm_up``.
+            ``reason`` (why nothing could be captured, else None), ``encode_graphs`` (the
+            encode captures' report: ``captured``... as above). ``graph_stats()`` keeps it
+            as ``warm_up``.
 
         Raises:
             ValueError: a size is not an int >= 1 or falls in no bucket (named), or an
@@ -484,16 +488,20 @@ class ServingSession:
                     f"{name} is for {server.call} ({server.kind}); this session serves {self.kind}"
                 )
         encoding_sizes(self.server, histories, events)
-        graphs = self._graphs
-        if graphs is None:
-            report = {**GraphSet.no_report(), "reason": f"no CUDA graphs here ({self._no_graphs})"}
-        else:
-            report = graphs.warm_up(graphs.warm_up_buckets(sizes, exclude_seen), False)
-            report["reason"] = None
         buckets = self._batch_buckets
         users = [fit(b, buckets) or b for b in batch_sizes or buckets]
+        report = warm_up_graphs(
+            self._graphs,
+            self._encode_graphs,
+            self._no_graphs,
+            sizes,
+            exclude_seen,
+            {"batch_sizes": users, "histories": histories},
+        )
         report.update(
-            warm_up_encoding(self.server, self.device, users, list(histories), list(events))
+            warm_up_encoding(
+                self.server, self.device, users, list(histories), list(events), self._prefill
+            )
         )
         report["seconds"] = time.perf_counter() - started
         self._warm_up = report
@@ -505,11 +513,10 @@ class ServingSession:
         ``capture_ms`` and ``memory_bytes`` (totals over the graphs), ``graphs`` (per
         bucket: ``bucket``, ``capture_ms``, ``memory_bytes`` = static inputs plus the pool
         memory the capture reserved, ``replays``, ``warm_up`` = captured by
-        :meth:`warm_up`), ``failed`` (buckets whose capture failed, with the error) and
-        ``warm_up`` (the last :meth:`warm_up`'s report, or None)."""
-        graphs = self._graphs
-        stats = GraphSet.no_stats() if graphs is None else graphs.stats()
-        return {"enabled": graphs is not None, **stats, "warm_up": self._warm_up}
+        :meth:`warm_up`), ``failed`` (buckets whose capture failed, with the error),
+        ``encode`` (the same for the whole-history encode's graphs, with its own
+        ``enabled``) and ``warm_up`` (the last :meth:`warm_up`'s report, or None)."""
+        return graph_stats(self._graphs, self._encode_graphs, self._warm_up)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -529,13 +536,17 @@ class ServingSession:
         self.server.check_histories(histories, **kwargs)
 
     def _prefill(self, h: Histories) -> ServingCache:
-        return self.server.prefill_histories(h, self.device)
+        """Encode checked whole histories: replayed in a CUDA graph when they fit a
+        bucket, else eager."""
+        graphs = self._encode_graphs
+        cache = None if graphs is None else graphs.encode_request(h, self._strict_graphs)
+        return cache if cache is not None else self.server.prefill_histories(h, self.device)
 
     def _store(self, ids: List[Hashable], h: Histories, cache: ServingCache) -> None:
         self._users.store(ids, h, cache, self.server.request_times(h))
 
     def _encoded(self, users: UserIds, states: List[UserState]) -> List[UserState]:
-        return self._users.encoded(users, states, self.server)
+        return self._users.encoded(users, states, self.server, self._prefill)
 
     def _assemble(self, users: UserIds, states: List[Any]) -> ServingCache:
         return self._users.assemble(
@@ -553,16 +564,9 @@ class ServingSession:
     ) -> Optional[TopK]:
         """The opened users' top-k replayed in a CUDA graph, or None (then run eager)."""
         graphs = self._graphs
-        if not isinstance(graphs, RecommendGraphs) or not graphs.valid_k(k):
-            return None  # (a bad k raises in the eager call)
-        max_seen = None if seen is None else max(t.numel() for t in seen)
-        bucket = graphs.bucket(embeddings.shape[0], k, max_seen)
-        if bucket is not None:
-            top = graphs.recommend(bucket, embeddings, seen, self._strict_graphs)
-            if top is not None:
-                return top
-        graphs.eager_calls += 1
-        return None
+        if not isinstance(graphs, RecommendGraphs):
+            return None
+        return graphs.recommend_request(embeddings, seen, k, self._strict_graphs)
 
     def _score_cache(
         self,
@@ -579,16 +583,9 @@ class ServingSession:
             ids, timestamps = ids.to(self.device), timestamps.to(self.device)
         graphs = self._graphs
         if isinstance(graphs, ScoreGraphs):
-            bucket = graphs.bucket(
-                cache.batch_size,
-                int(host_copy(cache.lengths).values.max()),
-                int(lengths.max()) if lengths.numel() else 0,
-            )
-            if bucket is not None:
-                out = graphs.score(bucket, cache, ids, lengths, timestamps, self._strict_graphs)
-                if out is not None:
-                    return out
-            graphs.eager_calls += 1
+            out = graphs.score_request(cache, ids, lengths, timestamps, self._strict_graphs)
+            if out is not None:
+                return out
         candidates = {
             CANDIDATE_ITEM_ID: ids,
             CANDIDATE_LENGTHS: to_device(lengths, self.device),

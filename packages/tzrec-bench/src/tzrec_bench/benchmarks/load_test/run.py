@@ -331,7 +331,11 @@ def run_load_test(
     """
     device = torch.device(args.device)
     if session is None:
-        session = ServingSession(build_model(args), device=device)
+        session = ServingSession(
+            build_model(args),
+            device=device,
+            encode_graphs=not args.no_encode_graphs,
+        )
         report = warm_up(session, args, args.max_batch)
         if log:
             log(f"  warm-up: {len(report['captured'])} graphs captured, "
