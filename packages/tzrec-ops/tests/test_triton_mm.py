@@ -143,22 +143,6 @@ def test_cublas_takes_large_half_precision_products_only():
 
 
 @pytest.mark.gpu
-def test_public_addmm_sends_half_precision_products_to_cublas_at_every_size(monkeypatch):
-    """The public op's bf16/fp16 products are ``torch.addmm`` whole, small ones too (their
-    time is the host's); float32 keeps the registered Triton op."""
-    from tzrec_ops.backends.triton import mm
-
-    ran = []
-    registered = mm.addmm_fwd
-    monkeypatch.setattr(mm, "addmm_fwd", lambda *a: ran.append(a[1].dtype) or registered(*a))
-    _check(7000, 64, 256, False, torch.bfloat16)
-    _check(1, 512, 1024, True, torch.float16)
-    assert ran == []
-    _check(300, 64, 256, False, torch.float32)
-    assert ran == [torch.float32]
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias_2d", [False, True])
 def test_addmm_gpu_real_sizes(bias_2d, dtype, deterministic):

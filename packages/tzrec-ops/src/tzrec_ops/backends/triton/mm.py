@@ -20,12 +20,11 @@ count does not trigger a new tuning run.
 On an NVIDIA GPU, bfloat16 and float16 products of at least :data:`CUBLAS_MIN_WORK`
 multiply-adds go to cuBLAS instead (``torch.addmm``, with ``db`` and the SiLU as separate
 passes), because it was faster at every STU-layer shape measured, forward and both
-backward products (figures in docs/tzrec-ops-measurements.md); so do the public ``addmm``'s
-products of every size (:func:`addmm`), whose time below that size is the host's. The Triton
-kernel keeps float32, AMD GPUs, the interpreter, runs under ``torch.use_deterministic_algorithms``
+backward products (figures in docs/tzrec-ops-measurements.md). The Triton kernel
+keeps float32, AMD GPUs, the interpreter, runs under ``torch.use_deterministic_algorithms``
 (its split along K adds in a fixed order; torch refuses cuBLAS there without a
-``CUBLAS_WORKSPACE_CONFIG``) and the fused products of the STU layer's composite ops below that
-size, where one fused launch replaces up to three.
+``CUBLAS_WORKSPACE_CONFIG``) and smaller products: their time is the host's, and the fused
+kernel launches once where cuBLAS needs up to three launches.
 
 Shapes: x ``[M, K]``, w ``[K, N]``, bias ``[N]`` or ``[M, N]``, z ``[M, N]``.
 """
@@ -211,13 +210,12 @@ def split_k(m: int, n: int, k: int, device: torch.device) -> int:
 CUBLAS_MIN_WORK = 1 << 33
 
 
-def uses_cublas(a: torch.Tensor, b: torch.Tensor, min_work: Optional[int] = None) -> bool:
-    """Whether ``a @ b`` goes to cuBLAS: bfloat16 or float16 on an NVIDIA GPU, at least
-    ``min_work`` multiply-adds (default :data:`CUBLAS_MIN_WORK`, the rule of :func:`matmul`),
-    deterministic algorithms off."""
-    least = CUBLAS_MIN_WORK if min_work is None else min_work
+def uses_cublas(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether :func:`matmul` hands ``a @ b`` to cuBLAS (see the module docstring): bfloat16
+    or float16 on an NVIDIA GPU, at least :data:`CUBLAS_MIN_WORK` multiply-adds, deterministic
+    algorithms off."""
     return (
-        a.shape[0] * a.shape[1] * b.shape[1] >= least
+        a.shape[0] * a.shape[1] * b.shape[1] >= CUBLAS_MIN_WORK
         and a.dtype in (torch.bfloat16, torch.float16)
         and a.is_cuda
         and torch.version.hip is None
@@ -385,13 +383,5 @@ addmm_fwd.register_autograd(_addmm_backward, setup_context=_setup_addmm)
 
 
 def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
-    """Triton backend of :func:`tzrec_ops.ops.mm.addmm` (arguments already validated).
-
-    Where :func:`uses_cublas` allows it, a product of any size is ``torch.addmm`` whole, with
-    ATen's autograd: below :data:`CUBLAS_MIN_WORK` a product's time is the host's, and the
-    registered op's Python launch and autograd cost several times ``torch.addmm``'s per call
-    (docs/tzrec-ops-measurements.md); above it :func:`matmul` would hand it to cuBLAS anyway.
-    """
-    if uses_cublas(mat1, mat2, min_work=0):
-        return torch.addmm(input, mat1, mat2)
+    """Triton backend of :func:`tzrec_ops.ops.mm.addmm` (arguments already validated)."""
     return addmm_fwd(input, mat1, mat2)
