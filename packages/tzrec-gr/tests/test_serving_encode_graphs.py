@@ -268,6 +268,7 @@ def test_gpu_encode_replay_reads_nothing_back(kind):
     graphs = session._encode_graphs
     h = _histories(kind, [5, 2, 9])
     bucket = graphs.bucket(3, 16)
+    before = graphs.stats()["replays"]  # the warm-up's encodes replay the graph too
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # a device-to-host sync raises
     try:
@@ -275,4 +276,4 @@ def test_gpu_encode_replay_reads_nothing_back(kind):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert cache is not None and cache.batch_size == 3
-    assert graphs.stats()["replays"] == 1 and graphs.stats()["captures"] == 1
+    assert graphs.stats()["replays"] == before + 1 and graphs.stats()["captures"] == 1
