@@ -183,3 +183,18 @@ def test_traceable_follows_the_models_record():
     with pytest.raises(TypeError, match=r"model must be one of tzrec_gr.models.HSTURanking, "
                                         r"HSTURetrieval, got torch.nn.modules.linear.Linear"):
         fx.traceable(torch.nn.Linear(2, 2))
+
+
+def test_traceable_is_the_form_the_models_server_names(monkeypatch):
+    from _models import RETRIEVAL
+
+    from tzrec_gr.models import HSTURetrieval
+    from tzrec_gr.serving import RetrievalServer
+    from tzrec_gr.serving.server import server_for
+
+    assert server_for(ranking()).trace_forward == fx.TraceableRanking.FORWARD
+    assert server_for(HSTURetrieval(**RETRIEVAL)).trace_forward == fx.TraceableRetrieval.FORWARD
+    monkeypatch.setattr(RetrievalServer, "trace_forward", "")  # a server naming no form
+    with pytest.raises(TypeError, match=r"model must be one of tzrec_gr.models.HSTURanking, "
+                                        r"got tzrec_gr.models.retrieval.HSTURetrieval$"):
+        fx.traceable(HSTURetrieval(**RETRIEVAL))

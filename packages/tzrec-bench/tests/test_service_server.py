@@ -1,6 +1,7 @@
 """``tzrec-bench serve`` for real: a server process on a free local port, events appended
 through HTTP, the process killed with SIGKILL, started again on the same database, and the
-same answer as before the kill (the same items; scores up to float32 rounding)."""
+same answer as before the kill (the same items; scores up to float32 rounding); killed
+while clients append concurrently, the database holds every acknowledged event in order."""
 
 from __future__ import annotations
 
@@ -74,3 +75,51 @@ def test_a_killed_server_restarts_with_every_acknowledged_event(service_run, tmp
         assert "tzrec_cache_misses_total 1.0" in httpx.get(f"{base}/metrics").text
     finally:
         _kill(process)
+
+
+def test_a_kill_during_concurrent_appends_loses_no_acknowledged_event(service_run, tmp_path):
+    import threading
+
+    from tzrec_bench.service.store import EventStore
+
+    db, port = tmp_path / "events.sqlite", _free_port()
+    base = f"http://127.0.0.1:{port}"
+    users = ["u1", "u2", "u3", "u4"]
+    acknowledged = {user: [] for user in users}
+    refused = []
+    process = _start(service_run, db, port)
+
+    def post(user):  # one client per user, each append after the last one's answer
+        with httpx.Client(base_url=base, timeout=10) as client:
+            for n in range(10_000):
+                try:
+                    got = client.post("/events", json={"user": user, "items": [f"i{n % 30}"],
+                                                       "timestamps": [1_800_000_000 + n]})
+                except httpx.TransportError:
+                    return  # killed
+                if got.status_code != 200:
+                    refused.append(got.text)
+                    return
+                acknowledged[user].append((f"i{n % 30}", 1_800_000_000 + n))
+
+    threads = [threading.Thread(target=post, args=(user,)) for user in users]
+    try:
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while sum(map(len, acknowledged.values())) < 200 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        _kill(process)  # while the clients are still appending
+        for thread in threads:
+            thread.join()
+    assert not refused
+    store = EventStore(db)
+    stored = store.by_user()
+    store.close()
+    for user in users:
+        assert acknowledged[user], user
+        kept = [(e.item, e.timestamp) for e in stored[user]]
+        # every acknowledged event, in order; at most the one in flight besides
+        assert kept[:len(acknowledged[user])] == acknowledged[user]
+        assert len(kept) - len(acknowledged[user]) in (0, 1)

@@ -145,6 +145,21 @@ def test_model_class_and_builder_are_validated():
         ModelRecord("toy", Toy, "retrieval", shardable="yes")
 
 
+def test_takes_names_the_constructors_named_parameters_only():
+    class Open(nn.Module):
+        def __init__(self, num_items: int, *args, backend: str = "auto", **kwargs) -> None:
+            super().__init__()
+
+    record = ModelRecord("open", Open, "retrieval")
+    assert record.takes("num_items") and record.takes("backend")
+    assert not record.takes("kwargs") and not record.takes("args")
+    assert not record.takes("self") and not record.takes("input_projection")
+    # the built-in models: what train's checks and the load test ask
+    assert get_model("hstu-retrieval").takes("input_projection")
+    assert not get_model("hstu-ranking").takes("input_projection")
+    assert get_model("hstu-ranking").takes("use_time_encoding")
+
+
 def test_a_record_is_not_shardable_unless_it_says_so():
     assert not ModelRecord("toy", Toy, "retrieval").shardable
     assert ModelRecord("toy", Toy, "retrieval", shardable=True).shardable

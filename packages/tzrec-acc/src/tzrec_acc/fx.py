@@ -183,6 +183,9 @@ class TraceableRanking(nn.Module):
     contextual features).
     """
 
+    #: the server's :attr:`~tzrec_gr.serving.ModelServer.trace_forward` this form records
+    FORWARD = "candidate_logits"
+
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
@@ -240,6 +243,9 @@ class TraceableRanking(nn.Module):
 class TraceableRetrieval(nn.Module):
     """``HSTURetrieval.forward(item_ids, lengths, timestamps)``, the lookup marked sparse."""
 
+    #: the server's :attr:`~tzrec_gr.serving.ModelServer.trace_forward` this form records
+    FORWARD = "event_embeddings"
+
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
@@ -256,33 +262,31 @@ class TraceableRetrieval(nn.Module):
         return model.transducer(features, model.max_seq_len).full_embeddings
 
 
-#: the traceable form of each model that has one, by the model's name in the model registry
-_TRACEABLE: Dict[str, Type[nn.Module]] = {
-    "hstu-ranking": TraceableRanking,
-    "hstu-retrieval": TraceableRetrieval,
-}
+#: the traceable forms, each found by its FORWARD
+_FORMS = (TraceableRanking, TraceableRetrieval)
 
 
 def traceable(model: nn.Module) -> nn.Module:
-    """The traceable form of a tzrec-gr model: :class:`TraceableRanking` of an
-    ``HSTURanking``, :class:`TraceableRetrieval` of an ``HSTURetrieval`` (or of a subclass),
-    found by the model's record in :mod:`tzrec_gr.models.registry`.
+    """The traceable form of a tzrec-gr model: the form whose ``FORWARD`` is its server's
+    :attr:`~tzrec_gr.serving.ModelServer.trace_forward` (:class:`TraceableRanking` of an
+    ``HSTURanking``, :class:`TraceableRetrieval` of an ``HSTURetrieval`` or of a subclass).
 
     Raises:
         TypeError: a model without a traceable form here (naming those with one).
     """
-    require("tzrec_gr.models", "tzrec-acc[gr]", "tracing tzrec-gr models")  # their records
-    from tzrec_gr.models.registry import ModelRegistryError, get_model, record_for_class
+    require("tzrec_gr.serving", "tzrec-acc[gr]", "tracing tzrec-gr models")  # their servers
+    from tzrec_gr.models.registry import get_model, model_names
+    from tzrec_gr.serving.server import server_factory, server_for
 
-    for cls in type(model).__mro__:  # the nearest registered class is the model's
-        try:
-            name = record_for_class(cls).name
-        except ModelRegistryError:
-            continue
-        if name in _TRACEABLE:
-            return _TRACEABLE[name](model)
-        break
-    classes = sorted(get_model(name).model_class.__name__ for name in _TRACEABLE)
+    forms = {form.FORWARD: form for form in _FORMS}
+    try:
+        forward = server_for(model).trace_forward
+    except TypeError:  # a model no server serves
+        forward = ""
+    if forward in forms:
+        return forms[forward](model)
+    classes = sorted(get_model(name).model_class.__name__ for name in model_names()
+                     if getattr(server_factory(name), "trace_forward", "") in forms)
     raise TypeError(
         f"model must be one of tzrec_gr.models.{', '.join(classes)}, got "
         f"{type(model).__module__}.{type(model).__qualname__}"

@@ -2,7 +2,8 @@
 
 An optional layer on top of serving (nothing below it imports it):
 
-* :mod:`.store`: appended events in SQLite (WAL; committed before acknowledged);
+* :mod:`.store`: appended events in SQLite (WAL; group commits on a writer thread,
+  committed before acknowledged);
 * :mod:`.histories`: users' histories, the training log's then the appended events;
 * :mod:`.batcher`: micro-batching of concurrent requests on one thread, bounded queue;
 * :mod:`.engine`: batches of requests -> the serving session's calls;

@@ -8,10 +8,11 @@
 ``POST /score``             ``{"user", "candidates"}``: per-task probabilities of each
                             candidate (models that score candidates)
 ``POST /events``            ``{"user", "items", "timestamps"?, "actions"?}``: appended,
-                            committed to the database, then acknowledged; unknown items
+                            committed to the database (appends waiting together share
+                            one commit), then acknowledged; unknown items
                             are stored, counted and left out of the model's input
 ``GET /healthz``            the process answers
-``GET /readyz``             the model is loaded and the batcher runs
+``GET /readyz``             the model is loaded, the batcher runs, the database commits
 ``GET /info``               model and data fingerprints, model name, task, limits
 ``GET /metrics``            Prometheus text format
 =========================== ===========================================================
@@ -111,6 +112,7 @@ def create_app(service: Service) -> FastAPI:
     """The app over ``service``; its batcher starts and stops with the app's lifespan."""
     metrics = ServiceMetrics(service)
     service.batcher.on_batch = metrics.on_batch
+    service.engine.store.on_commit = metrics.on_commit
     histories = service.engine.histories
 
     @asynccontextmanager
@@ -153,6 +155,8 @@ def create_app(service: Service) -> FastAPI:
             return _error(422, exc.field, exc.message)
         try:
             return await asyncio.wrap_future(future)
+        except Overloaded as exc:  # the database's writer has too many appends waiting
+            return _error(503, "queue", str(exc), **{"Retry-After": str(RETRY_AFTER_S)})
         except BadRequest as exc:
             return _error(422, exc.field, exc.message)
         except NotFound as exc:
@@ -204,7 +208,10 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz() -> Any:
-        """Ready once the batcher runs (the model and the histories are loaded by then)."""
+        """Ready once the batcher runs (the model and the histories are loaded by then) and
+        while the database commits."""
+        if service.engine.store.failed:
+            return JSONResponse({"status": "database failed"}, 503)
         if not service.batcher.running:
             return JSONResponse({"status": "starting"}, 503,
                                 headers={"Retry-After": str(RETRY_AFTER_S)})

@@ -6,7 +6,9 @@ requests are gathered or ``max_wait_s`` has passed since the first, and hands th
 the handler, which answers each request (a value, or an exception for that request alone).
 Batches run one after another in arrival order, so each user's requests are answered in
 the order they came; the handler keeps that order inside a batch (see
-:func:`split_in_order`).
+:func:`split_in_order`). An answer may itself be a future (an append's commit, which the
+store's writer thread does): its request is answered when that future is done, and the
+worker goes on to the next batch meanwhile.
 
 The batcher knows nothing of HTTP or of the model: the service's handler calls the serving
 session, and a load test can drive :meth:`Batcher.submit` directly to measure the batching
@@ -46,7 +48,8 @@ class Batcher:
 
     Args:
         handler: ``requests -> answers`` (one per request, in order; an exception instance
-            is set on that request's future instead of a value). An exception raised by
+            is set on that request's future instead of a value, a future's outcome when
+            it is done). An exception raised by
             the handler itself fails every request of the batch.
         max_batch: the most requests per handler call (>= 1).
         max_wait_s: how long the first request of a batch waits for more (>= 0).
@@ -145,10 +148,19 @@ class Batcher:
             if self.on_batch is not None:
                 self.on_batch(len(batch), time.perf_counter() - started)
             for pending, answer in zip(batch, answers):
-                if isinstance(answer, BaseException):
-                    pending.future.set_exception(answer)
-                else:
-                    pending.future.set_result(answer)
+                _settle(pending.future, answer)
+
+
+def _settle(future: Future, answer: Any) -> None:
+    """Answer ``future`` with ``answer``: a value, an exception, or a future's outcome
+    (once that future is done, on whichever thread completes it)."""
+    if isinstance(answer, Future):
+        answer.add_done_callback(lambda done: _settle(
+            future, done.exception() if done.exception() is not None else done.result()))
+    elif isinstance(answer, BaseException):
+        future.set_exception(answer)
+    else:
+        future.set_result(answer)
 
 
 def split_in_order(requests: Sequence[Any], key: Callable[[Any], Hashable],

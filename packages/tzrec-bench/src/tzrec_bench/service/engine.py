@@ -9,23 +9,29 @@ one thread), so a user's requests see each other's effects in arrival order.
 Users are opened in the session lazily, at their first request after a start, from their
 whole history (:class:`~tzrec_bench.service.histories.UserHistories`), and at most
 ``max_cached_users`` stay open (the least recently used are closed). Appended events are
-written to the store before anything else, then laid on the histories, then (for an open
-user) given to the session's ``extend``; if that fails the user is closed and encoded
-again at the next request, from the stored events.
+submitted to the store's writer first, then laid on the histories, then (for an open user)
+given to the session's ``extend``; if that fails the user is closed and encoded again at
+the next request, from the stored events. The request's answer is a future that is done
+once the writer has committed the events, so the acknowledgement follows the commit while
+this thread goes on answering (a user's later requests already see the events). Should a
+commit fail, its events are taken off the users' histories at the next batch and those
+users are encoded again; the store then refuses further events.
 """
 
 from __future__ import annotations
 
+import queue
 import time
 from collections import OrderedDict
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from tzrec_bench.service.batcher import split_in_order
+from tzrec_bench.service.batcher import Overloaded, split_in_order
 from tzrec_bench.service.histories import UserHistories
-from tzrec_bench.service.store import EventStore, StoredEvent
+from tzrec_bench.service.store import EventStore, StoredEvent, StoreFailed
 from tzrec_gr.serving import Histories
 
 __all__ = ["BadRequest", "Engine", "Events", "NotFound", "Recommend", "Score"]
@@ -96,7 +102,7 @@ class Engine:
     Attributes:
         counters (dict): ``cache_hits``, ``cache_misses`` (users opened again),
             ``unknown_items`` (appended events whose item the model does not know),
-            ``fallbacks`` (answers of popular items), ``events_stored``.
+            ``fallbacks`` (answers of popular items).
     """
 
     def __init__(self, session: Any, tasks: Sequence[str], histories: UserHistories,
@@ -110,10 +116,13 @@ class Engine:
         self.num_items = len(histories.items)
         self._open: "OrderedDict[Any, None]" = OrderedDict()
         self.counters = {"cache_hits": 0, "cache_misses": 0, "unknown_items": 0,
-                         "fallbacks": 0, "events_stored": 0}
+                         "fallbacks": 0}
+        # (user, events) whose commit failed, told by the writer thread; undone here
+        self._uncommitted: "queue.SimpleQueue[Tuple[Any, int]]" = queue.SimpleQueue()
 
     def __call__(self, requests: Sequence[Any]) -> List[Any]:
         """One answer (a dict, or an exception) per request, in order."""
+        self._undo_uncommitted()
         answers: List[Any] = [None] * len(requests)
         for run in split_in_order(requests, _key, lambda r: r.user):
             batch = [requests[i] for i in run]
@@ -162,6 +171,21 @@ class Engine:
             self.session.close(old)
             for user in old:
                 del self._open[user]
+
+    def _undo_uncommitted(self) -> None:
+        """Take the events of failed commits off their users' histories and close those
+        users in the session (their caches hold the events)."""
+        users = set()
+        while True:
+            try:
+                user, count = self._uncommitted.get_nowait()
+            except queue.Empty:
+                break
+            self.histories.drop_newest(user, count)
+            users.add(user)
+        opened = [user for user in users if user in self.session]
+        if opened:
+            self._close(opened)
 
     def _close(self, users: Sequence[Any]) -> None:
         self.session.close(list(users))
@@ -239,18 +263,20 @@ class Engine:
                 accepted.append((i, self._checked_events(request)))
             except BadRequest as exc:
                 answers[i] = exc
-        stored = [e for _, events in accepted for e in events]
-        if stored:
-            self.store.append(stored)  # committed before anything is acknowledged
         extend_ids, extend_rows = [], []
         for i, events in accepted:
             user = batch[i].user
+            try:
+                commit = self.store.submit(events)
+            except (Overloaded, StoreFailed) as exc:
+                answers[i] = exc
+                continue
             rows = self.histories.item_rows([e.item for e in events])
             self.histories.add(user, events)
             unknown = [e.item for e, r in zip(events, rows) if r < 0]
             self.counters["unknown_items"] += len(unknown)
-            self.counters["events_stored"] += len(events)
-            answers[i] = {"user": user, "stored": len(events), "unknown_items": unknown}
+            answers[i] = self._acknowledged(commit, user, len(events), {
+                "user": user, "stored": len(events), "unknown_items": unknown})
             known = [(r, e) for r, e in zip(rows, events) if r >= 0]
             if known and user in self.session:
                 extend_ids.append(user)
@@ -258,6 +284,22 @@ class Engine:
         if extend_ids:
             self._extend(extend_ids, extend_rows)
         return answers
+
+    def _acknowledged(self, commit: Future, user: Any, count: int, answer: Any) -> Future:
+        """A future of ``answer`` once ``commit`` is done; a failed commit's exception
+        instead, its events queued to be undone."""
+        ack: Future = Future()
+
+        def settle(done: Future) -> None:
+            error = done.exception()
+            if error is None:
+                ack.set_result(answer)
+            else:
+                self._uncommitted.put((user, count))
+                ack.set_exception(error)
+
+        commit.add_done_callback(settle)
+        return ack
 
     def _checked_events(self, request: Events) -> List[StoredEvent]:
         """The request's events to store; BadRequest naming the field otherwise."""

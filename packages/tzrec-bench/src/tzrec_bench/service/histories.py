@@ -94,6 +94,16 @@ class UserHistories:
         if events:
             self._newest[user] = int(events[-1].timestamp)
 
+    def drop_newest(self, user: Any, count: int) -> None:
+        """Take the user's newest ``count`` appended events off (their commit failed)."""
+        kept = self._appended.get(user, [])
+        del kept[len(kept) - min(count, len(kept)):]
+        if kept:
+            self._newest[user] = kept[-1][1]
+        else:
+            self._appended.pop(user, None)
+            self._newest.pop(user, None)
+
     def older_items(self, user: Any) -> Set[int]:
         """The model rows of the user's known items that only events older than the newest
         ``max_events`` known ones hold: seen, though not in the model's input (what

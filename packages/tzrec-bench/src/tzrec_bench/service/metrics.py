@@ -1,9 +1,10 @@
 """Prometheus metrics of the service (``prometheus_client``), one registry per app.
 
 Requests (count by endpoint and status, latency histograms), batches (size, handler
-seconds), the queue's depth, and the engine's counters read at each scrape: cache hits and
-misses (users opened again), unknown items in appended events, popular-item fallbacks,
-stored events, open users and the session's CUDA graph replays.
+seconds), database commits (events per group commit, seconds), the queue's depth, and the
+engine's counters read at each scrape: cache hits and misses (users opened again), unknown
+items in appended events, popular-item fallbacks, stored events, open users and the
+session's CUDA graph replays.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ class _EngineCollector:
         for name, what in (("cache_hits", "requests of users open in the session"),
                            ("cache_misses", "users encoded from their whole history"),
                            ("unknown_items", "appended events of items the model does not know"),
-                           ("fallbacks", "answers of popular items (no model input)"),
-                           ("events_stored", "events appended and committed")):
+                           ("fallbacks", "answers of popular items (no model input)")):
             yield CounterMetricFamily(f"tzrec_{name}", what, value=engine.counters[name])
+        yield CounterMetricFamily("tzrec_events_stored", "events appended and committed",
+                                  value=engine.store.committed)
         yield GaugeMetricFamily("tzrec_open_users", "users open in the session",
                                 value=len(engine.session))
         stats = engine.session.graph_stats()
@@ -55,6 +57,10 @@ class ServiceMetrics:
                                     buckets=_SIZES, registry=r)
         self.batch_seconds = Histogram("tzrec_batch_seconds", "seconds per session batch",
                                        buckets=_LATENCY, registry=r)
+        self.commit_size = Histogram("tzrec_commit_size", "events per database commit (a "
+                                     "group of appends)", buckets=_SIZES, registry=r)
+        self.commit_seconds = Histogram("tzrec_commit_seconds", "seconds per database commit",
+                                        buckets=_LATENCY, registry=r)
         queue = Gauge("tzrec_queue_depth", "requests waiting for the session", registry=r)
         queue.set_function(lambda: service.batcher.depth)
         r.register(_EngineCollector(service))
@@ -63,6 +69,11 @@ class ServiceMetrics:
         """The batcher's report of one batch."""
         self.batch_size.observe(size)
         self.batch_seconds.observe(seconds)
+
+    def on_commit(self, events: int, seconds: float) -> None:
+        """The store's report of one group commit (on its writer thread)."""
+        self.commit_size.observe(events)
+        self.commit_seconds.observe(seconds)
 
     def observe(self, endpoint: str, status: int, seconds: float) -> None:
         """One answered HTTP request."""

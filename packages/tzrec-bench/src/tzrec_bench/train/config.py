@@ -7,7 +7,6 @@ Each field is a ``tzrec-bench train`` option of the same name (``batch_size`` is
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
@@ -241,9 +240,7 @@ class TrainConfig:
         if self.eval_negatives and self.sharding == "torchrec":
             raise ConfigError("eval_negatives", "not with --sharding torchrec (its evaluation "
                               "reads the catalogue in chunks); expected --sharding replicate")
-        if not self.input_projection and "input_projection" not in inspect.signature(
-            get_model(self.model).model_class
-        ).parameters:
+        if not self.input_projection and not get_model(self.model).takes("input_projection"):
             raise ConfigError("input_projection", f"{self.model} has no input projection to "
                               "leave out; drop --no-input-projection (input_projection = "
                               "false in a config)")

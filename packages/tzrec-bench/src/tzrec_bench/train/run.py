@@ -10,7 +10,6 @@ split evaluated with the best weights, and the report (rank 0 alone prints and w
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import math
 import resource
@@ -116,7 +115,7 @@ def backend_name(config: TrainConfig) -> str:
     record = get_model(config.model)
     if record.fitted:
         return "counts (no tzrec-ops)"
-    if "backend" not in inspect.signature(record.model_class).parameters:
+    if not record.takes("backend"):
         return "plain PyTorch (no tzrec-ops)"
     return f"ops backend {resolve_backend(config.backend, op='hstu_mha').name}"
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import inspect
 import os
 import sys
 import threading
@@ -120,6 +121,13 @@ class ModelRecord:
             )
         if self.server is not None and not callable(self.server):
             raise ModelRegistryError(f"model {self.name!r}: server must be callable or None")
+
+    def takes(self, name: str) -> bool:
+        """The model class's constructor has a parameter called ``name`` (a named one:
+        ``**kwargs`` does not count), so a caller may pass it, e.g. ``backend``."""
+        parameter = inspect.signature(self.model_class).parameters.get(name)
+        return parameter is not None and parameter.kind not in (
+            inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
 class FailedModelPlugin(FailedPlugin):

@@ -258,6 +258,7 @@ class RankingServer(ModelServer):
     # -- export ---------------------------------------------------------------------------
 
     export_step = "score_step"
+    trace_forward = "candidate_logits"
 
     @property
     def max_candidates(self) -> int:

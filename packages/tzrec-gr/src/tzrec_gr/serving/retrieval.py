@@ -286,6 +286,7 @@ class RetrievalServer(ModelServer):
     # -- export ---------------------------------------------------------------------------
 
     export_step = "event_embeddings_step"
+    trace_forward = "event_embeddings"
 
     def example_inputs(
         self,

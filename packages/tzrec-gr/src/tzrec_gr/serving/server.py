@@ -52,6 +52,7 @@ __all__ = [
     "example_new_lengths",
     "register_server",
     "servable_models",
+    "server_factory",
     "server_for",
 ]
 
@@ -99,6 +100,15 @@ def _servable() -> List[str]:
     return [r.model_class.__name__ for r in records if r.server or r.name in _SERVERS]
 
 
+def server_factory(name: str) -> Optional[ServerFactory]:
+    """What builds the server of the registered model named ``name`` (its record's
+    :attr:`~tzrec_gr.models.registry.ModelRecord.server`, else the registered one); None:
+    the model is not served. A :class:`ModelServer` subclass's facts can be read from it
+    without a model instance."""
+    record = get_model(name)
+    return record.server or _SERVERS.get(record.name)
+
+
 def servable_models() -> List[str]:
     """The class names of the registered models that a server serves, in the registry's
     order."""
@@ -119,9 +129,7 @@ def server_for(model: nn.Module) -> "ModelServer":
         TypeError: ``model`` is of no registered model with a server.
     """
     record = _record(model)
-    factory = None
-    if record is not None:
-        factory = record.server or _SERVERS.get(record.name)
+    factory = None if record is None else server_factory(record.name)
     if factory is None:
         names = " or ".join(f"{_article(name)} {name}" for name in _servable())
         raise TypeError(f"model must be {names}, got {type(model).__name__}")
@@ -242,6 +250,11 @@ class ModelServer(abc.ABC):
     #: the pure step the exported serving form (``tzrec_acc export --form serving``) calls,
     #: e.g. ``"score_step"``; "" where the model has none
     export_step: str = ""
+    #: the forward over plain tensors that tzrec-acc's FX tracing records
+    #: (``tzrec_acc.fx.traceable``): ``"candidate_logits"`` (a ranking batch's features ->
+    #: each candidate's task logits) or ``"event_embeddings"`` (histories -> each event's
+    #: embedding); "" where the model has none
+    trace_forward: str = ""
 
     def example_inputs(
         self,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import inspect
 import types
 from typing import List
 
@@ -126,9 +125,7 @@ def _construct(args: argparse.Namespace, device: torch.device) -> nn.Module:
     )
     kwargs = record.trainer_kwargs(settings, args.items, TASK_BITS)
     # --no-time-encoding turns off a model's time encoding, where its constructor has one
-    if args.no_time_encoding and "use_time_encoding" in inspect.signature(
-        record.model_class
-    ).parameters:
+    if args.no_time_encoding and record.takes("use_time_encoding"):
         kwargs["use_time_encoding"] = False
     return record.model_class(**kwargs, device=device)
 
