@@ -66,7 +66,8 @@ def data_root(tmp_path):
 
 #: what each config changes from its Amazon Games config (besides the data and the protocol):
 #: SASRec takes HSTU's width, heads and temperature
-CHANGED = {"hstu-retrieval": {}, "sasrec": {"embedding_dim": 128, "num_heads": 2, "temperature": 0.1}}
+CHANGED = {"hstu-retrieval": {},
+           "sasrec": {"embedding_dim": 128, "num_heads": 2, "temperature": 0.1}}
 
 
 @pytest.mark.parametrize("model, games", [("hstu-retrieval", "hstu-retrieval-amazon-games"),
