@@ -134,6 +134,7 @@ def test_ranking_scores_against_a_cache_equal_the_full_forward(backend):
         {"enable_interleaving": True},
         {"use_time_encoding": False},
         {"contextual_feature_dim": 0, "max_contextual_seq_len": 0},
+        {"linear_terms": True},
     ],
 )
 def test_ranking_scores_equal_the_full_forward_in_every_configuration(kw):

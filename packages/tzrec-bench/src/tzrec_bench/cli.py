@@ -195,6 +195,9 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     g.add_argument("--no-input-projection", dest="input_projection", action="store_false",
                    help="hstu-retrieval: feed the item embeddings to the first layer as they "
                    "are scored (tied, as SASRec), without the input Linear map")
+    g.add_argument("--linear-terms", action="store_true",
+                   help="hstu-ranking: add linear maps of the user and of the item embedding "
+                   "to each candidate's logits, beside the head's MLP of their product")
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--batch-size", type=POSITIVE, default=d.batch_size, metavar="B",

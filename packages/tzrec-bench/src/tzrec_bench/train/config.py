@@ -88,6 +88,7 @@ class TrainConfig:
     temperature: float = 0.05
     num_candidates: int = 8
     input_projection: bool = True
+    linear_terms: bool = False
     # optimisation
     batch_size: int = 128
     lr: float = 1e-3
@@ -244,6 +245,11 @@ class TrainConfig:
             raise ConfigError("input_projection", f"{self.model} has no input projection to "
                               "leave out; drop --no-input-projection (input_projection = "
                               "false in a config)")
+        if self.linear_terms and "linear_terms" not in inspect.signature(
+            get_model(self.model).model_class
+        ).parameters:
+            raise ConfigError("linear_terms", f"{self.model} has no head to add linear terms "
+                              "to; drop --linear-terms (linear_terms = true in a config)")
         if self.metric is not None and self.metric not in self.facts.metrics:
             raise ConfigError("metric", f"{self.metric!r} is not a metric of {self.model}; "
                               f"expected one of {', '.join(self.facts.metrics)}")

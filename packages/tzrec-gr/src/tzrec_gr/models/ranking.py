@@ -102,6 +102,11 @@ class HSTURanking(nn.Module):
             ``DistributedModelParallel`` can shard (needs ``tzrec-gr[torchrec]``); or a
             factory that builds the table. The same weights give the same outputs. Keyword
             only. Default: ``"plain"``.
+        linear_terms (bool): add to each candidate's K logits a linear map of its user
+            embedding and of its item embedding, beside the head's MLP of their product
+            (the first-order terms of a factorisation machine): an item's own action rates
+            and a user's own action rates then need no interaction to be learned. Keyword
+            only. Default: False.
 
     Call Args:
         batch (Dict[str, torch.Tensor]): ``uih.item_id`` [L_u], ``uih.sequence_length`` [B],
@@ -162,6 +167,7 @@ class HSTURanking(nn.Module):
         use_time_encoding: bool = True,
         validate_inputs: bool = False,
         embedding_tables: Union[str, TableFactory] = "plain",
+        linear_terms: bool = False,
     ) -> None:
         super().__init__()
         if not task_bitmasks:
@@ -251,6 +257,11 @@ class HSTURanking(nn.Module):
         self.task_head = nn.Sequential(
             MLP(e, [mtl_hidden_dim or e], activation="silu", **kw),
             Linear(mtl_hidden_dim or e, self.num_tasks, **kw),
+        )
+        self.linear_terms = bool(linear_terms)
+        #: [user embedding, item embedding] -> K logits added to the head's (linear_terms)
+        self.first_order: Optional[Linear] = (
+            Linear(e + du, self.num_tasks, **kw) if linear_terms else None
         )
 
     # -- input checks ----------------------------------------------------------------------
@@ -357,8 +368,11 @@ class HSTURanking(nn.Module):
     def head(self, user: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
         """[L_t, K] logits from the candidates' user embeddings [L_t, E] (the transducer's
         ``candidate_embeddings``) and item embeddings [L_t, Du]."""
-        item = self.item_tower(cand.to(user.dtype))
-        return self.task_head(user * item)
+        cand = cand.to(user.dtype)
+        logits = self.task_head(user * self.item_tower(cand))
+        if self.first_order is not None:
+            logits = logits + self.first_order(torch.cat([user, cand], dim=-1))
+        return logits
 
     def forward(
         self,
@@ -407,6 +421,7 @@ def _trainer_kwargs(settings: Any, num_items: int, task_bits: Sequence[int]) -> 
         num_layers=settings.num_layers,
         dropout_ratio=settings.dropout,
         backend=settings.backend,
+        linear_terms=getattr(settings, "linear_terms", False),
     )
 
 
