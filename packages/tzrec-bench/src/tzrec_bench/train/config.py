@@ -245,9 +245,7 @@ class TrainConfig:
             raise ConfigError("input_projection", f"{self.model} has no input projection to "
                               "leave out; drop --no-input-projection (input_projection = "
                               "false in a config)")
-        if self.linear_terms and "linear_terms" not in inspect.signature(
-            get_model(self.model).model_class
-        ).parameters:
+        if self.linear_terms and not get_model(self.model).takes("linear_terms"):
             raise ConfigError("linear_terms", f"{self.model} has no head to add linear terms "
                               "to; drop --linear-terms (linear_terms = true in a config)")
         if self.metric is not None and self.metric not in self.facts.metrics:
