@@ -190,8 +190,8 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    default=d.temperature, metavar="T",
                    help="retrieval: softmax temperature of the sampled-softmax loss")
     g.add_argument("--num-candidates", type=POSITIVE, default=d.num_candidates, metavar="N",
-                   help="ranking: candidates per user in training (the last events of the "
-                   "history)")
+                   help="ranking: candidates per user in training (a window of its history "
+                   "events at a random place each step)")
     g.add_argument("--no-input-projection", dest="input_projection", action="store_false",
                    help="hstu-retrieval: feed the item embeddings to the first layer as they "
                    "are scored (tied, as SASRec), without the input Linear map")
