@@ -8,6 +8,7 @@ import sqlite3
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -96,6 +97,8 @@ def test_the_store_commits_each_append_and_reads_back_after_reopening(tmp_path):
     again.close()
     with pytest.raises(StoreMismatch, match="holds events for other data"):
         EventStore(db, "other")
+    # the refusal closed its connection: WAL's side files go with the last one
+    assert not Path(f"{db}-wal").exists() and not Path(f"{db}-shm").exists()
 
 
 def test_a_failed_append_stores_none_of_its_events(tmp_path):

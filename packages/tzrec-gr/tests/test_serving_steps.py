@@ -124,6 +124,7 @@ def test_ranking_extend_step_equals_extend(interleave):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("backend", ["pytorch", "triton"])
 def test_ranking_score_step_on_gpu_equals_score_and_forward(backend):
     model = ranking_model(backend, "cuda")

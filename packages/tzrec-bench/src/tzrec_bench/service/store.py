@@ -91,8 +91,12 @@ class EventStore:
             raise FileNotFoundError(f"--db: no folder {Path(self.path).parent} for {self.path}")
         self._lock = threading.Lock()
         self._db = self._connect()
-        self._db.executescript(_SCHEMA)
-        self._check_fingerprint(data_fingerprint)
+        try:
+            self._db.executescript(_SCHEMA)
+            self._check_fingerprint(data_fingerprint)
+        except BaseException:
+            self._db.close()  # a refused database is not left open
+            raise
         if self.path == ":memory:":
             self._write_db, self._write_lock = self._db, self._lock
         else:
