@@ -120,7 +120,8 @@ def test_serve_without_the_extra_is_one_line_naming_it(tmp_path, capsys, monkeyp
 
 @pytest.mark.parametrize("option,value", [("--port", "0"), ("--max-batch", "0"),
                                           ("--queue", "0"), ("--max-wait-ms", "-1"),
-                                          ("--max-cached-users", "0")])
+                                          ("--max-cached-users", "0"),
+                                          ("--max-pending", "0")])
 def test_serve_refuses_a_bad_option_by_name(tmp_path, capsys, option, value):
     assert main(["serve", str(tmp_path), option, value]) == 2
     err = capsys.readouterr().err.strip()
@@ -130,3 +131,34 @@ def test_serve_refuses_a_bad_option_by_name(tmp_path, capsys, option, value):
 def test_serve_names_a_missing_checkpoint_or_log(tmp_path, capsys):
     assert main(["serve", str(tmp_path / "nothing")]) == 1
     assert "RUN_OR_CHECKPOINT: no checkpoint at" in capsys.readouterr().err
+
+
+def test_serve_options_reach_the_session_and_the_store(service_run, tmp_path, monkeypatch):
+    import argparse
+
+    from tzrec_bench.service import command
+    from tzrec_bench.service.core import open_service
+    from tzrec_gr import serving
+
+    parser = argparse.ArgumentParser()
+    command.add_parser(parser.add_subparsers(), argparse.HelpFormatter)
+    default = command.service_options(parser.parse_args(["serve", "run"]))
+    assert default["encode_graphs"] and default["max_pending"] == 4096
+    options = command.service_options(parser.parse_args(
+        ["serve", "run", "--no-encode-graphs", "--max-pending", "7"]))
+    assert not options["encode_graphs"] and options["max_pending"] == 7
+    made = []
+    real = serving.ServingSession
+
+    def session(*args, **kwargs):
+        made.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(serving, "ServingSession", session)
+    service = open_service(str(service_run.run), str(service_run.log),
+                           str(tmp_path / "e.sqlite"), **options)
+    try:
+        assert [kw["encode_graphs"] for kw in made] == [False]
+        assert service.engine.store.max_pending == 7
+    finally:
+        service.close()

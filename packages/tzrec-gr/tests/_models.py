@@ -27,6 +27,20 @@ TRITON_INTERPRETER = pytest.param(
 )
 CPU_BACKENDS = ["pytorch", TRITON_INTERPRETER]
 
+#: the marks of a test that captures real CUDA graphs: selected by ``-m gpu``, skipped
+#: without a GPU
+GPU_MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU"),
+]
+
+
+def gpu_test(fn):
+    """``fn`` with :data:`GPU_MARKS`."""
+    for mark in GPU_MARKS:
+        fn = mark(fn)
+    return fn
+
 
 def retrieval_model(backend: str = "pytorch", device: str = "cpu", **kw) -> HSTURetrieval:
     torch.manual_seed(0)

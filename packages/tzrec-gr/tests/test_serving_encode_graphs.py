@@ -23,7 +23,7 @@ import copy
 
 import pytest
 import torch
-from _models import history_user, ranking_model, ranking_user, retrieval_model
+from _models import gpu_test, history_user, ranking_model, ranking_user, retrieval_model
 
 from tzrec_gr.serving import Candidates, Histories, ServingSession
 from tzrec_gr.serving._encode_graphs import EncodeGraphs, padded_lengths
@@ -214,19 +214,7 @@ def test_no_encode_graphs_without_cuda_or_when_switched_off():
 
 # -- GPU: real captures ---------------------------------------------------------------------
 
-gpu = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU"),
-]
-
-
-def _mark(fn):
-    for m in gpu:
-        fn = m(fn)
-    return fn
-
-
-@_mark
+@gpu_test
 @pytest.mark.parametrize("kind", ["ranking", "retrieval"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_gpu_replayed_open_and_extend_equal_eager(kind, dtype):
@@ -259,7 +247,7 @@ def test_gpu_replayed_open_and_extend_equal_eager(kind, dtype):
     assert graphs.graph_stats()["encode"]["eager_calls"] == 1
 
 
-@_mark
+@gpu_test
 @pytest.mark.parametrize("kind", ["ranking", "retrieval"])
 def test_gpu_encode_replay_reads_nothing_back(kind):
     model = _model(kind, device="cuda")

@@ -20,7 +20,14 @@ import copy
 
 import pytest
 import torch
-from _models import NUM_ITEMS, history_user, ranking_model, ranking_user, retrieval_model
+from _models import (
+    NUM_ITEMS,
+    gpu_test,
+    history_user,
+    ranking_model,
+    ranking_user,
+    retrieval_model,
+)
 
 from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
 from tzrec_gr.serving import (
@@ -367,19 +374,7 @@ def test_warm_up_runs_the_eager_calls_once_per_shape(kind, monkeypatch):
 
 # -- GPU: real captures ---------------------------------------------------------------------
 
-gpu = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU"),
-]
-
-
-def _mark(fn):
-    for m in gpu:
-        fn = m(fn)
-    return fn
-
-
-@_mark
+@gpu_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_gpu_recommend_graphs_equal_eager(dtype):
     model = retrieval_model(device="cuda").to(dtype)
@@ -424,7 +419,7 @@ def test_gpu_recommend_graphs_equal_eager(dtype):
     assert graphs.graph_stats()["eager_calls"] == 1
 
 
-@_mark
+@gpu_test
 def test_gpu_warm_up_captures_before_the_first_request():
     model = ranking_model(device="cuda")
     users = [ranking_user(5, 3), ranking_user(9, 2), ranking_user(2, 4)]
@@ -457,7 +452,7 @@ def test_gpu_warm_up_captures_before_the_first_request():
     assert session.graph_stats()["captures"] == 3 and session.graph_stats()["replays"] == 1
 
 
-@_mark
+@gpu_test
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_gpu_recommend_graph_of_a_large_catalogue_equals_catalogue_topk(dtype):
     """A catalogue large enough for the matrix library to pick shape-dependent kernels:

@@ -197,12 +197,13 @@ def _predicts(limits: Any, k: int) -> str:
 
 
 def load_session(
-    file: Path, device: Any = "cpu", backend: Optional[str] = None
+    file: Path, device: Any = "cpu", backend: Optional[str] = None, encode_graphs: bool = True
 ) -> Tuple[Any, Optional[Tuple[str, ...]], Dict[str, Any]]:
     """The serving session over the checkpoint's model (through
     :func:`tzrec_gr.checkpoint.load_model`: its weights and its vocabulary checked against
     its catalogue), its task names (a model built with label bits per task: ranking) and
-    the run's saved settings.
+    the run's saved settings. ``encode_graphs``: the session's (False: whole histories are
+    encoded eagerly).
 
     Raises:
         CheckpointError (a ValueError): a damaged checkpoint, or one of a model without a
@@ -224,7 +225,9 @@ def load_session(
         raise CheckpointError(f"{file} holds a {name} model, which has no registered server; "
                               f"predict serves {served}") from None
     tasks = None if bits is None else task_names(bits)
-    return ServingSession(model, device=device, vocabularies=vocabularies), tasks, config
+    session = ServingSession(model, device=device, vocabularies=vocabularies,
+                             encode_graphs=encode_graphs)
+    return session, tasks, config
 
 
 def _saved(file: Path) -> Tuple[Dict[str, Any], Optional[List[int]]]:

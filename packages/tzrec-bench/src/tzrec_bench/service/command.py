@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict
 
-__all__ = ["DEFAULT_DB", "add_parser", "run"]
+__all__ = ["DEFAULT_DB", "add_parser", "run", "service_options"]
 
 #: the database's file name beside the checkpoint, without --db
 DEFAULT_DB = "service-events.sqlite"
@@ -66,6 +66,12 @@ def add_parser(subparsers: argparse._SubParsersAction, formatter: type) -> argpa
     p.add_argument("--max-cached-users", type=int, default=100_000,
                    help="users whose encoded histories stay in memory (least recently "
                    "used dropped, encoded again when asked for)")
+    p.add_argument("--max-pending", metavar="N", type=int, default=4096,
+                   help="appended events (POST /events) waiting for the database's writer; "
+                   "more are answered 503 with Retry-After")
+    p.add_argument("--no-encode-graphs", action="store_true",
+                   help="encode whole histories (a user's first request, re-encodes after new "
+                   "events) eagerly instead of from CUDA graphs on a GPU")
     p.add_argument("--device", default="cpu",
                    help="where the model runs: cpu, cuda, cuda:1... or auto")
     p.add_argument("--backend", metavar="NAME",
@@ -83,11 +89,19 @@ def _check(args: argparse.Namespace) -> None:
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port must be in [1, 65535], got {args.port}")
     for option, value in (("--max-batch", args.max_batch), ("--queue", args.queue),
-                          ("--max-cached-users", args.max_cached_users)):
+                          ("--max-cached-users", args.max_cached_users),
+                          ("--max-pending", args.max_pending)):
         if value < 1:
             raise ValueError(f"{option} must be >= 1, got {value}")
     if not args.max_wait_ms >= 0:
         raise ValueError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
+
+
+def service_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """:func:`~tzrec_bench.service.core.open_service`'s options from the checked ``args``."""
+    return dict(backend=args.backend, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                max_queue=args.queue, max_cached_users=args.max_cached_users,
+                encode_graphs=not args.no_encode_graphs, max_pending=args.max_pending)
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -105,15 +119,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import uvicorn
 
     from tzrec_bench.service.app import create_app
-    from tzrec_bench.service.core import ServiceError, open_service
+    from tzrec_bench.service.core import ServiceError, freeze_heap, open_service
     from tzrec_bench.service.store import StoreMismatch
 
     db = args.db or str(Path(resolve_checkpoint(args.checkpoint)).parent / DEFAULT_DB)
     try:
         service = open_service(args.checkpoint, args.data, db, device=device,
-                               backend=args.backend, max_batch=args.max_batch,
-                               max_wait_ms=args.max_wait_ms, max_queue=args.queue,
-                               max_cached_users=args.max_cached_users)
+                               **service_options(args))
     except (ServiceError, StoreMismatch) as exc:
         return _fail(parser, str(exc))
     for note in service.notes:
@@ -122,6 +134,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"{parser.prog}: {info['model']} ({info['task']}) from {info['checkpoint']}, "
           f"users of {info['data']}, events in {db}; http://{args.host}:{args.port} "
           "(docs at /docs)", flush=True)
+    freeze_heap()  # what is loaded now stays: full GC collections while serving skip it
     try:
         uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning")
     finally:

@@ -9,6 +9,7 @@ registered server); the users' histories come from the run's log
 
 from __future__ import annotations
 
+import gc
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from tzrec_bench.service.engine import Engine
 from tzrec_bench.service.histories import UserHistories
 from tzrec_bench.service.store import EventStore
 
-__all__ = ["Service", "ServiceError", "assemble_service", "open_service"]
+__all__ = ["Service", "ServiceError", "assemble_service", "freeze_heap", "open_service"]
 
 
 class ServiceError(ValueError):
@@ -63,6 +64,17 @@ class Service:
         self.engine.store.close()
 
 
+def freeze_heap() -> bool:
+    """Collect the garbage, then move every object left (the model, the session, the loaded
+    histories, the imported modules) into the GC's permanent generation, so that a full
+    collection while serving walks only what was made since instead of the whole heap (on
+    a GPU server, hundreds of thousands of objects: tens of milliseconds, inside whichever
+    request it falls in). Call it once warm-up is done. Returns True."""
+    gc.collect()
+    gc.freeze()
+    return True
+
+
 def file_digest(path: Path) -> str:
     """A BLAKE2 digest of a file's bytes (read in chunks)."""
     digest = hashlib.blake2b(digest_size=16)
@@ -75,8 +87,11 @@ def file_digest(path: Path) -> str:
 def open_service(checkpoint: str, data: Optional[str], db: str, *, device: Any = "cpu",
                  backend: Optional[str] = None, max_batch: int = 32,
                  max_wait_ms: float = 2.0, max_queue: int = 1024,
-                 max_cached_users: int = 100_000) -> Service:
+                 max_cached_users: int = 100_000, encode_graphs: bool = True,
+                 max_pending: int = 4096) -> Service:
     """Load the model, the log and the database; the batcher is not started yet.
+    ``encode_graphs``: the session's (False: whole histories encoded eagerly);
+    ``max_pending``: the store's (appends waiting for the database before refusal).
 
     Raises:
         ServiceError: a model the service cannot answer by user id; CheckpointError,
@@ -88,7 +103,7 @@ def open_service(checkpoint: str, data: Optional[str], db: str, *, device: Any =
     file = resolve_checkpoint(checkpoint)
     if not file.is_file():
         raise FileNotFoundError(f"RUN_OR_CHECKPOINT: no checkpoint at {file}")
-    session, tasks, config = load_session(file, device, backend)
+    session, tasks, config = load_session(file, device, backend, encode_graphs=encode_graphs)
     vocabularies = session.vocabularies
     if vocabularies is None:
         raise ServiceError(f"{file} carries no id vocabulary; the service answers in the "
@@ -109,7 +124,8 @@ def open_service(checkpoint: str, data: Optional[str], db: str, *, device: Any =
     service = assemble_service(session, tasks, dataset, db, source=run.source,
                                data_key=dataset.fingerprint or f"unfingerprinted {run.source}",
                                max_batch=max_batch, max_wait_ms=max_wait_ms,
-                               max_queue=max_queue, max_cached_users=max_cached_users)
+                               max_queue=max_queue, max_cached_users=max_cached_users,
+                               max_pending=max_pending)
     service.info.update({
         "model": config.get("model", type(session.model).__name__),
         "checkpoint": str(file),
@@ -123,7 +139,7 @@ def open_service(checkpoint: str, data: Optional[str], db: str, *, device: Any =
 def assemble_service(session: Any, tasks: Optional[Sequence[str]], dataset: SequenceDataset,
                      db: str, *, source: str, data_key: str = "", max_batch: int = 32,
                      max_wait_ms: float = 2.0, max_queue: int = 1024,
-                     max_cached_users: int = 100_000) -> Service:
+                     max_cached_users: int = 100_000, max_pending: int = 4096) -> Service:
     """A service over a session and an event log already in memory (the batcher not
     started): what :func:`open_service` does after loading its checkpoint and log, and how
     the load test serves a model it built itself.
@@ -136,11 +152,13 @@ def assemble_service(session: Any, tasks: Optional[Sequence[str]], dataset: Sequ
         db: the SQLite file of appended events (``":memory:"``: none kept).
         source: the log, in words (``/info``'s ``data``).
         data_key: what the database must have been made for (empty: no check).
+        max_pending: appends waiting for the database's writer before more are refused
+            (:class:`~tzrec_bench.service.store.EventStore`).
     """
     from tzrec_gr.serving.files import session_limits
 
     limits = session_limits(session, tasks)
-    store = EventStore(db, data_key)
+    store = EventStore(db, data_key, max_pending=max_pending)
     histories = UserHistories(dataset, session.vocabularies.items, store.by_user(),
                               limits.max_events)
     engine = Engine(session, limits.tasks, histories, store, max_cached_users)

@@ -397,15 +397,6 @@ class RankingServer(ModelServer):
         return out
 
     @torch.no_grad()
-    def prefill_histories(self, histories: Histories, device: torch.device) -> ServingCache:
-        contextual = histories.contextual
-        return self.encode(
-            self.history_features(histories, device),
-            None if contextual is None else contextual.to(device),
-            histories.query_times().to(device),
-        )
-
-    @torch.no_grad()
     def encode(
         self,
         features: Batch,

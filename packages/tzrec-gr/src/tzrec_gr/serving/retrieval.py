@@ -349,10 +349,6 @@ class RetrievalServer(ModelServer):
         return True
 
     @torch.no_grad()
-    def prefill_histories(self, histories: Histories, device: torch.device) -> ServingCache:
-        return self.encode(self.history_features(histories, device), None, None)
-
-    @torch.no_grad()
     def encode(
         self,
         features: Features,

@@ -415,9 +415,18 @@ class ModelServer(abc.ABC):
         """[B] CPU the users' query times to keep (:attr:`keeps_query_time`), else None."""
         return histories.query_times() if self.keeps_query_time else None
 
-    @abc.abstractmethod
+    @torch.no_grad()
     def prefill_histories(self, histories: Histories, device: torch.device) -> ServingCache:
-        """Encode histories checked by :meth:`check_histories` (not checked again)."""
+        """Encode histories checked by :meth:`check_histories` (not checked again): their
+        features, contextual features (where given) and query times (where the model
+        :attr:`keeps_query_time`; else None) moved to ``device``, through :meth:`encode`."""
+        contextual = histories.contextual
+        times = self.request_times(histories)
+        return self.encode(
+            self.history_features(histories, device),
+            None if contextual is None else contextual.to(device),
+            None if times is None else times.to(device),
+        )
 
     @abc.abstractmethod
     def encode(

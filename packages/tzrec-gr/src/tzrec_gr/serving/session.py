@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import pathlib
 import time
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Type, Union, cast
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple, Type, Union, cast
 
 import torch
 from torch import nn
@@ -517,6 +517,14 @@ class ServingSession:
         ``encode`` (the same for the whole-history encode's graphs, with its own
         ``enabled``) and ``warm_up`` (the last :meth:`warm_up`'s report, or None)."""
         return graph_stats(self._graphs, self._encode_graphs, self._warm_up)
+
+    def graph_counts(self) -> Tuple[int, int]:
+        """(captures, eager calls) so far, over the step's and the encode's graphs: the two
+        counters of :meth:`graph_stats` that grow when a request meets a shape ``warm_up``
+        did not cover, read without building the report (cheap enough to call around
+        every request)."""
+        sets = [g for g in (self._graphs, self._encode_graphs) if g is not None]
+        return sum(g.captures for g in sets), sum(g.eager_calls for g in sets)
 
     # -- internals ------------------------------------------------------------------------
 

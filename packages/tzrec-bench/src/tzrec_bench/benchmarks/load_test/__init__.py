@@ -42,6 +42,16 @@ and the correctness check. ``--rates`` or ``--search`` run trials at several rat
 achieved rate, p50, p99, dropped) and the sustained rate: the highest offered rate served
 with nothing dropped and p99 under ``--p99-ms``.
 
+Each trial also prints its stall report (:mod:`~tzrec_bench.benchmarks.load_test.stalls`;
+``--no-stall-report`` leaves it out): the requests slower than ``--stall-ms`` (default the
+p99 bound), the GC collections, graph captures, Triton kernels built or tuned and eager calls
+outside the buckets that overlapped them, their wait against their own call's time, and the
+allocator's retries and segments over the trial. Before each trial's clock the heap (the
+stream, the session, its users) is collected and frozen out of the cyclic GC
+(``gc.freeze``, as ``tzrec-bench serve`` does once loaded), so that a full collection in
+the timed run walks only the objects made since; ``--no-gc-freeze`` leaves it in, for
+measuring what that changes.
+
 ``--http`` then runs the same trials through HTTP against the service of ``tzrec-bench
 serve`` in its own process (:mod:`~tzrec_bench.benchmarks.load_test.http`) and prints its
 figures beside the in-process ones, with their ratio (the share of the in-process rate the
@@ -195,6 +205,16 @@ def _parser() -> argparse.ArgumentParser:
                    "above the highest passing one. Default: 0.1")
     p.add_argument("--max-trials", type=int, default=12,
                    help="the most trials of one --search. Default: 12")
+    p.add_argument("--stall-ms", type=float,
+                   help="report, per trial, the requests slower than this and what overlapped "
+                   "them: GC collections, CUDA graph captures, Triton builds and autotuning, "
+                   "eager calls outside the buckets, the allocator. Default: --p99-ms")
+    p.add_argument("--no-stall-report", action="store_true",
+                   help="leave the stall report out (it times every session call)")
+    p.add_argument("--no-gc-freeze", action="store_true",
+                   help="leave the heap in the cyclic GC's generations during the timed run "
+                   "(by default it is frozen out of them before the clock, as tzrec-bench "
+                   "serve does after loading; for measuring what that changes)")
     p.add_argument("--warmup", type=int, default=10,
                    help="requests served before the clock starts (untimed). Default: 10")
     p.add_argument("--check-every", type=int, default=50,
@@ -252,7 +272,11 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
     for name in positive:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("p99_ms", "max_rate", "search_precision"):
+    if args.stall_ms is None:
+        args.stall_ms = args.p99_ms
+    args.stall_report = not args.no_stall_report
+    args.gc_freeze = not args.no_gc_freeze
+    for name in ("p99_ms", "max_rate", "search_precision", "stall_ms"):
         if not getattr(args, name) > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if args.rates is not None and args.search:
@@ -359,6 +383,8 @@ def _report(args: argparse.Namespace, result: LoadTestResult, device: torch.devi
     print(f"  throughput: {result.achieved:.1f} requests/s (target {args.rate:g}), "
           f"{eps:.1f} events/s")
     print(f"  {_call_line(result)}")
+    if result.stalls is not None:
+        print(f"  {result.stalls.line()}")
     verdict = "sustained" if result.sustains(args.p99_ms) else "not sustained"
     print(f"  {verdict}: p99 {pct['p99']:.2f} ms against the {args.p99_ms:g} ms bound, "
           f"{result.dropped} dropped")

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import dataclasses
+import functools
+import gc
 import math
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from tzrec_bench.benchmarks.load_test.model import DTYPES, Served, build_model
+from tzrec_bench.benchmarks.load_test.stalls import StallReport, StallWatch
 from tzrec_bench.benchmarks.load_test.stream import Check, Request, _calls, make_stream
+from tzrec_bench.service.core import freeze_heap
 from tzrec_gr.features import (
     CANDIDATE_ITEM_ID,
     CANDIDATE_LENGTHS,
@@ -72,6 +77,10 @@ class LoadTestResult:
         dropped (int): timed requests whose session call raised.
         call_ms (Dict[str, List[float]]): how long each timed session call took, by
             :func:`call_class` (where a slow server spends its time).
+        stalls (StallReport | None): the requests slower than ``--stall-ms`` and what
+            overlapped them (:mod:`~tzrec_bench.benchmarks.load_test.stalls`); None with
+            ``--no-stall-report``.
+        gc_frozen (bool): the heap was frozen out of the cyclic GC for the timed run.
     """
 
     sent: int
@@ -93,6 +102,8 @@ class LoadTestResult:
     unfinished_ms: List[float] = dataclasses.field(default_factory=list)
     dropped: int = 0
     call_ms: Dict[str, List[float]] = dataclasses.field(default_factory=dict)
+    stalls: Optional[StallReport] = None
+    gc_frozen: bool = False
 
     @property
     def passed(self) -> bool:
@@ -297,6 +308,20 @@ def warm_up(
     return session.warm_up(**sizes, histories=histories, events=list(range(1, args.events + 1)))
 
 
+@contextlib.contextmanager
+def _gc_frozen(on: bool) -> Iterator[None]:
+    """With ``on``, the heap frozen out of the cyclic GC (:func:`freeze_heap`: the stream,
+    the session and its users, made before the clock) for the timed run, and given back to
+    it after (the trial's garbage is collected before the next trial freezes again)."""
+    if on:
+        freeze_heap()
+    try:
+        yield
+    finally:
+        if on:
+            gc.unfreeze()
+
+
 def _late(served_late: int, due: List[float], first: int, now: float, bound_s: float) -> int:
     """Requests known to be later than ``bound_s``: ``served_late`` plus the unanswered ones
     from ``first`` on that were due more than ``bound_s`` ago."""
@@ -383,49 +408,63 @@ def run_load_test(
     for req in warm:
         (extended.add if req.kind == "extend" else extended.discard)(req.user)
     call_ms: Dict[str, List[float]] = {}
-    start = time.perf_counter()
-    due = [start + i / args.rate for i in range(len(timed))]
-    done = start
-    nxt = 0
-    while nxt < len(timed):
-        now = time.perf_counter()
-        if due[nxt] > now:
-            time.sleep(due[nxt] - now)
+    windows: List[Tuple[float, float, float]] = []  # (due, call start, done) per request
+    watch = StallWatch(session) if getattr(args, "stall_report", True) else None
+    frozen = bool(getattr(args, "gc_freeze", True))
+    with _gc_frozen(frozen), watch if watch is not None else contextlib.nullcontext():
+        start = time.perf_counter()
+        due = [start + i / args.rate for i in range(len(timed))]
+        done = start
+        nxt = 0
+        while nxt < len(timed):
             now = time.perf_counter()
-        stop = nxt
-        while stop < len(timed) and stop - nxt < args.max_batch and due[stop] <= now:
-            stop += 1
-        stop = max(stop, nxt + 1)
-        for kind, group in _calls(timed[nxt:stop], args.max_batch):
-            users = [r.user for r in group]
-            name = call_class(scoring if kind == "score" else kind, users, extended)
-            began = time.perf_counter()
-            answers = serve(kind, group)
-            done = time.perf_counter()
-            call_ms.setdefault(name, []).append((done - began) * 1e3)
-            if kind == "extend":
-                extended.update(users)
-            else:
-                extended.difference_update(users)
-            calls += 1
-            if answers is None:
-                continue
-            for req, answer in zip(group, answers):
-                latency = done - due[req.index - first]
-                latencies.append(latency * 1e3)
-                late += latency > bound_s
-                served += 1
-                if req.index in by_index:
-                    by_index[req.index].served = answer
-        nxt = stop
-        if stop_ms is not None and nxt < len(timed):
-            now = time.perf_counter()
-            if _late(late, due, nxt, now, bound_s) >= allowed:
-                stopped = True
-                waiting = due[nxt: bisect.bisect_right(due, now)]
-                unfinished = [(now - d) * 1e3 for d in waiting]
-                break
+            if due[nxt] > now:
+                time.sleep(due[nxt] - now)
+                now = time.perf_counter()
+            stop = nxt
+            while stop < len(timed) and stop - nxt < args.max_batch and due[stop] <= now:
+                stop += 1
+            stop = max(stop, nxt + 1)
+            for kind, group in _calls(timed[nxt:stop], args.max_batch):
+                users = [r.user for r in group]
+                name = call_class(scoring if kind == "score" else kind, users, extended)
+                if watch is None:
+                    began = time.perf_counter()
+                    answers = serve(kind, group)
+                    done = time.perf_counter()
+                else:
+                    answers, began, done = watch.call(name, functools.partial(serve, kind,
+                                                                              group))
+                call_ms.setdefault(name, []).append((done - began) * 1e3)
+                if kind == "extend":
+                    extended.update(users)
+                else:
+                    extended.difference_update(users)
+                calls += 1
+                if answers is None:
+                    continue
+                for req, answer in zip(group, answers):
+                    due_at = due[req.index - first]
+                    latency = done - due_at
+                    latencies.append(latency * 1e3)
+                    windows.append((due_at, began, done))
+                    late += latency > bound_s
+                    served += 1
+                    if req.index in by_index:
+                        by_index[req.index].served = answer
+            nxt = stop
+            if stop_ms is not None and nxt < len(timed):
+                now = time.perf_counter()
+                if _late(late, due, nxt, now, bound_s) >= allowed:
+                    stopped = True
+                    waiting = due[nxt: bisect.bisect_right(due, now)]
+                    unfinished = [(now - d) * 1e3 for d in waiting]
+                    break
     elapsed = done - start
+    stalls = None
+    if watch is not None:
+        stall_ms = getattr(args, "stall_ms", None) or getattr(args, "p99_ms", 50.0)
+        stalls = watch.report(windows, stall_ms)
     if log:
         log(f"  {served} requests served in {elapsed:.2f} s"
             + (" (stopped: the p99 bound is already exceeded)" if stopped else "")
@@ -455,4 +494,6 @@ def run_load_test(
         unfinished_ms=unfinished,
         dropped=dropped,
         call_ms=call_ms,
+        stalls=stalls,
+        gc_frozen=frozen,
     )

@@ -59,6 +59,8 @@ def _trial(
         result = run(trial, p99_ms)
     if log:
         log("  " + row(result, p99_ms))
+        if result.stalls is not None:
+            log("    " + result.stalls.line())
     return result
 
 

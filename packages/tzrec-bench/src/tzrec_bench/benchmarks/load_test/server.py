@@ -35,7 +35,7 @@ __all__ = ["OPTIONS", "empty_log", "main"]
 #: the load test's options the service needs (besides ``db``, ``max_wait_ms``, ``queue``)
 OPTIONS = ("model_name", "device", "dtype", "backend", "dim", "heads", "layers", "items",
            "max_history", "history", "events", "candidates", "k", "no_time_encoding", "seed",
-           "users", "max_batch", "threads")
+           "users", "max_batch", "threads", "no_encode_graphs")
 
 
 def empty_log(num_items: int, actions: bool) -> SequenceDataset:
@@ -65,7 +65,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import uvicorn
 
     from tzrec_bench.service.app import create_app
-    from tzrec_bench.service.core import assemble_service
+    from tzrec_bench.service.core import assemble_service, freeze_heap
     from tzrec_gr.serving import ServingSession
     from tzrec_gr.vocabulary import IdVocabularies, Vocabulary
 
@@ -78,13 +78,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     model = build_model(args)
     vocabularies = IdVocabularies(users=Vocabulary(np.zeros(0, dtype=np.int64)),
                                   items=Vocabulary.dense(args.items), source="load test")
-    session = ServingSession(model, device=args.device, vocabularies=vocabularies)
+    session = ServingSession(model, device=args.device, vocabularies=vocabularies,
+                             encode_graphs=not args.no_encode_graphs)
     report = warm_up(session, args, args.max_batch)
     service = assemble_service(
         session, None, empty_log(args.items, bool(session.server.needs_actions)), args.db,
         source="the load test's events", max_batch=args.max_batch,
         max_wait_ms=args.max_wait_ms, max_queue=args.queue, max_cached_users=args.users)
     service.info["model_fingerprint"] = weights_digest(model)
+    freeze_heap()  # as tzrec-bench serve does once loaded
     # IPPROTO_TCP named: asyncio sets TCP_NODELAY on the accepted connections only for a
     # socket of that protocol (as uvicorn's own binding gets); without it Nagle's algorithm
     # and the client's delayed ACK hold each answer's second write ~40 ms
