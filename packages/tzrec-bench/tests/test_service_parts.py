@@ -162,3 +162,24 @@ def test_serve_options_reach_the_session_and_the_store(service_run, tmp_path, mo
         assert service.engine.store.max_pending == 7
     finally:
         service.close()
+
+
+def test_serve_warms_the_session_up_to_max_batch_before_listening(service_run, tmp_path,
+                                                                   monkeypatch):
+    from tzrec_bench.service.core import open_service
+
+    service = open_service(str(service_run.run), str(service_run.log),
+                           str(tmp_path / "e.sqlite"), max_batch=20)
+    asked = []
+    session = service.engine.session
+    real = session.warm_up
+    monkeypatch.setattr(session, "warm_up", lambda **kw: asked.append(kw) or real(**kw))
+    try:
+        report = service.warm_up()
+        # every bucket below 20 users and the one that holds 20
+        buckets = session.batch_buckets
+        expected = [b for b in buckets if b < 20] + [min(b for b in buckets if b >= 20)]
+        assert asked == [{"batch_sizes": expected}]
+        assert report["captured"] == [] and "no CUDA graphs" in report["reason"]
+    finally:
+        service.close()

@@ -72,6 +72,9 @@ def add_parser(subparsers: argparse._SubParsersAction, formatter: type) -> argpa
     p.add_argument("--no-encode-graphs", action="store_true",
                    help="encode whole histories (a user's first request, re-encodes after new "
                    "events) eagerly instead of from CUDA graphs on a GPU")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="start listening without capturing the CUDA graphs of every batch "
+                   "size first (the first request of each size then waits for its capture)")
     p.add_argument("--device", default="cpu",
                    help="where the model runs: cpu, cuda, cuda:1... or auto")
     p.add_argument("--backend", metavar="NAME",
@@ -134,6 +137,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"{parser.prog}: {info['model']} ({info['task']}) from {info['checkpoint']}, "
           f"users of {info['data']}, events in {db}; http://{args.host}:{args.port} "
           "(docs at /docs)", flush=True)
+    if not args.no_warm_up:
+        report = service.warm_up()
+        print(f"{parser.prog}: warm-up: {len(report['captured'])} CUDA graph(s) captured in "
+              f"{report['seconds']:.1f} s" + (f" ({report['reason']})" if report["reason"] else ""),
+              flush=True)
     freeze_heap()  # what is loaded now stays: full GC collections while serving skip it
     try:
         uvicorn.run(create_app(service), host=args.host, port=args.port, log_level="warning")

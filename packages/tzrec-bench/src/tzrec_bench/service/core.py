@@ -58,6 +58,17 @@ class Service:
         """The model's predictions score given candidates (``POST /score``)."""
         return "candidates" in self.limits.predicts.columns
 
+    def warm_up(self) -> Dict[str, Any]:
+        """Capture the session's CUDA graphs of every batch bucket (up to ``max_batch``
+        users) before the first request, so that no request waits for a capture or a
+        Triton autotune (:meth:`~tzrec_gr.serving.ServingSession.warm_up`; on a CPU nothing
+        is captured and the report says why). Returns the session's report."""
+        session = self.engine.session
+        most = self.batcher.max_batch
+        smaller = [size for size in session.batch_buckets if size < most]
+        holding = [size for size in session.batch_buckets if size >= most][:1]
+        return session.warm_up(batch_sizes=smaller + holding)
+
     def close(self) -> None:
         """Stop the batcher and close the store."""
         self.batcher.stop()

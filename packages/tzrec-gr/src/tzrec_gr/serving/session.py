@@ -190,6 +190,12 @@ class ServingSession:
         self._batch_buckets = tuple(sorted(batch_buckets))
 
     @property
+    def batch_buckets(self) -> Tuple[int, ...]:
+        """The users per graph bucket, ascending (a batch runs in the smallest that holds it;
+        larger batches run eager)."""
+        return self._batch_buckets
+
+    @property
     def kind(self) -> str:
         """``"retrieval"`` or ``"ranking"``: the server's label (for messages and files)."""
         return self.server.kind
