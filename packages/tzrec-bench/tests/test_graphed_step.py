@@ -1,10 +1,15 @@
 """The captured training step's logic on the CPU: buckets, padding users masked out of the
 loss (float64: the padded batch's loss and gradients are the batch's own), the eager padded
 step against the plain step, and where ``--cuda-graphs`` applies. The capture itself is
-tested on a GPU (``test_on_cuda_*``, ``-m gpu``)."""
+tested on a GPU (``test_on_cuda_*``, ``-m gpu``; two processes on two GPUs in
+``test_on_two_gpus_*``). The gradient reduction of several processes: test_grad_sync."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import types
 
 import pytest
@@ -175,5 +180,41 @@ def test_auto_captures_on_a_cuda_device_but_leaves_a_compiled_step_alone():
     assert wanted(TrainConfig(**TINY), cuda)
     assert not wanted(TrainConfig(**TINY, compile=True), cuda)
     assert wanted(TrainConfig(**TINY, compile=True, cuda_graphs="on"), cuda)
-    assert not wanted(TrainConfig(**TINY), types.SimpleNamespace(device=torch.device("cuda"),
-                                                                 distributed=True))
+    # under torchrun too: the captured step reduces its gradients itself (test_grad_sync)
+    assert wanted(TrainConfig(**TINY), types.SimpleNamespace(device=torch.device("cuda"),
+                                                             distributed=True))
+
+
+def _torchrun_losses(out_dir, model: str, cuda_graphs: str) -> tuple:
+    """A two-process run of TINY on two GPUs: its losses (the global-batch means) and log."""
+    args = ["--model", model, "--data", "synthetic", "--device", "cuda", "--amp", "off",
+            "--dropout", "0", "--max-steps", "8", "--warmup-steps", "4", "--batch-size", "24",
+            "--cuda-graphs", cuda_graphs, "--out-dir", str(out_dir), "--no-progress",
+            "--no-plot"]
+    for field in ("synthetic_users", "synthetic_items", "max_seq_len", "embedding_dim",
+                  "num_layers", "num_heads", "num_negatives", "lr", "eval_batch_size",
+                  "log_every"):
+        args += ["--" + field.replace("_", "-"), str(TINY[field])]
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "2", "-m", "tzrec_bench", "train", *args],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    history = json.loads((out_dir / "history.json").read_text())
+    return torch.tensor([r["loss"] for r in history["train"]]), run.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.parametrize("model", ["hstu-retrieval", "sasrec"])
+def test_on_two_gpus_the_captured_step_gives_the_losses_of_eager_ddp(tmp_path, model):
+    """torchrun, two processes on two GPUs, NCCL: the captured step (its own all-reduce in
+    the graph) against eager DDP, eight steps, fp32 (amp off), dropout off: the tolerances of
+    the one-GPU test, where only the padded shapes' rounding differs."""
+    want, eager_log = _torchrun_losses(tmp_path / "eager", model, "off")
+    got, graphs_log = _torchrun_losses(tmp_path / "graphs", model, "on")
+    assert "2 processes" in graphs_log and "CUDA graph captured" not in eager_log
+    assert "CUDA graph captured on rank 0 of 2" in graphs_log, graphs_log[-2000:]
+    print(f"{model}: eager DDP losses {want.tolist()}\ncaptured losses {got.tolist()}")
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

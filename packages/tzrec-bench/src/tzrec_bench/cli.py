@@ -224,9 +224,10 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="capture the whole training step (forward, loss, backward, clipping, "
                    "AdamW) in CUDA graphs, one per bucket of batch sizes (the batch padded "
                    "with users left out of the loss), and replay them: the GPU no longer "
-                   "waits for Python. auto: on a CUDA device, one process, a model that "
-                   "supports it, without --compile; on: also with --compile, an error where "
-                   "it cannot apply; off: never")
+                   "waits for Python. Under torchrun the graph also averages the gradients "
+                   "(one NCCL all-reduce). auto: on a CUDA device, a model that supports "
+                   "it, without --compile; on: also with --compile, an error where it "
+                   "cannot apply; off: never")
     g.add_argument("--epochs", type=POSITIVE, metavar="N",
                    help=f"passes over the training users (default: {DEFAULT_EPOCHS} when "
                    "--max-steps is not given)")

@@ -11,6 +11,10 @@ that drift of the GPU's clocks falls on every pair alike; each round ends with a
 synchronize, so the time is the device's, not the host's queue. The table shows the median
 round, and the seconds of the first step and of all warm-up steps (what compiling costs).
 ``--profile DIR`` also writes a ``torch.profiler`` table and trace per pair.
+
+Under ``torchrun --nproc-per-node N -m tzrec_bench train-speed ...`` every process trains
+its share of each global batch (as ``tzrec-bench train`` does) and rank 0 prints the
+global batch's tokens/s.
 """
 
 from __future__ import annotations
@@ -89,7 +93,8 @@ def _profile(pair: Pair, steps: int, folder: Path) -> None:
         activities.append(ProfilerActivity.CUDA)
     with profile(activities=activities) as prof:
         _steps(pair, steps)
-    stem = folder / f"{pair.name}-{pair.mode}"
+    ctx = pair.trainer.ctx
+    stem = folder / f"{pair.name}-{pair.mode}{f'-rank{ctx.rank}' if ctx.distributed else ''}"
     sort = "self_cuda_time_total" if len(activities) > 1 else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=40)
     cpu_table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
@@ -226,8 +231,11 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(str(exc))
     pairs = measure(configs, modes, args.steps, args.warmup, args.rounds,
                     Path(args.profile) if args.profile else None)
-    device = pairs[0].trainer.ctx.device
-    print(f"train-speed on {device_name(device)} (torch {torch.__version__}, triton "
+    ctx = pairs[0].trainer.ctx
+    if not ctx.is_main:
+        return 0
+    processes = f", {ctx.world_size} processes" if ctx.distributed else ""
+    print(f"train-speed on {device_name(ctx.device)}{processes} (torch {torch.__version__}, triton "
           f"{triton_version()}): median of {args.rounds} rounds of "
           f"{args.steps} steps after {args.warmup} warm-up steps"
           + (f"; overrides {', '.join(args.set)}" if args.set else ""))

@@ -25,10 +25,20 @@ catalogue, backward, gradient clipping, AdamW) is recorded once per *bucket* and
 * **Capture.** Two forward and backward passes on a side stream first (Triton autotuning,
   cuBLAS workspaces, torch.compile's graphs when ``--compile`` is on), then the capture;
   each bucket gets its own memory pool. The log names each captured bucket and its seconds.
+* **Several processes (torchrun).** DDP reduces gradients from autograd hooks that a graph
+  does not record, so the step calls the module DDP wraps (DDP still made every rank's
+  weights rank 0's when it was built) and reduces the gradients itself inside the graph:
+  :class:`~tzrec_bench.train.grad_sync.GradSync`, one NCCL all-reduce of a static flat
+  buffer per dtype, divided as DDP divides. Its size is the parameters', so ranks in
+  different buckets pair their collectives; each rank runs exactly one reduction per step
+  (the first, eager step's and every replay's). The warm-up passes before a capture do not
+  reduce: ranks capture at different steps, their gradients are discarded, and a collective
+  there would pair with another rank's replay. The capture records the all-reduce without
+  running it.
 
 Not supported (``--cuda-graphs on`` is then an error naming the reason; ``auto`` steps
-eagerly): a CPU device, several processes (DDP's gradient hooks), ``--sharding torchrec``,
-a model whose registry record lacks ``graph_step``.
+eagerly): a CPU device, ``--sharding torchrec``, a model whose registry record lacks
+``graph_step``.
 """
 
 from __future__ import annotations
@@ -40,9 +50,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from tzrec_bench.train.config import ConfigError, TrainConfig
 from tzrec_bench.train.distributed import DistContext
+from tzrec_bench.train.grad_sync import GradSync
 from tzrec_bench.train.task import Batch, autocast
 from tzrec_gr.models.registry import get_model
 from tzrec_ops.jagged import known_host_copy, remember_host_copy
@@ -62,8 +74,6 @@ def refusal(config: TrainConfig, ctx: DistContext) -> Optional[str]:
         return "the tables of --sharding torchrec are updated outside the step"
     if ctx.device.type != "cuda":
         return f"the run is on {ctx.device.type}, not a CUDA device"
-    if ctx.distributed:
-        return "several processes (DDP synchronizes gradients in hooks that are not captured)"
     return None
 
 
@@ -136,13 +146,20 @@ class CapturedStep:
     def __init__(self, trainer: Any, capture: bool = True) -> None:
         self.task = trainer.task
         self.config: TrainConfig = trainer.config
+        self.ctx: DistContext = trainer.ctx
         self.device: torch.device = trainer.ctx.device
         self.amp = trainer.amp
         self.log: Callable[[str], None] = trainer.log
-        self.module = trainer.strategy.module
+        module = trainer.strategy.module
+        # under torchrun the gradients are reduced by self.sync, not by DDP's hooks
+        self.module = module.module if isinstance(module, DistributedDataParallel) else module
         self.optimizer: torch.optim.Optimizer = trainer.strategy.optimizer
         self.clipped: List[torch.Tensor] = trainer.strategy.clipped
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.sync: Optional[GradSync] = (
+            GradSync(self.params, trainer.strategy.averaged_over)
+            if trainer.ctx.distributed else None
+        )
         self.capture = capture
         self.plan = BucketPlan.of(self.config.batch_size, self.config.max_seq_len)
         self.graphs: Dict[tuple, _Graph] = {}
@@ -152,7 +169,8 @@ class CapturedStep:
     def describe(self) -> str:
         """The header's line."""
         how = "captured in CUDA graphs" if self.capture else "eager on padded batches"
-        return f"  training step {how} ({self.plan.describe()})"
+        sync = f"; gradients: {self.sync.describe()}" if self.sync is not None else ""
+        return f"  training step {how} ({self.plan.describe()}{sync})"
 
     def _prepare_optimizer(self) -> None:
         """AdamW capturable, its lr a device tensor (the schedule fills it in place).
@@ -179,6 +197,8 @@ class CapturedStep:
     def _body(self, batch: Batch, scale: Any) -> torch.Tensor:
         """The step itself (eager, or recorded by a capture)."""
         loss = self._forward_backward(batch, scale)
+        if self.sync is not None:
+            self.sync()
         if self.config.clip_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.clipped, self.config.clip_grad_norm)
         self.optimizer.step()
@@ -222,6 +242,8 @@ class CapturedStep:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
+            # no gradient reduction here (module docstring: a collective would pair with
+            # another rank's replay)
             for _ in range(WARMUP_PASSES):
                 self.optimizer.zero_grad(set_to_none=True)
                 self._forward_backward(inputs, scale)
@@ -236,7 +258,9 @@ class CapturedStep:
         seconds = time.perf_counter() - started
         self.capture_seconds += seconds
         users, tokens = key
-        self.log(f"CUDA graph captured: {users} users + {self.plan.padding_users} padding, "
-                 f"{tokens} tokens, in {seconds:.2f} s ({len(self.graphs)} bucket(s), "
-                 f"{self.capture_seconds:.1f} s capturing so far)")
+        where = (f" on rank 0 of {self.ctx.world_size}, with its gradient all-reduce"
+                 if self.sync is not None else "")
+        self.log(f"CUDA graph captured{where}: {users} users + {self.plan.padding_users} "
+                 f"padding, {tokens} tokens, in {seconds:.2f} s ({len(self.graphs)} "
+                 f"bucket(s), {self.capture_seconds:.1f} s capturing so far)")
         return entry
