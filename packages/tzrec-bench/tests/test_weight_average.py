@@ -4,6 +4,9 @@ untouched, validation, best.pt and the test on the averaged weights, resume, the
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,3 +166,52 @@ def test_the_cli_takes_ema_decay_and_refuses_1(tmp_path, capsys):
         main(["train", *tiny, "--ema-decay", "1", "--out-dir", str(tmp_path / "bad")])
     assert exc.value.code == 2
     assert "--ema-decay: must be in [0, 1), got '1'" in capsys.readouterr().err
+
+
+def test_a_compiled_step_is_averaged_like_an_eager_one(tmp_path, monkeypatch):
+    # aot_eager, as test_train_compile.py: dynamo captures the step, no C++ is compiled
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile",
+                        lambda model, **kw: real(model, **{**kw, "backend": "aot_eager"}))
+    torch._dynamo.reset()
+    options = dict(max_steps=4, dropout=0.0, ema_decay=0.8, cuda_graphs="off")
+    eager = train(_config(tmp_path / "eager", **options))
+    compiled = train(_config(tmp_path / "compiled", compile=True, **options))
+    torch._dynamo.reset()
+    # float32, the same step traced: test_train_compile.py's tolerances
+    losses = [torch.tensor([r["loss"] for r in run.history["train"]])
+              for run in (compiled, eager)]
+    torch.testing.assert_close(*losses, rtol=1e-5, atol=1e-6)
+    a = checkpoint.load(tmp_path / "eager" / checkpoint.CHECKPOINT)[checkpoint.AVERAGE]
+    b = checkpoint.load(tmp_path / "compiled" / checkpoint.CHECKPOINT)[checkpoint.AVERAGE]
+    for name, value in a.items():
+        torch.testing.assert_close(b[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_two_gloo_processes_average_like_one(tmp_path):
+    """Every DDP rank holds the same weights, hence the same average: two processes against
+    one, with test_trainer.py's tolerances for the two-process run (float rounding of the
+    gradient summed in halves)."""
+    options = dict(max_steps=6, eval_every=3, dropout=0.0, ema_decay=0.8)
+    train(_config(tmp_path / "one", **options))
+    args = ["--data", "synthetic", "--max-steps", "6", "--eval-every", "3", "--dropout", "0",
+            "--ema-decay", "0.8", "--out-dir", str(tmp_path / "two"), "--no-progress",
+            "--no-plot"]
+    for field in ("synthetic_users", "synthetic_items", "max_seq_len", "embedding_dim",
+                  "num_layers", "num_heads", "num_negatives", "batch_size", "lr",
+                  "eval_batch_size", "log_every"):
+        args += ["--" + field.replace("_", "-"), str(TINY[field])]
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "2", "-m", "tzrec_bench", "train", *args],
+        capture_output=True, text=True, timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "2 processes" in run.stdout and "weights averaged (EMA, decay 0.8" in run.stdout
+    for name in (checkpoint.CHECKPOINT, checkpoint.BEST):
+        one = checkpoint.load(tmp_path / "one" / name)
+        two = checkpoint.load(tmp_path / "two" / name)
+        key = checkpoint.AVERAGE if name == checkpoint.CHECKPOINT else "model"
+        for param, value in one[key].items():
+            torch.testing.assert_close(two[key][param], value, rtol=1e-4, atol=1e-5)
