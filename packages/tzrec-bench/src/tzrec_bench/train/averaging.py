@@ -9,7 +9,8 @@ After each optimizer step ``t`` (0-based) every parameter's average moves toward
 
 The warm-up of ``d`` (TensorFlow's ``num_updates`` rule) keeps the first validations from
 being mostly the random initial weights: ``d`` is 0.1 after the first step, 0.5 after the
-ninth, and reaches 0.999 after about 9,000. ``t`` is the trainer's step, so a resumed run
+ninth, and reaches 0.999 after about 9,000; until ``decay`` is reached the average weighs
+roughly the last ninth of the steps. ``t`` is the trainer's step, so a resumed run
 takes the same decays as an uninterrupted one.
 
 The averages are kept on the parameters' device in their dtype (the trainer's parameters are

@@ -18,7 +18,9 @@ Where the weights live (``--sharding``) is a strategy of :mod:`~tzrec_bench.trai
 chosen once. With ``--compile`` the training step runs under ``torch.compile``; evaluation
 stays eager, and checkpoints hold the same keys as an eager run's. On a CUDA device the
 step is captured in CUDA graphs where it can be (``--cuda-graphs``,
-:mod:`~tzrec_bench.train.graphed_step`).
+:mod:`~tzrec_bench.train.graphed_step`). With ``--ema-decay`` an average of the weights,
+updated after every step (:mod:`~tzrec_bench.train.averaging`), is what validation, early
+stopping, ``best.pt`` and the test see; training itself is unchanged.
 """
 
 from __future__ import annotations
