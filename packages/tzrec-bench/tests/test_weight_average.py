@@ -215,3 +215,14 @@ def test_two_gloo_processes_average_like_one(tmp_path):
         key = checkpoint.AVERAGE if name == checkpoint.CHECKPOINT else "model"
         for param, value in one[key].items():
             torch.testing.assert_close(two[key][param], value, rtol=1e-4, atol=1e-5)
+
+
+def test_a_run_config_takes_ema_decay(tmp_path):
+    from tzrec_bench.regression.configs import RunConfigError, load_config
+
+    path = tmp_path / "ema.toml"
+    path.write_text('[train]\nmodel = "hstu-ranking"\nema_decay = 0.999\n')
+    assert load_config(str(path)).train_config().ema_decay == 0.999
+    path.write_text('[train]\nmodel = "hstu-ranking"\nema_decay = 1.0\n')
+    with pytest.raises(RunConfigError, match=r"ema\.toml: \[train\] --ema-decay: must be in"):
+        load_config(str(path))
