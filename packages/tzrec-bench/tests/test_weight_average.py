@@ -226,3 +226,48 @@ def test_a_run_config_takes_ema_decay(tmp_path):
     path.write_text('[train]\nmodel = "hstu-ranking"\nema_decay = 1.0\n')
     with pytest.raises(RunConfigError, match=r"ema\.toml: \[train\] --ema-decay: must be in"):
         load_config(str(path))
+
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["hstu-retrieval", "sasrec"])
+def test_on_cuda_the_captured_step_is_averaged_without_a_host_sync(tmp_path, model):
+    """Replayed steps update the parameters in place: the average read after each replay is
+    the float64 hand computation's (float32 bounds), its update reads nothing back from the
+    device, and a validation in between (the average swapped in and out of the tensors the
+    graphs hold) leaves the losses those of a captured run without the average, bit for bit."""
+    from tzrec_bench.train.distributed import close, init_distributed
+    from tzrec_bench.train.loop import Trainer
+    from tzrec_bench.train.strategies import Replicated
+
+    runs = []
+    for decay in (0.0, 0.8):
+        config = _config(tmp_path / str(decay), model=model, ema_decay=decay, dropout=0.0,
+                         amp="off", device="cuda", cuda_graphs="on")
+        ctx = init_distributed("cuda")
+        try:
+            trainer = Trainer(config, ctx, Replicated)
+            average = trainer.average
+            expected = [] if average is None else [p.double() for p in average.params]
+            losses = []
+            for step in range(8):
+                losses.append(float(trainer.train_step(trainer.global_rows(step))))
+                trainer.step += 1
+                d = min(decay, (1 + step) / (10 + step))
+                for e, p, a in zip(expected, average.params if average else [],
+                                   average.averages if average else []):
+                    e.mul_(d).add_(p.double(), alpha=1 - d)
+                    torch.testing.assert_close(a.double(), e, rtol=1e-5, atol=1e-6)
+                if step == 4:
+                    trainer.validate()
+            assert trainer.captured is not None and trainer.captured.graphs
+            if average is not None:
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    average.update(trainer.step)
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
+            runs.append(losses)
+        finally:
+            close(ctx)
+    assert runs[0] == runs[1]
