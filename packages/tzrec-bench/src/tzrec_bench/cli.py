@@ -210,6 +210,11 @@ def _add_train(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="steps of linear learning-rate warm-up")
     g.add_argument("--clip-grad-norm", type=_number(float, 0.0), default=d.clip_grad_norm,
                    metavar="X", help="clip the gradient norm to X (0 disables)")
+    g.add_argument("--ema-decay", type=_fraction, default=d.ema_decay, metavar="D",
+                   help="validate, keep (best.pt) and test an exponential moving average of "
+                   "the weights, updated after each step with decay D (warm-up: "
+                   "min(D, (1+t)/(10+t)) at step t), e.g. 0.999; checkpoint.pt keeps the "
+                   "trained weights and the average; 0 (default): off")
     g.add_argument("--amp", choices=AMP_MODES, default=d.amp,
                    help="mixed precision: auto is bf16 autocast on CUDA, off on CPU")
     g.add_argument("--compile", action="store_true",

@@ -9,6 +9,8 @@
 - :mod:`~tzrec_bench.train.config`: ``TrainConfig``, every setting of a run;
   :mod:`~tzrec_bench.train.validation`: ``validate``, every check of them;
 - :mod:`~tzrec_bench.train.checkpoint`: the files of a run and RNG states;
+- :mod:`~tzrec_bench.train.averaging`: the exponential moving average of the weights
+  (``--ema-decay``) that validation, best.pt and the test then use;
 - :mod:`~tzrec_bench.train.factory`: models (from :mod:`tzrec_gr.models.registry`) and
   tasks by name;
 - :mod:`~tzrec_bench.train.retrieval` / :mod:`~tzrec_bench.train.ranking`: the two tasks;

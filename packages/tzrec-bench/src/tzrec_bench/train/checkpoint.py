@@ -2,14 +2,15 @@
 
 A run's folder holds ``checkpoint.pt`` (the latest state: model, optimizer, scheduler, step,
 early-stopping state, history, and every rank's RNG state) and ``best.pt`` (the model at the
-best validation metric). A run with sharded tables (``--sharding torchrec``) keeps its model
-and optimizer states in ``checkpoint.dcp/`` (each rank's shards, written with
-``torch.distributed.checkpoint``), named by the ``sharded`` entry of ``checkpoint.pt``; its
-``best.pt`` is the plain model, gathered at the end of the run. The data position is the
-step: the order of epoch ``e`` is a permutation seeded by ``(seed, e)``, so a resumed run
-recomputes it and skips the batches already trained on. Files are written to a temporary
-name and renamed, so an interrupted write never leaves a truncated checkpoint behind; a file
-damaged later, or one of another kind, is refused by :func:`load` with a
+best validation metric; under ``--ema-decay``, the averaged weights, which checkpoint.pt
+holds as ``average`` beside the trained ones). A run with sharded tables (``--sharding
+torchrec``) keeps its model and optimizer states in ``checkpoint.dcp/`` (each rank's shards,
+written with ``torch.distributed.checkpoint``), named by the ``sharded`` entry of
+``checkpoint.pt``; its ``best.pt`` is the plain model, gathered at the end of the run. The
+data position is the step: the order of epoch ``e`` is a permutation seeded by ``(seed, e)``,
+so a resumed run recomputes it and skips the batches already trained on. Files are written to
+a temporary name and renamed, so an interrupted write never leaves a truncated checkpoint
+behind; a file damaged later, or one of another kind, is refused by :func:`load` with a
 :class:`CheckpointError` naming it. Every file of a run carries the run's id (:data:`RUN_ID`),
 so that a resumed run never takes a best.pt that another run left (:func:`check_same_run`).
 The format and the files' names are
@@ -46,6 +47,9 @@ RESUME_KEYS: Tuple[str, ...] = ("optimizer", "scheduler", "early_stopping", "his
 #: a sharded checkpoint.pt names its folder of shards here instead of holding the states
 SHARDED = "sharded"
 SHARDED_STATES = ("model", "optimizer")
+#: checkpoint.pt's averaged weights under --ema-decay (train/averaging.py), beside ``model``
+#: (the trained weights, which --resume goes on from); best.pt's ``model`` is the average
+AVERAGE = "average"
 #: the entry of every file a run writes that names the run (a random hex string)
 RUN_ID = "run_id"
 EXPECTED = f"a {CHECKPOINT} or {BEST} written by `tzrec-bench train`"

@@ -95,6 +95,9 @@ class TrainConfig:
     weight_decay: float = 0.01
     warmup_steps: int = 0
     clip_grad_norm: float = 1.0
+    # an exponential moving average of the weights for validation, best.pt and the test
+    # (train/averaging.py); 0: off
+    ema_decay: float = 0.0
     amp: str = "auto"
     compile: bool = False
     cuda_graphs: str = "auto"
@@ -207,6 +210,9 @@ class TrainConfig:
         for field in ("weight_decay", "clip_grad_norm", "min_delta"):
             if not getattr(self, field) >= 0:
                 raise ConfigError(field, f"must be >= 0; got {getattr(self, field)}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError("ema_decay", f"must be in [0, 1) (0: no weight average); got "
+                              f"{self.ema_decay}")
         if self.amp not in AMP_MODES:
             raise ConfigError("amp", f"expected one of {', '.join(AMP_MODES)}; got {self.amp!r}")
         if self.device not in DEVICES:
@@ -225,6 +231,15 @@ class TrainConfig:
             raise ConfigError("compile", f"{self.model} is fitted from counts and takes no "
                               "gradient steps: there is no training step to compile; drop "
                               f"--compile or train {', '.join(trained[:-1])} or {trained[-1]}")
+        if self.ema_decay and get_model(self.model).fitted:
+            raise ConfigError("ema_decay", f"{self.model} is fitted from counts and takes no "
+                              "gradient steps: there are no weights to average; drop "
+                              "--ema-decay")
+        if self.ema_decay and self.sharding == "torchrec":
+            raise ConfigError("ema_decay", "not supported with --sharding torchrec (its item "
+                              "table is updated by torchrec's fused optimizer, split over the "
+                              "processes, where no average is kept); expected --sharding "
+                              "replicate, or --ema-decay 0")
         if self.compile and self.sharding == "torchrec":
             raise ConfigError("compile", "not supported with --sharding torchrec (its sharded "
                               "tables run outside torch.compile); expected --sharding "

@@ -18,7 +18,9 @@ Where the weights live (``--sharding``) is a strategy of :mod:`~tzrec_bench.trai
 chosen once. With ``--compile`` the training step runs under ``torch.compile``; evaluation
 stays eager, and checkpoints hold the same keys as an eager run's. On a CUDA device the
 step is captured in CUDA graphs where it can be (``--cuda-graphs``,
-:mod:`~tzrec_bench.train.graphed_step`).
+:mod:`~tzrec_bench.train.graphed_step`). With ``--ema-decay`` an average of the weights,
+updated after every step (:mod:`~tzrec_bench.train.averaging`), is what validation, early
+stopping, ``best.pt`` and the test see; training itself is unchanged.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 
 from tzrec_bench.data.log_files import describe_files
 from tzrec_bench.train import checkpoint, graphed_step, validation
+from tzrec_bench.train.averaging import WeightAverage
 from tzrec_bench.train.config import ConfigError, TrainConfig
 from tzrec_bench.train.distributed import (
     AnyRankFlag,
@@ -78,6 +81,9 @@ class Trainer(Run):
         self._epoch, self._order = -1, np.empty(0, dtype=np.int64)
         #: the step in CUDA graphs (--cuda-graphs), or None: eager
         self.captured = CapturedStep(self) if graphed_step.wanted(config, ctx) else None
+        #: the average of the weights (--ema-decay), or None
+        self.average = (WeightAverage(self.model, config.ema_decay) if config.ema_decay
+                        else None)
         if config.resume:
             self._resume()
 
@@ -93,6 +99,7 @@ class Trainer(Run):
             f"users), validation every {self.eval_every}, early stopping on {c.key_metric}"
             + "".join("\n" + line for line in self.strategy.header_lines())
             + (f"\n{self.captured.describe()}" if self.captured is not None else "")
+            + (f"\n{self.average.describe()}" if self.average is not None else "")
         )
 
     # -- one step ----------------------------------------------------------------------
@@ -129,6 +136,8 @@ class Trainer(Run):
             if self.config.clip_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(self.strategy.clipped, self.config.clip_grad_norm)
             self.strategy.optimizer.step()
+        if self.average is not None:  # after the step, eager or replayed (in place)
+            self.average.update(self.step)
         self.scheduler.step()
         # reported as a term of the mean over ranks, which is then the global-batch mean
         loss = loss.detach() * (self.ctx.world_size / averaged)
@@ -155,11 +164,26 @@ class Trainer(Run):
     # -- validation and checkpoints ----------------------------------------------------
 
     def validate(self) -> None:
+        """Validates the averaged weights under --ema-decay (so early stopping and best.pt
+        follow them), else the trained ones."""
         self._check_finite()
-        super().validate()
+        if self.average is None:
+            super().validate()
+            return
+        with self.average.applied():
+            super().validate()
+
+    def load_best(self) -> None:
+        # with no best kept (no valid metric) the test evaluates the last average
+        if self.average is not None:
+            self.average.copy_to_model()
+        super().load_best()
 
     def model_states(self) -> Dict[str, Any]:
-        return {**self.strategy.states(), "scheduler": self.scheduler.state_dict()}
+        states = {**self.strategy.states(), "scheduler": self.scheduler.state_dict()}
+        if self.average is not None:  # beside the trained weights, which --resume goes on from
+            states[checkpoint.AVERAGE] = self.average.state_dict()
+        return states
 
     def _resume(self) -> None:
         path = self.out_dir / checkpoint.CHECKPOINT
@@ -174,6 +198,13 @@ class Trainer(Run):
                                    self.config.columns)
         self.continue_run(state)
         self.strategy.load_states(state, path)
+        if self.average is not None:
+            try:
+                self.average.load_state_dict(state[checkpoint.AVERAGE])
+            except (KeyError, ValueError) as exc:
+                raise checkpoint.CheckpointError(
+                    f"{path}: no weight average of this model to resume --ema-decay from "
+                    f"({exc})") from None
         self.scheduler.load_state_dict(state["scheduler"])
         # the warm-up's current lr (a sharded run's optimizer states do not hold it)
         for group, lr in zip(self.scheduler.optimizer.param_groups, self.scheduler.get_last_lr()):

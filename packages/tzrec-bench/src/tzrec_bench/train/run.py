@@ -200,6 +200,10 @@ class Run:
         """checkpoint.pt's model, optimizer and scheduler entries (a collective)."""
         raise NotImplementedError
 
+    def load_best(self) -> None:
+        """Puts the weights the test split is evaluated with into the model."""
+        self.strategy.load_best()
+
     # -- the run -----------------------------------------------------------------------
 
     def run(self) -> RunResult:
@@ -216,7 +220,7 @@ class Run:
             self.validate()
         if self._saved_step != self.step:
             self.save_checkpoint()
-        self.strategy.load_best()
+        self.load_best()
         test = self.evaluate("test", self.config.test_users)
         valid = next(
             (r for r in self.history["valid"] if r["step"] == self.stopper.best_step),
