@@ -177,3 +177,11 @@ class AnyRankFlag:
         if self._pending is not None:
             self._pending[0].wait()
             self._pending = None
+
+
+def broadcast_states(module: torch.nn.Module, ctx: DistContext) -> None:
+    """Every rank's parameters and buffers made rank 0's (what DDP does when it wraps a
+    module), for a run that reduces its gradients without DDP."""
+    if ctx.distributed:
+        for tensor in module.state_dict().values():
+            dist.broadcast(tensor, src=0)

@@ -26,8 +26,10 @@ catalogue, backward, gradient clipping, AdamW) is recorded once per *bucket* and
   cuBLAS workspaces, torch.compile's graphs when ``--compile`` is on), then the capture;
   each bucket gets its own memory pool. The log names each captured bucket and its seconds.
 * **Several processes (torchrun).** DDP reduces gradients from autograd hooks that a graph
-  does not record, so the step calls the module DDP wraps (DDP still made every rank's
-  weights rank 0's when it was built) and reduces the gradients itself inside the graph:
+  does not record (and with its wrapper built, capture fails on torch 2.11: "operation would make
+  the legacy stream depend on a capturing blocking stream", torch 2.11), so a captured run
+  builds no DDP wrapper (the strategy broadcasts rank 0's weights instead; a module that
+  is wrapped anyway is unwrapped) and reduces the gradients itself inside the graph:
   :class:`~tzrec_bench.train.grad_sync.GradSync`, one NCCL all-reduce of a static flat
   buffer per dtype, divided as DDP divides. Its size is the parameters', so ranks in
   different buckets pair their collectives; each rank runs exactly one reduction per step

@@ -16,10 +16,10 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tzrec_bench.train import checkpoint
+from tzrec_bench.train import checkpoint, graphed_step
 from tzrec_bench.train.checkpoint import RunFiles
 from tzrec_bench.train.config import ConfigError, TrainConfig
-from tzrec_bench.train.distributed import DistContext, barrier
+from tzrec_bench.train.distributed import DistContext, barrier, broadcast_states
 from tzrec_bench.train.sharding import ShardedTables, consolidate, meta_table
 from tzrec_bench.train.task import Batch, Task
 
@@ -128,7 +128,11 @@ class Replicated(WholeModel):
             # dynamic=None: the sizes that differ between batches (tokens, candidates)
             # become dynamic at the first recompile
             step.compile(dynamic=None)
-        if ctx.distributed:
+        if ctx.distributed and graphed_step.wanted(config, ctx):
+            # the captured step reduces the gradients itself, inside its graphs
+            # (graphed_step.GradSync): DDP's hooks would break the capture
+            broadcast_states(model, ctx)
+        elif ctx.distributed:
             ids = [ctx.device.index] if ctx.device.type == "cuda" else None
             step = DistributedDataParallel(step, device_ids=ids)
         #: what a training step calls
