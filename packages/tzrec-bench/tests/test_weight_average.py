@@ -248,7 +248,7 @@ def test_on_cuda_the_captured_step_is_averaged_without_a_host_sync(tmp_path, mod
         try:
             trainer = Trainer(config, ctx, Replicated)
             average = trainer.average
-            expected = [] if average is None else [p.double() for p in average.params]
+            expected = [] if average is None else [p.detach().double() for p in average.params]
             losses = []
             for step in range(8):
                 losses.append(float(trainer.train_step(trainer.global_rows(step))))
@@ -256,7 +256,7 @@ def test_on_cuda_the_captured_step_is_averaged_without_a_host_sync(tmp_path, mod
                 d = min(decay, (1 + step) / (10 + step))
                 for e, p, a in zip(expected, average.params if average else [],
                                    average.averages if average else []):
-                    e.mul_(d).add_(p.double(), alpha=1 - d)
+                    e.mul_(d).add_(p.detach().double(), alpha=1 - d)
                     torch.testing.assert_close(a.double(), e, rtol=1e-5, atol=1e-6)
                 if step == 4:
                     trainer.validate()

@@ -1,8 +1,9 @@
 """The training loop shared by every trained model, and evaluation of a saved run.
 
 One optimizer step: every rank takes its slice of the global batch, computes its task's
-mean loss scaled by its share of the global batch's loss terms, and DDP averages the
-gradients, which makes them the gradients of the global-batch mean (the same as a
+mean loss scaled by its share of the global batch's loss terms, and DDP (or, in a
+captured step, :class:`~tzrec_bench.train.grad_sync.GradSync`) averages the gradients,
+which makes them the gradients of the global-batch mean (the same as a
 one-process run); then gradient clipping, AdamW and the warm-up schedule. Validation runs
 every ``eval_every`` steps (default: once per epoch) and at the end; early stopping and
 ``best.pt`` follow ``config.key_metric``; the test split is evaluated once, with the best
