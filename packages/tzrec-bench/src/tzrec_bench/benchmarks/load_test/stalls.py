@@ -240,15 +240,13 @@ class _TritonBuilds:
 
 
 def _tuned_keys() -> Callable[[], int]:
-    """A counter of the keys the tzrec-ops Triton kernels' autotuners have tuned (each
-    eager launch of an autotuned kernel goes through one launcher per autotuner), or a
-    constant 0 without Triton."""
+    """A counter of the keys the tzrec-ops Triton kernels' autotuners have tuned
+    (``tzrec_ops.backends.triton.autotune.tuned_keys``), or a constant 0 without Triton."""
     try:
-        from tzrec_ops.backends.triton import _eager
+        from tzrec_ops.backends.triton.autotune import tuned_keys
     except ImportError:
         return lambda: 0
-    launchers = _eager._LAUNCHERS  # the one registry of autotuners the serving path uses
-    return lambda: sum(len(getattr(tuner, "cache", ())) for tuner in list(launchers))
+    return tuned_keys
 
 
 class StallWatch:

@@ -24,6 +24,20 @@ import triton.testing
 from tzrec_ops.backends.triton._kernel_utils import AUTOTUNE_ENV, interpreting
 from tzrec_ops.registry import autotune_configs
 
+__all__ = [
+    "BWD_DKDV",
+    "BWD_DQ",
+    "FWD",
+    "FWD_KEY",
+    "KEY",
+    "MIN_TIMED_RUNS",
+    "autotuned",
+    "bench_candidate",
+    "configs",
+    "tile_config",
+    "tuned_keys",
+]
+
 FWD = "hstu_attention_fwd"
 BWD_DQ = "hstu_attention_bwd_dq"
 BWD_DKDV = "hstu_attention_bwd_dkdv"
@@ -155,3 +169,12 @@ def autotuned(kernel: str, fn: Callable[..., Any], wide: bool = False) -> Any:
     """``fn`` wrapped in ``triton.autotune`` with ``kernel``'s configs and key."""
     return triton.autotune(configs=configs(kernel, wide), key=FWD_KEY if kernel == FWD else KEY,
                            do_bench=bench_candidate)(fn)
+
+
+def tuned_keys() -> int:
+    """How many problem keys the autotuners of the eagerly launched tzrec-ops kernels have
+    tuned in this process so far (a new key benchmarks its candidates once): read it before
+    and after a timed run to see whether tuning happened inside it."""
+    from tzrec_ops.backends.triton._eager import _LAUNCHERS
+
+    return sum(len(getattr(tuner, "cache", ())) for tuner in list(_LAUNCHERS))
