@@ -7,13 +7,11 @@ tested on a GPU (``test_on_cuda_*``, ``-m gpu``; two processes on two GPUs in
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import types
 
 import pytest
 import torch
+from _torchrun import FIELDS, torchrun_train
 
 from tzrec_bench.baselines import SASRec
 from tzrec_bench.train.config import ConfigError, TrainConfig
@@ -189,20 +187,12 @@ def test_auto_captures_on_a_cuda_device_but_leaves_a_compiled_step_alone():
 
 def _torchrun_losses(out_dir, model: str, cuda_graphs: str) -> tuple:
     """A two-process run of TINY on two GPUs: its losses (the global-batch means) and log."""
-    args = ["--model", model, "--data", "synthetic", "--device", "cuda", "--amp", "off",
-            "--dropout", "0", "--max-steps", "8", "--warmup-steps", "4", "--batch-size", "24",
-            "--cuda-graphs", cuda_graphs, "--out-dir", str(out_dir), "--no-progress",
-            "--no-plot"]
-    for field in ("synthetic_users", "synthetic_items", "max_seq_len", "embedding_dim",
-                  "num_layers", "num_heads", "num_negatives", "lr", "eval_batch_size",
-                  "log_every"):
-        args += ["--" + field.replace("_", "-"), str(TINY[field])]
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "2", "-m", "tzrec_bench", "train", *args],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    run = torchrun_train(
+        TINY, "--model", model, "--data", "synthetic", "--device", "cuda", "--amp", "off",
+        "--dropout", "0", "--max-steps", "8", "--warmup-steps", "4", "--batch-size", "24",
+        "--cuda-graphs", cuda_graphs, "--out-dir", str(out_dir), "--no-progress", "--no-plot",
+        fields=[f for f in FIELDS if f != "batch_size"], timeout=300,
     )
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     history = json.loads((out_dir / "history.json").read_text())
     return torch.tensor([r["loss"] for r in history["train"]]), run.stdout
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _torchrun import torchrun_train
 
 from tzrec_bench.train import checkpoint
 from tzrec_bench.train.config import ConfigError, TrainConfig
@@ -231,21 +230,9 @@ def test_two_gloo_processes_train_like_one(tmp_path):
     """
     options = dict(max_steps=6, eval_every=3, dropout=0.0)
     one = train(_config(tmp_path, out_dir=str(tmp_path / "one"), **options))
-    args = [
-        "--data", "synthetic", "--max-steps", "6", "--eval-every", "3", "--dropout", "0",
-        "--out-dir", str(tmp_path / "two"), "--no-progress", "--no-plot",
-    ]
-    for field in ("synthetic_users", "synthetic_items", "max_seq_len", "embedding_dim",
-                  "num_layers", "num_heads", "num_negatives", "batch_size", "lr",
-                  "eval_batch_size", "log_every"):
-        args += ["--" + field.replace("_", "-"), str(TINY[field])]
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "2", "-m", "tzrec_bench", "train", *args],
-        capture_output=True, text=True, timeout=240,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    run = torchrun_train(TINY, "--data", "synthetic", "--max-steps", "6", "--eval-every", "3",
+                         "--dropout", "0", "--out-dir", str(tmp_path / "two"),
+                         "--no-progress", "--no-plot")
     assert "2 processes" in run.stdout
     two = json.loads((tmp_path / "two" / "metrics.json").read_text())
     history = json.loads((tmp_path / "two" / "history.json").read_text())

@@ -4,13 +4,11 @@ untouched, validation, best.pt and the test on the averaged weights, resume, the
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _torchrun import torchrun_train
 from torch import nn
 
 from tzrec_bench.cli import main
@@ -194,20 +192,9 @@ def test_two_gloo_processes_average_like_one(tmp_path):
     gradient summed in halves)."""
     options = dict(max_steps=6, eval_every=3, dropout=0.0, ema_decay=0.8)
     train(_config(tmp_path / "one", **options))
-    args = ["--data", "synthetic", "--max-steps", "6", "--eval-every", "3", "--dropout", "0",
-            "--ema-decay", "0.8", "--out-dir", str(tmp_path / "two"), "--no-progress",
-            "--no-plot"]
-    for field in ("synthetic_users", "synthetic_items", "max_seq_len", "embedding_dim",
-                  "num_layers", "num_heads", "num_negatives", "batch_size", "lr",
-                  "eval_batch_size", "log_every"):
-        args += ["--" + field.replace("_", "-"), str(TINY[field])]
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "2", "-m", "tzrec_bench", "train", *args],
-        capture_output=True, text=True, timeout=240,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    run = torchrun_train(TINY, "--data", "synthetic", "--max-steps", "6", "--eval-every", "3",
+                         "--dropout", "0", "--ema-decay", "0.8", "--out-dir",
+                         str(tmp_path / "two"), "--no-progress", "--no-plot")
     assert "2 processes" in run.stdout and "weights averaged (EMA, decay 0.8" in run.stdout
     for name in (checkpoint.CHECKPOINT, checkpoint.BEST):
         one = checkpoint.load(tmp_path / "one" / name)

@@ -95,9 +95,8 @@ def wanted(config: TrainConfig, ctx: DistContext) -> bool:
         # no GPU test of its losses yet: --compile alone keeps its own step
         return False
     if config.cuda_graphs == "auto" and ctx.distributed:
-        # the captured step under torchrun gives eager DDP's losses on two GPUs, but its
-        # speed there is not measured yet (a train-speed run of it hung once, cause not
-        # found): it is opted into with --cuda-graphs on until it is shown to win
+        # under torchrun the captured step gives eager DDP's losses, but it is the default
+        # only where it is measured to win, which it is not there yet: --cuda-graphs on
         return False
     reason = refusal(config, ctx)
     if reason is not None and config.cuda_graphs == "on":
