@@ -35,7 +35,8 @@ The session's parts live beside it: the model's server (:class:`~.ranking.Rankin
 :class:`~.retrieval.RetrievalServer`, whose common protocol, :class:`~.server.ModelServer`,
 checks and encodes a request's histories), the opened users' state (:mod:`._users`), the
 graphs (:mod:`._session_graphs`, :mod:`._graphs` and the three above); checkpoints are read
-by :mod:`tzrec_gr.checkpoint`.
+by :mod:`tzrec_gr.checkpoint`. This file stays past 600 lines as the one public class of
+serving: most of its length is the docstrings of the calls users make.
 """
 
 from __future__ import annotations
