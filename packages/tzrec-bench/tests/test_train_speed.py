@@ -1,11 +1,14 @@
 """``tzrec-bench train-speed``: one round of two tiny shipped configs through the trainer, the
-table's figures and ratios, and bad options refused with the option named."""
+table's figures and ratios, two processes under torchrun (on CPUs; on two GPUs with the
+captured step beside eager DDP), and bad options refused with the option named."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
+import torch
+from _torchrun import torchrun_bench
 
 from tzrec_bench.cli import main
 
@@ -33,6 +36,37 @@ def test_two_configs_side_by_side(capsys: pytest.CaptureFixture) -> None:
     assert ratio == pytest.approx(
         float(rows["hstu-retrieval-synthetic"].group(2)) / float(rows["sasrec-synthetic"].group(2)),
         abs=0.01)
+
+
+def _rows(out: str, modes: str) -> dict:
+    return {(m.group(1), m.group(2)): float(m.group(3)) for m in re.finditer(
+        rf"^(sasrec-synthetic|hstu-retrieval-synthetic)\s+({modes})\s+(\d+)\s", out, re.M)}
+
+
+def test_two_processes_print_one_table_of_the_global_batch():
+    run = torchrun_bench("train-speed", "sasrec-synthetic", "hstu-retrieval-synthetic",
+                         "--modes", "eager", "--steps", "2", "--rounds", "1", "--warmup", "1",
+                         *TINY)
+    assert "2 processes" in run.stdout
+    rows = _rows(run.stdout, "eager")
+    assert set(rows) == {("sasrec-synthetic", "eager"), ("hstu-retrieval-synthetic", "eager")}
+    assert all(rate > 0 for rate in rows.values())
+    assert run.stdout.count("train-speed on") == 1  # rank 0 alone prints
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_on_two_gpus_the_captured_step_beside_eager_ddp_finishes():
+    """The captured step's graphs hold NCCL's communicator (their all-reduce): the group is
+    left only after they are freed, or destroy_process_group waits forever."""
+    cuda = [arg if arg != "cpu" else "cuda" for arg in TINY]
+    run = torchrun_bench("train-speed", "sasrec-synthetic", "hstu-retrieval-synthetic",
+                         "--modes", "eager,graph", "--steps", "4", "--rounds", "1",
+                         "--warmup", "3", *cuda, timeout=300)
+    assert "2 processes" in run.stdout
+    assert set(_rows(run.stdout, "eager|graph")) == {
+        (name, mode) for name in ("sasrec-synthetic", "hstu-retrieval-synthetic")
+        for mode in ("eager", "graph")}, run.stdout
 
 
 @pytest.mark.parametrize("argv, message", [

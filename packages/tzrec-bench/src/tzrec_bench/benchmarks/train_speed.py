@@ -24,16 +24,15 @@ import dataclasses
 import statistics
 import tempfile
 import time
-from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from tzrec_bench.benchmarks.opbench.report import device_name, triton_version
 from tzrec_bench.regression.configs import RunConfigError, data_dir, load_config, missing_data
 from tzrec_bench.train.config import TrainConfig
-from tzrec_bench.train.distributed import close, init_distributed
+from tzrec_bench.train.distributed import DistContext, close, init_distributed
 from tzrec_bench.train.loop import Trainer
 from tzrec_bench.train.strategies import Replicated
 
@@ -49,11 +48,10 @@ MODES = {
 
 @dataclasses.dataclass
 class Pair:
-    """One config in one mode, with its trainer and timings."""
+    """One config in one mode and its timings."""
 
     name: str
     mode: str
-    trainer: Trainer
     first_step_s: float = 0.0
     warmup_s: float = 0.0
     rounds: List[Dict[str, float]] = dataclasses.field(default_factory=list)
@@ -67,9 +65,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _steps(pair: Pair, count: int) -> Dict[str, float]:
+def _steps(trainer: Trainer, count: int) -> Dict[str, float]:
     """Runs ``count`` training steps; returns their seconds, tokens and samples."""
-    trainer = pair.trainer
     device = trainer.ctx.device
     tokens = samples = 0
     _sync(device)
@@ -85,15 +82,15 @@ def _steps(pair: Pair, count: int) -> Dict[str, float]:
             "steps": count}
 
 
-def _profile(pair: Pair, steps: int, folder: Path) -> None:
+def _profile(pair: Pair, trainer: Trainer, steps: int, folder: Path) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
-    if pair.trainer.ctx.device.type == "cuda":
+    if trainer.ctx.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     with profile(activities=activities) as prof:
-        _steps(pair, steps)
-    ctx = pair.trainer.ctx
+        _steps(trainer, steps)
+    ctx = trainer.ctx
     stem = folder / f"{pair.name}-{pair.mode}{f'-rank{ctx.rank}' if ctx.distributed else ''}"
     sort = "self_cuda_time_total" if len(activities) > 1 else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=40)
@@ -111,32 +108,39 @@ def measure(
     warmup: int,
     rounds: int,
     profile_dir: Optional[Path] = None,
-) -> List[Pair]:
-    """Times every config in every mode (see the module docstring)."""
-    pairs: List[Pair] = []
-    with ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="train-speed-")))
-        for name, config in configs.items():
-            for mode in modes:
-                compiled, graphs = MODES[mode]
-                run = dataclasses.replace(
-                    config, compile=compiled, cuda_graphs=graphs,
-                    out_dir=str(work / f"{name}-{mode}"), progress=False, plot=False,
-                )
-                ctx = init_distributed(run.device)
-                stack.callback(close, ctx)
-                pair = Pair(name, mode, Trainer(run, ctx, Replicated))
-                pair.first_step_s = _steps(pair, 1)["seconds"]
-                pair.warmup_s = pair.first_step_s + _steps(pair, max(warmup - 1, 0))["seconds"]
-                pairs.append(pair)
-        for _ in range(rounds):
-            for pair in pairs:
-                pair.rounds.append(_steps(pair, steps))
-        if profile_dir is not None:
-            profile_dir.mkdir(parents=True, exist_ok=True)
-            for pair in pairs:
-                _profile(pair, min(steps, 20), profile_dir)
-    return pairs
+) -> Tuple[List[Pair], DistContext]:
+    """Times every config in every mode (see the module docstring); returns the timings and
+    the process's context (which no longer holds a process group)."""
+    device = next(iter(configs.values())).device
+    ctx = init_distributed(device)
+    timed: List[Tuple[Pair, Trainer]] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="train-speed-") as work:
+            for name, config in configs.items():
+                for mode in modes:
+                    compiled, graphs = MODES[mode]
+                    run = dataclasses.replace(
+                        config, compile=compiled, cuda_graphs=graphs,
+                        out_dir=str(Path(work) / f"{name}-{mode}"), progress=False, plot=False,
+                    )
+                    pair, trainer = Pair(name, mode), Trainer(run, ctx, Replicated)
+                    pair.first_step_s = _steps(trainer, 1)["seconds"]
+                    pair.warmup_s = (pair.first_step_s
+                                     + _steps(trainer, max(warmup - 1, 0))["seconds"])
+                    timed.append((pair, trainer))
+            for _ in range(rounds):
+                for pair, trainer in timed:
+                    pair.rounds.append(_steps(trainer, steps))
+            if profile_dir is not None:
+                profile_dir.mkdir(parents=True, exist_ok=True)
+                for pair, trainer in timed:
+                    _profile(pair, trainer, min(steps, 20), profile_dir)
+        return [pair for pair, _ in timed], ctx
+    finally:
+        # a captured step's graphs hold the NCCL communicator (their all-reduce): leaving the
+        # group while they live hangs in destroy_process_group on two GPUs
+        timed.clear()
+        close(ctx)
 
 
 def table(pairs: Sequence[Pair]) -> str:
@@ -229,9 +233,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 **({"data_dir": str(folder)} if folder else {}))
     except RunConfigError as exc:
         parser.error(str(exc))
-    pairs = measure(configs, modes, args.steps, args.warmup, args.rounds,
-                    Path(args.profile) if args.profile else None)
-    ctx = pairs[0].trainer.ctx
+    pairs, ctx = measure(configs, modes, args.steps, args.warmup, args.rounds,
+                         Path(args.profile) if args.profile else None)
     if not ctx.is_main:
         return 0
     processes = f", {ctx.world_size} processes" if ctx.distributed else ""
