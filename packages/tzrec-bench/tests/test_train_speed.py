@@ -4,12 +4,15 @@ captured step beside eager DDP), and bad options refused with the option named."
 
 from __future__ import annotations
 
+import gc
 import re
+import weakref
 
 import pytest
 import torch
 from _torchrun import torchrun_bench
 
+from tzrec_bench.benchmarks import train_speed
 from tzrec_bench.cli import main
 
 TINY = ["--set", "synthetic_users=120", "--set", "max_seq_len=12", "--set", "embedding_dim=16",
@@ -36,6 +39,29 @@ def test_two_configs_side_by_side(capsys: pytest.CaptureFixture) -> None:
     assert ratio == pytest.approx(
         float(rows["hstu-retrieval-synthetic"].group(2)) / float(rows["sasrec-synthetic"].group(2)),
         abs=0.01)
+
+
+def test_every_trainer_is_freed_before_the_process_group_is_left(monkeypatch, capsys):
+    """A captured step's graphs hold NCCL's communicator, and destroy_process_group waits for
+    them on two GPUs: no trainer may outlive the timing (the last one once did, held by a
+    loop variable)."""
+    made, alive_at_close = [], []
+
+    class Recorded(train_speed.Trainer):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(weakref.ref(self))
+
+    def close(ctx) -> None:
+        gc.collect()
+        alive_at_close.extend(ref() is not None for ref in made)
+
+    monkeypatch.setattr(train_speed, "Trainer", Recorded)
+    monkeypatch.setattr(train_speed, "close", close)
+    assert main(["train-speed", "sasrec-synthetic", "hstu-retrieval-synthetic", "--modes",
+                 "eager", "--steps", "1", "--rounds", "1", "--warmup", "1", *TINY]) == 0
+    assert len(made) == 2 and alive_at_close == [False, False]
+    assert "hstu-retrieval-synthetic" in capsys.readouterr().out
 
 
 def _rows(out: str, modes: str) -> dict:

@@ -101,6 +101,48 @@ def _profile(pair: Pair, trainer: Trainer, steps: int, folder: Path) -> None:
     prof.export_chrome_trace(str(stem.with_suffix(".json")))
 
 
+def _time_pairs(
+    configs: Dict[str, TrainConfig],
+    modes: Sequence[str],
+    steps: int,
+    warmup: int,
+    rounds: int,
+    profile_dir: Optional[Path],
+    ctx: DistContext,
+    work: Path,
+) -> List[Pair]:
+    pairs: List[Pair] = []
+    trainers: List[Trainer] = []
+    trainer: Optional[Trainer] = None
+    try:
+        for name, config in configs.items():
+            for mode in modes:
+                compiled, graphs = MODES[mode]
+                run = dataclasses.replace(
+                    config, compile=compiled, cuda_graphs=graphs,
+                    out_dir=str(work / f"{name}-{mode}"), progress=False, plot=False,
+                )
+                pair, trainer = Pair(name, mode), Trainer(run, ctx, Replicated)
+                pair.first_step_s = _steps(trainer, 1)["seconds"]
+                pair.warmup_s = pair.first_step_s + _steps(trainer, max(warmup - 1, 0))["seconds"]
+                pairs.append(pair)
+                trainers.append(trainer)
+        for _ in range(rounds):
+            for pair, trainer in zip(pairs, trainers):
+                pair.rounds.append(_steps(trainer, steps))
+        if profile_dir is not None:
+            profile_dir.mkdir(parents=True, exist_ok=True)
+            for pair, trainer in zip(pairs, trainers):
+                _profile(pair, trainer, min(steps, 20), profile_dir)
+        return pairs
+    finally:
+        # every reference to a trainer goes here, the loop's too (an error's traceback keeps
+        # this frame): a captured step's graphs hold NCCL's communicator (their all-reduce),
+        # and leaving the group while they live hangs in destroy_process_group
+        trainers.clear()
+        trainer = None
+
+
 def measure(
     configs: Dict[str, TrainConfig],
     modes: Sequence[str],
@@ -110,36 +152,14 @@ def measure(
     profile_dir: Optional[Path] = None,
 ) -> Tuple[List[Pair], DistContext]:
     """Times every config in every mode (see the module docstring); returns the timings and
-    the process's context (which no longer holds a process group)."""
-    device = next(iter(configs.values())).device
-    ctx = init_distributed(device)
-    timed: List[Tuple[Pair, Trainer]] = []
+    the process's context (which has left its process group)."""
+    ctx = init_distributed(next(iter(configs.values())).device)
     try:
         with tempfile.TemporaryDirectory(prefix="train-speed-") as work:
-            for name, config in configs.items():
-                for mode in modes:
-                    compiled, graphs = MODES[mode]
-                    run = dataclasses.replace(
-                        config, compile=compiled, cuda_graphs=graphs,
-                        out_dir=str(Path(work) / f"{name}-{mode}"), progress=False, plot=False,
-                    )
-                    pair, trainer = Pair(name, mode), Trainer(run, ctx, Replicated)
-                    pair.first_step_s = _steps(trainer, 1)["seconds"]
-                    pair.warmup_s = (pair.first_step_s
-                                     + _steps(trainer, max(warmup - 1, 0))["seconds"])
-                    timed.append((pair, trainer))
-            for _ in range(rounds):
-                for pair, trainer in timed:
-                    pair.rounds.append(_steps(trainer, steps))
-            if profile_dir is not None:
-                profile_dir.mkdir(parents=True, exist_ok=True)
-                for pair, trainer in timed:
-                    _profile(pair, trainer, min(steps, 20), profile_dir)
-        return [pair for pair, _ in timed], ctx
+            pairs = _time_pairs(configs, modes, steps, warmup, rounds, profile_dir, ctx,
+                                Path(work))
+        return pairs, ctx
     finally:
-        # a captured step's graphs hold the NCCL communicator (their all-reduce): leaving the
-        # group while they live hangs in destroy_process_group on two GPUs
-        timed.clear()
         close(ctx)
 
 
