@@ -37,9 +37,10 @@ from typing import (
 
 import torch
 
+from tzrec_gr.serving._host import joined_rows, stacked, to_device_together
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.stu import ServingCache
-from tzrec_ops.jagged import host_copy, mirror, offsets_from_lengths, to_device
+from tzrec_ops.jagged import host_copy, offsets_from_lengths
 
 if TYPE_CHECKING:  # the session passes its server; the server's module needs nothing here
     from tzrec_gr.serving.server import ModelServer
@@ -363,20 +364,22 @@ class UserStore:
         if any(s.stale for s in states):
             raise RuntimeError("stale users have no encoded rows: encode them first")
         lengths_host = torch.tensor([s.length for s in states], dtype=torch.int64)
-        lengths = to_device(lengths_host, self.device)
+        lengths, offsets = to_device_together(
+            [lengths_host, offsets_from_lengths(lengths_host)], self.device
+        )
         layers = len(states[0].keys)
         qt = [s.query_time for s in states]
         ctx = [s.contextual for s in states]
         emb = [s.user_embedding for s in states]
         cache = ServingCache(
-            keys=tuple(torch.cat([s.keys[i] for s in states]) for i in range(layers)),
-            values=tuple(torch.cat([s.values[i] for s in states]) for i in range(layers)),
-            offsets=mirror(offsets_from_lengths, lengths),
+            keys=tuple(joined_rows([s.keys[i] for s in states]) for i in range(layers)),
+            values=tuple(joined_rows([s.values[i] for s in states]) for i in range(layers)),
+            offsets=offsets,
             lengths=lengths,
-            query_time=(torch.stack(qt) if qt[0] is not None and timed else None),  # type: ignore[arg-type]
-            contextual=torch.stack(ctx) if ctx[0] is not None else None,  # type: ignore[arg-type]
-            user_embeddings=torch.stack(emb) if emb[0] is not None else None,  # type: ignore[arg-type]
-            max_len=int(lengths_host.max()),
+            query_time=(stacked(qt) if qt[0] is not None and timed else None),  # type: ignore[arg-type]
+            contextual=stacked(ctx) if ctx[0] is not None else None,  # type: ignore[arg-type]
+            user_embeddings=stacked(emb) if emb[0] is not None else None,  # type: ignore[arg-type]
+            max_len=max(s.length for s in states),
             owner=owner,
         )
         self._group = (key, cache)

@@ -1,0 +1,31 @@
+"""Host-side helpers of the serving hot path: index tensors built on the host and moved to
+the device in one transfer (their host copies known, so nothing reads them back), and
+joins that do not copy a single part."""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import torch
+
+from tzrec_ops.jagged import remember_host_copy
+
+__all__ = ["joined_rows", "stacked", "to_device_together"]
+
+
+def to_device_together(parts: Sequence[torch.Tensor], device: torch.device) -> List[torch.Tensor]:
+    """CPU int64 1-D ``parts`` on ``device`` in one host-to-device copy (views of one
+    buffer), each with its host copy remembered."""
+    flat = torch.cat(list(parts)).to(device, non_blocking=True)
+    moved = flat.split([p.shape[0] for p in parts])
+    return [remember_host_copy(d, h) for d, h in zip(moved, parts)]
+
+
+def joined_rows(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)``; a single part as it is (a reader's view, not a copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(list(parts))
+
+
+def stacked(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack(parts)``; a single part as a view with the new leading dimension."""
+    return parts[0].unsqueeze(0) if len(parts) == 1 else torch.stack(list(parts))
