@@ -29,6 +29,7 @@ import torch
 
 from tzrec_gr.features import UIH_ACTIONS, UIH_ITEM_ID, UIH_LENGTHS, UIH_TIMESTAMPS
 from tzrec_gr.serving._graphs import Bucket, Entry, GraphPool, GraphSet, fit, product
+from tzrec_gr.serving._host import to_device_together
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.stu import ServingCache
 from tzrec_ops.jagged import offsets_from_lengths, remember_host_copy
@@ -200,13 +201,14 @@ class EncodeGraphs(GraphSet):
 
     def result(self, cache: ServingCache, lengths: torch.Tensor) -> ServingCache:
         """The first ``B`` users' cache out of the buffers' (copied), for ``lengths`` [B]
-        events (CPU)."""
+        events (CPU); their lengths and offsets built on the host (one transfer)."""
         batch = lengths.shape[0]
         cached = torch.tensor(
-            [self.server.warm_up_length(int(n)) for n in lengths], dtype=torch.int64
+            [self.server.warm_up_length(n) for n in lengths.tolist()], dtype=torch.int64
         )
         offsets_host = offsets_from_lengths(cached)
         rows = int(offsets_host[-1])
+        cached_lengths, offsets = to_device_together([cached, offsets_host], self.device)
 
         def head(t: Optional[torch.Tensor], n: int) -> Optional[torch.Tensor]:
             return None if t is None else t[:n].clone()
@@ -215,8 +217,8 @@ class EncodeGraphs(GraphSet):
             cache,
             keys=tuple(k[:rows].clone() for k in cache.keys),
             values=tuple(v[:rows].clone() for v in cache.values),
-            offsets=remember_host_copy(cache.offsets[: batch + 1].clone(), offsets_host),
-            lengths=remember_host_copy(cache.lengths[:batch].clone(), cached),
+            offsets=offsets,
+            lengths=cached_lengths,
             query_time=head(cache.query_time, batch),
             contextual=head(cache.contextual, batch),
             user_embeddings=head(cache.user_embeddings, batch),

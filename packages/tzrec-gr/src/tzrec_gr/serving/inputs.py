@@ -354,6 +354,18 @@ class Histories:
                 row = first_true((~torch.isfinite(self.contextual.cpu())).any(dim=1))
                 raise ValueError(f"histories.contextual of user {row} has a NaN or inf")
 
+    @classmethod
+    def of_checked(cls, lengths: torch.Tensor, **fields: Optional[torch.Tensor]) -> Histories:
+        """Histories the session builds on the host from events it checked when they
+        came (a user's kept events, with new ones appended): ``lengths`` [B] CPU int64
+        and the other fields as the constructor's, not checked again."""
+        histories = object.__new__(cls)
+        for f in dataclasses.fields(cls):
+            object.__setattr__(histories, f.name, fields.get(f.name))
+        object.__setattr__(histories, "lengths", lengths)
+        object.__setattr__(histories, "_offsets", offsets_from_lengths(lengths))
+        return histories
+
     def query_times(self) -> torch.Tensor:
         """[B] int64 CPU: ``query_time`` when given, else each user's newest timestamp."""
         if self.query_time is not None:
