@@ -29,10 +29,10 @@ import torch
 
 from tzrec_gr.features import UIH_ACTIONS, UIH_ITEM_ID, UIH_LENGTHS, UIH_TIMESTAMPS
 from tzrec_gr.serving._graphs import Bucket, Entry, GraphPool, GraphSet, fit, product
-from tzrec_gr.serving._host import to_device_together
+from tzrec_gr.serving._host import host_offsets, to_device_together
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.stu import ServingCache
-from tzrec_ops.jagged import offsets_from_lengths, remember_host_copy
+from tzrec_ops.jagged import remember_host_copy
 
 __all__ = ["EncodeGraphs", "padded_lengths"]
 
@@ -203,10 +203,9 @@ class EncodeGraphs(GraphSet):
         """The first ``B`` users' cache out of the buffers' (copied), for ``lengths`` [B]
         events (CPU); their lengths and offsets built on the host (one transfer)."""
         batch = lengths.shape[0]
-        cached = torch.tensor(
-            [self.server.warm_up_length(n) for n in lengths.tolist()], dtype=torch.int64
-        )
-        offsets_host = offsets_from_lengths(cached)
+        tokens = [self.server.warm_up_length(n) for n in lengths.tolist()]
+        cached = torch.tensor(tokens, dtype=torch.int64)
+        offsets_host = host_offsets(tokens)
         rows = int(offsets_host[-1])
         cached_lengths, offsets = to_device_together([cached, offsets_host], self.device)
 
@@ -222,7 +221,7 @@ class EncodeGraphs(GraphSet):
             query_time=head(cache.query_time, batch),
             contextual=head(cache.contextual, batch),
             user_embeddings=head(cache.user_embeddings, batch),
-            max_len=int(cached.max()) if batch else 0,
+            max_len=max(tokens, default=0),
         )
 
     def encode_request(self, histories: Histories, strict: bool) -> Optional[ServingCache]:

@@ -4,13 +4,20 @@ joins that do not copy a single part."""
 
 from __future__ import annotations
 
+import itertools
 from typing import List, Sequence
 
 import torch
 
 from tzrec_ops.jagged import remember_host_copy
 
-__all__ = ["joined_rows", "stacked", "to_device_together"]
+__all__ = ["host_offsets", "joined_rows", "stacked", "to_device_together"]
+
+
+def host_offsets(lengths: List[int]) -> torch.Tensor:
+    """[B + 1] CPU int64 offsets of ``lengths`` (what ``offsets_from_lengths`` gives), in
+    one tensor construction."""
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
 
 
 def to_device_together(parts: Sequence[torch.Tensor], device: torch.device) -> List[torch.Tensor]:

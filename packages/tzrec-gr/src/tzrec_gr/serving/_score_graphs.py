@@ -30,8 +30,9 @@ import torch
 
 from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
 from tzrec_gr.serving._graphs import Bucket, Entry, GraphPool, GraphSet, fit, fit_sizes, product
+from tzrec_gr.serving._host import joined_rows
 from tzrec_gr.stu import ServingCache
-from tzrec_ops.jagged import host_copy, offsets_from_lengths, remember_host_copy
+from tzrec_ops.jagged import host_copy, remember_host_copy
 
 __all__ = ["ScoreGraphs", "ScoringServer", "static_cache"]
 
@@ -108,25 +109,23 @@ def static_cache(
     return cache, torch.zeros(batch, dtype=torch.int64)
 
 
-def padded_rows(
-    lengths: torch.Tensor, width: int, start: Optional[torch.Tensor] = None
-) -> torch.Tensor:
+def padded_rows(lengths: List[int], width: int, start: Optional[List[int]] = None) -> torch.Tensor:
     """The rows ``[b * width + start_b, b * width + start_b + lengths_b)`` of every user b
-    (``start`` default 0; a negative length is no rows), in order, CPU int64."""
-    lengths = lengths.clamp(min=0)
-    first = torch.arange(lengths.shape[0]) * width
-    if start is not None:
-        first = first + start
-    total = int(lengths.sum())
-    user_start = offsets_from_lengths(lengths)[:-1]
-    return torch.arange(total) + (first - user_start).repeat_interleave(lengths, output_size=total)
+    (``start`` default 0; a length <= 0 is no rows), in order, CPU int64."""
+    starts = start or [0] * len(lengths)
+    parts = [
+        torch.arange(b * width + s, b * width + s + n)
+        for b, (n, s) in enumerate(zip(lengths, starts))
+        if n > 0
+    ]
+    return joined_rows(parts) if parts else torch.zeros(0, dtype=torch.int64)
 
 
 @dataclasses.dataclass
 class _ScoreEntry(Entry):
     cache: Optional[ServingCache] = None  # the static cache (padded layout)
     lengths_host: Optional[torch.Tensor] = None
-    written: Optional[torch.Tensor] = None  # [Bb] CPU: cached rows of each user's slot now
+    written: Optional[List[int]] = None  # [Bb]: cached rows of each user's slot now
     candidates: Optional[torch.Tensor] = None  # [2, Bb * Tb]: the ids, then their times
     cand_lengths: Optional[torch.Tensor] = None
     resident: Optional[weakref.ref] = None
@@ -196,7 +195,7 @@ class ScoreGraphs(GraphSet):
             bucket=bucket,
             cache=cache,
             lengths_host=lengths_host,
-            written=torch.zeros(bb, dtype=torch.int64),
+            written=[0] * bb,
             candidates=torch.zeros(2, bb * tb, dtype=torch.int64, device=device),
             cand_lengths=cand_lengths,
             memory_bytes=sum(t.numel() * t.element_size() for t in cache.keys + cache.values),
@@ -222,11 +221,10 @@ class ScoreGraphs(GraphSet):
         batch = cache.batch_size
         device = cache.offsets.device
         lengths = host_copy(cache.lengths).values
-        written = torch.zeros(bb, dtype=torch.int64)
-        written[:batch] = lengths
+        written = lengths.tolist() + [0] * (bb - batch)
         assert entry.written is not None and entry.cache is not None
         dest = padded_rows(written, lb).to(device, non_blocking=True)
-        stale = padded_rows(entry.written - written, lb, written)
+        stale = padded_rows([p - n for p, n in zip(entry.written, written)], lb, written)
         stale = stale.to(device, non_blocking=True) if stale.numel() else None
         static = entry.cache
         for src, dst in zip(cache.keys + cache.values, static.keys + static.values):
@@ -262,7 +260,7 @@ class ScoreGraphs(GraphSet):
         if entry.slots is not None and entry.slots[0] == key:
             slots_host, slots = entry.slots[1:]
         else:
-            slots_host = padded_rows(lengths, tb)
+            slots_host = padded_rows(list(key), tb)
             slots = slots_host.to(entry.candidates.device, non_blocking=True)
             entry.slots = (key, slots_host, slots)
         host = torch.zeros(2, bb * tb, dtype=torch.int64)

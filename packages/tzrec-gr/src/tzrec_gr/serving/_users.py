@@ -37,10 +37,10 @@ from typing import (
 
 import torch
 
-from tzrec_gr.serving._host import joined_rows, stacked, to_device_together
+from tzrec_gr.serving._host import host_offsets, joined_rows, stacked, to_device_together
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.stu import ServingCache
-from tzrec_ops.jagged import host_copy, offsets_from_lengths
+from tzrec_ops.jagged import host_copy
 
 if TYPE_CHECKING:  # the session passes its server; the server's module needs nothing here
     from tzrec_gr.serving.server import ModelServer
@@ -368,9 +368,9 @@ class UserStore:
             return self._group[1]
         if any(s.stale for s in states):
             raise RuntimeError("stale users have no encoded rows: encode them first")
-        lengths_host = torch.tensor([s.length for s in states], dtype=torch.int64)
+        tokens = [s.length for s in states]
         lengths, offsets = to_device_together(
-            [lengths_host, offsets_from_lengths(lengths_host)], self.device
+            [torch.tensor(tokens, dtype=torch.int64), host_offsets(tokens)], self.device
         )
         layers = len(states[0].keys)
         qt = [s.query_time for s in states]
@@ -384,7 +384,7 @@ class UserStore:
             query_time=(stacked(qt) if qt[0] is not None and timed else None),  # type: ignore[arg-type]
             contextual=stacked(ctx) if ctx[0] is not None else None,  # type: ignore[arg-type]
             user_embeddings=stacked(emb) if emb[0] is not None else None,  # type: ignore[arg-type]
-            max_len=max(s.length for s in states),
+            max_len=max(tokens),
             owner=owner,
         )
         self._group = (key, cache)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from tzrec_gr.models.inputs import check_int_tensor
+from tzrec_gr.serving._host import host_offsets
 from tzrec_gr.vocabulary import IdVocabularies, Vocabulary
 from tzrec_ops.jagged import first_true, offsets_from_lengths
 
@@ -363,7 +364,7 @@ class Histories:
         for f in dataclasses.fields(cls):
             object.__setattr__(histories, f.name, fields.get(f.name))
         object.__setattr__(histories, "lengths", lengths)
-        object.__setattr__(histories, "_offsets", offsets_from_lengths(lengths))
+        object.__setattr__(histories, "_offsets", host_offsets(lengths.tolist()))
         return histories
 
     def query_times(self) -> torch.Tensor:
