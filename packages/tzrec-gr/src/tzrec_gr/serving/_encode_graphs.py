@@ -29,7 +29,7 @@ import torch
 
 from tzrec_gr.features import UIH_ACTIONS, UIH_ITEM_ID, UIH_LENGTHS, UIH_TIMESTAMPS
 from tzrec_gr.serving._graphs import Bucket, Entry, GraphPool, GraphSet, fit, product
-from tzrec_gr.serving._host import host_offsets, to_device_together
+from tzrec_gr.serving._host import copied, host_offsets, to_device_together
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.stu import ServingCache
 from tzrec_ops.jagged import remember_host_copy
@@ -212,10 +212,12 @@ class EncodeGraphs(GraphSet):
         def head(t: Optional[torch.Tensor], n: int) -> Optional[torch.Tensor]:
             return None if t is None else t[:n].clone()
 
+        layers = len(cache.keys)
+        rows_of = copied([t[:rows] for t in cache.keys + cache.values])
         return dataclasses.replace(
             cache,
-            keys=tuple(k[:rows].clone() for k in cache.keys),
-            values=tuple(v[:rows].clone() for v in cache.values),
+            keys=tuple(rows_of[:layers]),
+            values=tuple(rows_of[layers:]),
             offsets=offsets,
             lengths=cached_lengths,
             query_time=head(cache.query_time, batch),

@@ -1,6 +1,6 @@
 """Host-side helpers of the serving hot path: index tensors built on the host and moved to
-the device in one transfer (their host copies known, so nothing reads them back), and
-joins that do not copy a single part."""
+the device in one transfer (their host copies known, so nothing reads them back), joins
+that do not copy a single part, and copies of many tensors in one launch."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ import torch
 
 from tzrec_ops.jagged import remember_host_copy
 
-__all__ = ["host_offsets", "joined_rows", "stacked", "to_device_together"]
+__all__ = ["copied", "host_offsets", "joined_rows", "stacked", "to_device_together"]
+
+
+def copied(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    """A copy of each tensor, made by one multi-tensor kernel (not one launch each)."""
+    out = [torch.empty_like(t) for t in tensors]
+    torch._foreach_copy_(out, list(tensors))
+    return out
 
 
 def host_offsets(lengths: List[int]) -> torch.Tensor:

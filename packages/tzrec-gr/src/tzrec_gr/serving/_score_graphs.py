@@ -23,6 +23,7 @@ graph and gathers the real candidates' logits.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import weakref
 from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
@@ -109,15 +110,9 @@ def static_cache(
     return cache, torch.zeros(batch, dtype=torch.int64)
 
 
-def padded_rows(lengths: List[int], width: int, start: Optional[List[int]] = None) -> torch.Tensor:
-    """The rows ``[b * width + start_b, b * width + start_b + lengths_b)`` of every user b
-    (``start`` default 0; a length <= 0 is no rows), in order, CPU int64."""
-    starts = start or [0] * len(lengths)
-    parts = [
-        torch.arange(b * width + s, b * width + s + n)
-        for b, (n, s) in enumerate(zip(lengths, starts))
-        if n > 0
-    ]
+def padded_rows(lengths: List[int], width: int) -> torch.Tensor:
+    """The rows ``[b * width, b * width + lengths_b)`` of every user b, in order, CPU int64."""
+    parts = [torch.arange(b * width, b * width + n) for b, n in enumerate(lengths) if n > 0]
     return joined_rows(parts) if parts else torch.zeros(0, dtype=torch.int64)
 
 
@@ -219,18 +214,27 @@ class ScoreGraphs(GraphSet):
             return
         bb, lb, _ = entry.bucket
         batch = cache.batch_size
-        device = cache.offsets.device
         lengths = host_copy(cache.lengths).values
         written = lengths.tolist() + [0] * (bb - batch)
         assert entry.written is not None and entry.cache is not None
-        dest = padded_rows(written, lb).to(device, non_blocking=True)
-        stale = padded_rows([p - n for p, n in zip(entry.written, written)], lb, written)
-        stale = stale.to(device, non_blocking=True) if stale.numel() else None
         static = entry.cache
-        for src, dst in zip(cache.keys + cache.values, static.keys + static.values):
-            if stale is not None:
-                dst.index_fill_(0, stale, 0)
-            dst.index_copy_(0, dest, src.to(dst.dtype))
+        pairs = list(zip(cache.keys + cache.values, static.keys + static.values))
+        # one multi-tensor kernel each (not two per layer): zero what a longer user left,
+        # then copy every user's rows of every layer into its slot
+        stale = [
+            dst[b * lb + n : b * lb + old]
+            for b, (n, old) in enumerate(zip(written, entry.written))
+            if old > n
+            for _, dst in pairs
+        ]
+        if stale:
+            torch._foreach_zero_(stale)
+        rows = written[:batch]
+        starts = itertools.accumulate(rows, initial=0)
+        torch._foreach_copy_(
+            [dst[b * lb : b * lb + n] for b, n in enumerate(rows) for _, dst in pairs],
+            [src[a : a + n] for a, n in zip(starts, rows) for src, _ in pairs],
+        )
         entry.written = written
         padded = torch.cat([lengths, lengths[:1].expand(bb - batch)])
         static.lengths.copy_(padded, non_blocking=True)
