@@ -24,6 +24,7 @@ import tzrec_ops.ops.host_copies as host_copies
 from tzrec_gr.serving import Candidates, Histories, ServingSession
 from tzrec_gr.serving._encode_graphs import EncodeGraphs
 from tzrec_gr.serving._graphs import GraphSet
+from tzrec_gr.serving._host import to_device_together
 from tzrec_gr.serving._score_graphs import ScoreGraphs
 from tzrec_gr.serving.ranking import RankingServer
 from tzrec_ops.testing.tolerances import assert_close
@@ -154,3 +155,13 @@ def test_histories_built_from_checked_events_are_not_checked_again(monkeypatch):
     session.extend([ids[0]], events)
     session.score([ids[0]], cands)
     assert built == []  # neither the longer history nor the one encoded again
+
+
+def test_index_tensors_moved_together_keep_their_values_on_the_host_and_alignment():
+    parts = [[3], [0, 3], [5, 1, 2]]
+    moved = to_device_together(parts, CPU)
+    base = moved[0].data_ptr()
+    for t, values in zip(moved, parts):
+        assert t.tolist() == values and t.dtype == torch.int64
+        assert host_copies.known_host_copy(t).values.tolist() == values
+        assert (t.data_ptr() - base) % 16 == 0  # as its own allocation (Triton specializes)

@@ -11,7 +11,14 @@ import torch
 
 from tzrec_ops.jagged import remember_host_copy
 
-__all__ = ["copied", "host_offsets", "joined_rows", "stacked", "to_device_together"]
+__all__ = [
+    "copied",
+    "host_offsets",
+    "joined_rows",
+    "offsets_of",
+    "stacked",
+    "to_device_together",
+]
 
 
 def copied(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
@@ -21,18 +28,32 @@ def copied(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     return out
 
 
-def host_offsets(lengths: List[int]) -> torch.Tensor:
+def offsets_of(lengths: Sequence[int]) -> List[int]:
+    """The B + 1 offsets of ``lengths``: a leading 0, then the running sum."""
+    return [0, *itertools.accumulate(lengths)]
+
+
+def host_offsets(lengths: Sequence[int]) -> torch.Tensor:
     """[B + 1] CPU int64 offsets of ``lengths`` (what ``offsets_from_lengths`` gives), in
     one tensor construction."""
-    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
+    return torch.tensor(offsets_of(lengths), dtype=torch.int64)
 
 
-def to_device_together(parts: Sequence[torch.Tensor], device: torch.device) -> List[torch.Tensor]:
-    """CPU int64 1-D ``parts`` on ``device`` in one host-to-device copy (views of one
-    buffer), each with its host copy remembered."""
-    flat = torch.cat(list(parts)).to(device, non_blocking=True)
-    moved = flat.split([p.shape[0] for p in parts])
-    return [remember_host_copy(d, h) for d, h in zip(moved, parts)]
+def to_device_together(parts: Sequence[List[int]], device: torch.device) -> List[torch.Tensor]:
+    """The int lists ``parts`` as int64 tensors on ``device``, moved in one host-to-device
+    copy (views of one buffer), each with its host copy remembered. Each view starts 16
+    bytes apart from the buffer's start, as its own allocation would: Triton specializes
+    its kernels on a pointer's alignment, so a misaligned one would build another."""
+    starts, flat = [], []
+    for values in parts:
+        starts.append(len(flat))
+        flat += values + [0] * (len(values) % 2)
+    host = torch.tensor(flat, dtype=torch.int64)
+    moved = host.to(device, non_blocking=True)
+    return [
+        remember_host_copy(moved[a : a + len(v)], host[a : a + len(v)])
+        for a, v in zip(starts, parts)
+    ]
 
 
 def joined_rows(parts: Sequence[torch.Tensor]) -> torch.Tensor:

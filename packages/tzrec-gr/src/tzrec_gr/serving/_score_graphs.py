@@ -121,7 +121,7 @@ class _ScoreEntry(Entry):
     cache: Optional[ServingCache] = None  # the static cache (padded layout)
     lengths_host: Optional[torch.Tensor] = None
     written: Optional[List[int]] = None  # [Bb]: cached rows of each user's slot now
-    candidates: Optional[torch.Tensor] = None  # [2, Bb * Tb]: the ids, then their times
+    candidates: Optional[torch.Tensor] = None  # [2, >= Bb * Tb]: the ids, then their times
     cand_lengths: Optional[torch.Tensor] = None
     resident: Optional[weakref.ref] = None
     # the last candidates' lengths and their slots (CPU and device)
@@ -191,7 +191,9 @@ class ScoreGraphs(GraphSet):
             cache=cache,
             lengths_host=lengths_host,
             written=[0] * bb,
-            candidates=torch.zeros(2, bb * tb, dtype=torch.int64, device=device),
+            # each row 16-byte aligned, as its own allocation would be (Triton specializes
+            # on a pointer's alignment)
+            candidates=torch.zeros(2, bb * tb + bb * tb % 2, dtype=torch.int64, device=device),
             cand_lengths=cand_lengths,
             memory_bytes=sum(t.numel() * t.element_size() for t in cache.keys + cache.values),
         )
@@ -267,11 +269,11 @@ class ScoreGraphs(GraphSet):
             slots_host = padded_rows(list(key), tb)
             slots = slots_host.to(entry.candidates.device, non_blocking=True)
             entry.slots = (key, slots_host, slots)
-        host = torch.zeros(2, bb * tb, dtype=torch.int64)
+        host = torch.zeros(entry.candidates.shape, dtype=torch.int64)
         if entry.cache.query_time is not None:
             batch = lengths.shape[0]
             times = torch.cat([query_time, query_time[:1].expand(bb - batch)])
-            host[1] = times.repeat_interleave(tb)
+            host[1, : bb * tb] = times.repeat_interleave(tb)
         host[0, slots_host] = ids
         host[1, slots_host] = timestamps
         entry.candidates.copy_(host, non_blocking=True)
@@ -283,10 +285,11 @@ class ScoreGraphs(GraphSet):
         """[Bb * Tb, K] logits of every slot, from the buffers (what is captured)."""
         assert isinstance(entry, _ScoreEntry) and entry.cache is not None
         assert entry.candidates is not None
+        bb, _, tb = entry.bucket
         candidates = {
-            CANDIDATE_ITEM_ID: entry.candidates[0],
+            CANDIDATE_ITEM_ID: entry.candidates[0, : bb * tb],
             CANDIDATE_LENGTHS: entry.cand_lengths,
-            CANDIDATE_TIMESTAMPS: entry.candidates[1],
+            CANDIDATE_TIMESTAMPS: entry.candidates[1, : bb * tb],
         }
         return self.server.score_step(entry.cache, candidates, entry.bucket[2])
 
