@@ -16,7 +16,6 @@ __all__ = [
     "host_offsets",
     "joined_rows",
     "offsets_of",
-    "stacked",
     "to_device_together",
 ]
 
@@ -57,10 +56,6 @@ def to_device_together(parts: Sequence[List[int]], device: torch.device) -> List
 
 
 def joined_rows(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``torch.cat(parts)``; a single part as it is (a reader's view, not a copy)."""
+    """``torch.cat(parts)``; a single part as it is (a reader's view, not a copy: rows of
+    a user's keys or values, which start at a whole row of the tensor they are a view of)."""
     return parts[0] if len(parts) == 1 else torch.cat(list(parts))
-
-
-def stacked(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``torch.stack(parts)``; a single part as a view with the new leading dimension."""
-    return parts[0].unsqueeze(0) if len(parts) == 1 else torch.stack(list(parts))

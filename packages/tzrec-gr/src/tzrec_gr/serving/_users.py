@@ -37,7 +37,7 @@ from typing import (
 
 import torch
 
-from tzrec_gr.serving._host import joined_rows, offsets_of, stacked, to_device_together
+from tzrec_gr.serving._host import joined_rows, offsets_of, to_device_together
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.stu import ServingCache
 from tzrec_ops.jagged import host_copy
@@ -178,7 +178,7 @@ def stored_histories(states: List[UserState], *, query_time: bool) -> Histories:
         item_ids=joined_rows([s.item_ids for s in states]),
         timestamps=joined_rows([s.timestamps for s in states]),
         actions=None if actions[0] is None else joined_rows(actions),  # type: ignore[arg-type]
-        contextual=None if contextual[0] is None else stacked(contextual),  # type: ignore[arg-type]
+        contextual=None if contextual[0] is None else torch.stack(contextual),  # type: ignore[arg-type]
         query_time=(
             torch.tensor([s.request_time or 0 for s in states], dtype=torch.int64)
             if query_time
@@ -379,9 +379,9 @@ class UserStore:
             values=tuple(joined_rows([s.values[i] for s in states]) for i in range(layers)),
             offsets=offsets,
             lengths=lengths,
-            query_time=(stacked(qt) if qt[0] is not None and timed else None),  # type: ignore[arg-type]
-            contextual=stacked(ctx) if ctx[0] is not None else None,  # type: ignore[arg-type]
-            user_embeddings=stacked(emb) if emb[0] is not None else None,  # type: ignore[arg-type]
+            query_time=(torch.stack(qt) if qt[0] is not None and timed else None),  # type: ignore[arg-type]
+            contextual=torch.stack(ctx) if ctx[0] is not None else None,  # type: ignore[arg-type]
+            user_embeddings=torch.stack(emb) if emb[0] is not None else None,  # type: ignore[arg-type]
             max_len=max(tokens),
             owner=owner,
         )
