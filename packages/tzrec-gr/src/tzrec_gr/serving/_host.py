@@ -40,9 +40,10 @@ def host_offsets(lengths: Sequence[int]) -> torch.Tensor:
 
 def to_device_together(parts: Sequence[List[int]], device: torch.device) -> List[torch.Tensor]:
     """The int lists ``parts`` as int64 tensors on ``device``, moved in one host-to-device
-    copy (views of one buffer), each with its host copy remembered. Each view starts 16
-    bytes apart from the buffer's start, as its own allocation would: Triton specializes
-    its kernels on a pointer's alignment, so a misaligned one would build another."""
+    copy (views of one buffer), each with its host copy remembered. Each view starts a
+    multiple of 16 bytes into the buffer, aligned as its own allocation would be: Triton
+    specializes its kernels on a pointer's alignment, so a misaligned one would build
+    another."""
     starts, flat = [], []
     for values in parts:
         starts.append(len(flat))
