@@ -123,7 +123,8 @@ def test_padded_score_step_run_eagerly_equals_score(batch):
     cache = session._assemble(ids, session._users.states("users", ids))
     cands = Candidates.from_lists([[1, 2, 3], [4], [5, 6]][:batch])
     lengths = cands.lengths
-    ts = torch.stack([u["query_time"] for u in users]).repeat_interleave(lengths)
+    query_time = torch.stack([u["query_time"] for u in users])
+    ts = query_time.repeat_interleave(lengths)
     server = RankingServer(model)
     graphs = ScoreGraphs(server, torch.device("cpu"), GraphPool(), (4,), (32,), (4,), 8)
     bucket = graphs.bucket(batch, int(cache.lengths.max()), int(lengths.max()))
@@ -132,7 +133,7 @@ def test_padded_score_step_run_eagerly_equals_score(batch):
     graphs.fill_synthetic(entry)
     graphs.step(entry)  # the synthetic inputs run (what a warm-up captures)
     graphs.load_cache(entry, cache)
-    slots = graphs.load_candidates(entry, cands.item_ids, lengths, ts)
+    slots = graphs.load_candidates(entry, cands.item_ids, lengths, ts, query_time)
     got = graphs.step(entry).index_select(0, slots)
     want = session.server.score(
         cache,

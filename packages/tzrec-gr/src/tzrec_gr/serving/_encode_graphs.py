@@ -29,9 +29,10 @@ import torch
 
 from tzrec_gr.features import UIH_ACTIONS, UIH_ITEM_ID, UIH_LENGTHS, UIH_TIMESTAMPS
 from tzrec_gr.serving._graphs import Bucket, Entry, GraphPool, GraphSet, fit, product
+from tzrec_gr.serving._host import copied, offsets_of, to_device_together
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.stu import ServingCache
-from tzrec_ops.jagged import offsets_from_lengths, remember_host_copy
+from tzrec_ops.jagged import remember_host_copy
 
 __all__ = ["EncodeGraphs", "padded_lengths"]
 
@@ -200,27 +201,28 @@ class EncodeGraphs(GraphSet):
 
     def result(self, cache: ServingCache, lengths: torch.Tensor) -> ServingCache:
         """The first ``B`` users' cache out of the buffers' (copied), for ``lengths`` [B]
-        events (CPU)."""
+        events (CPU); their lengths and offsets built on the host (one transfer)."""
         batch = lengths.shape[0]
-        cached = torch.tensor(
-            [self.server.warm_up_length(int(n)) for n in lengths], dtype=torch.int64
-        )
-        offsets_host = offsets_from_lengths(cached)
-        rows = int(offsets_host[-1])
+        tokens = [self.server.warm_up_length(n) for n in lengths.tolist()]
+        offsets_host = offsets_of(tokens)
+        rows = offsets_host[-1]
+        cached_lengths, offsets = to_device_together([tokens, offsets_host], self.device)
 
         def head(t: Optional[torch.Tensor], n: int) -> Optional[torch.Tensor]:
             return None if t is None else t[:n].clone()
 
+        layers = len(cache.keys)
+        rows_of = copied([t[:rows] for t in cache.keys + cache.values])
         return dataclasses.replace(
             cache,
-            keys=tuple(k[:rows].clone() for k in cache.keys),
-            values=tuple(v[:rows].clone() for v in cache.values),
-            offsets=remember_host_copy(cache.offsets[: batch + 1].clone(), offsets_host),
-            lengths=remember_host_copy(cache.lengths[:batch].clone(), cached),
+            keys=tuple(rows_of[:layers]),
+            values=tuple(rows_of[layers:]),
+            offsets=offsets,
+            lengths=cached_lengths,
             query_time=head(cache.query_time, batch),
             contextual=head(cache.contextual, batch),
             user_embeddings=head(cache.user_embeddings, batch),
-            max_len=int(cached.max()) if batch else 0,
+            max_len=max(tokens, default=0),
         )
 
     def encode_request(self, histories: Histories, strict: bool) -> Optional[ServingCache]:

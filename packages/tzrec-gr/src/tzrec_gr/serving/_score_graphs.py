@@ -23,6 +23,7 @@ graph and gathers the real candidates' logits.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import weakref
 from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
@@ -30,8 +31,9 @@ import torch
 
 from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
 from tzrec_gr.serving._graphs import Bucket, Entry, GraphPool, GraphSet, fit, fit_sizes, product
+from tzrec_gr.serving._host import joined_rows
 from tzrec_gr.stu import ServingCache
-from tzrec_ops.jagged import host_copy, offsets_from_lengths, remember_host_copy
+from tzrec_ops.jagged import host_copy, remember_host_copy
 
 __all__ = ["ScoreGraphs", "ScoringServer", "static_cache"]
 
@@ -108,15 +110,22 @@ def static_cache(
     return cache, torch.zeros(batch, dtype=torch.int64)
 
 
+def padded_rows(lengths: List[int], width: int) -> torch.Tensor:
+    """The rows ``[b * width, b * width + lengths_b)`` of every user b, in order, CPU int64."""
+    parts = [torch.arange(b * width, b * width + n) for b, n in enumerate(lengths) if n > 0]
+    return joined_rows(parts) if parts else torch.zeros(0, dtype=torch.int64)
+
+
 @dataclasses.dataclass
 class _ScoreEntry(Entry):
     cache: Optional[ServingCache] = None  # the static cache (padded layout)
     lengths_host: Optional[torch.Tensor] = None
-    cand_ids: Optional[torch.Tensor] = None
-    cand_ts: Optional[torch.Tensor] = None
+    written: Optional[List[int]] = None  # [Bb]: cached rows of each user's slot now
+    candidates: Optional[torch.Tensor] = None  # [2, >= Bb * Tb]: the ids, then their times
     cand_lengths: Optional[torch.Tensor] = None
     resident: Optional[weakref.ref] = None
-    slots: Optional[Tuple[Tuple[int, ...], torch.Tensor]] = None  # the last candidates' slots
+    # the last candidates' lengths and their slots (CPU and device)
+    slots: Optional[Tuple[Tuple[int, ...], torch.Tensor, torch.Tensor]] = None
 
 
 class ScoreGraphs(GraphSet):
@@ -177,13 +186,14 @@ class ScoreGraphs(GraphSet):
         cache, lengths_host = static_cache(self.server, bb, lb, device)
         cand_lengths_host = torch.full((bb,), tb, dtype=torch.int64)
         cand_lengths = remember_host_copy(cand_lengths_host.to(device), cand_lengths_host)
-        ids = torch.zeros(bb * tb, dtype=torch.int64, device=device)
         return _ScoreEntry(
             bucket=bucket,
             cache=cache,
             lengths_host=lengths_host,
-            cand_ids=ids,
-            cand_ts=torch.zeros_like(ids),
+            written=[0] * bb,
+            # each row 16-byte aligned, as its own allocation would be (Triton specializes
+            # on a pointer's alignment)
+            candidates=torch.zeros(2, bb * tb + bb * tb % 2, dtype=torch.int64, device=device),
             cand_lengths=cand_lengths,
             memory_bytes=sum(t.numel() * t.element_size() for t in cache.keys + cache.values),
         )
@@ -200,30 +210,43 @@ class ScoreGraphs(GraphSet):
         entry.slots = None
 
     def load_cache(self, entry: _ScoreEntry, cache: ServingCache) -> None:
-        """Copy ``cache`` into the entry's padded layout (unless it is there already)."""
+        """Copy ``cache`` into the entry's padded layout (unless it is there already): the
+        rows into their slots, the rows that held a longer user before zeroed."""
         if entry.resident is not None and entry.resident() is cache:
             return
         bb, lb, _ = entry.bucket
         batch = cache.batch_size
-        device = cache.offsets.device
         lengths = host_copy(cache.lengths).values
-        offsets = offsets_from_lengths(lengths)
-        user = torch.repeat_interleave(torch.arange(batch), lengths)
-        dest = (user * lb + torch.arange(int(offsets[-1])) - offsets[user]).to(device)
+        written = lengths.tolist() + [0] * (bb - batch)
+        assert entry.written is not None and entry.cache is not None
         static = entry.cache
-        assert static is not None
-        for src, dst in zip(cache.keys + cache.values, static.keys + static.values):
-            dst.zero_()
-            dst.index_copy_(0, dest, src.to(dst.dtype))
-        pad = bb - batch
-        padded = torch.cat([lengths, lengths[:1].expand(pad)])
-        static.lengths.copy_(padded.to(device))
+        pairs = list(zip(cache.keys + cache.values, static.keys + static.values))
+        # one multi-tensor kernel each (not two per layer): zero what a longer user left,
+        # then copy every user's rows of every layer into its slot
+        stale = [
+            dst[b * lb + n : b * lb + old]
+            for b, (n, old) in enumerate(zip(written, entry.written))
+            if old > n
+            for _, dst in pairs
+        ]
+        if stale:
+            torch._foreach_zero_(stale)
+        rows = written[:batch]
+        starts = itertools.accumulate(rows, initial=0)
+        torch._foreach_copy_(
+            [dst[b * lb : b * lb + n] for b, n in enumerate(rows) for _, dst in pairs],
+            [src[a : a + n] for a, n in zip(starts, rows) for src, _ in pairs],
+        )
+        entry.written = written
+        padded = torch.cat([lengths, lengths[:1].expand(bb - batch)])
+        static.lengths.copy_(padded, non_blocking=True)
         entry.lengths_host = padded
         pairs = ((cache.query_time, static.query_time), (cache.contextual, static.contextual))
         for src, dst in pairs:
             if src is not None and dst is not None:
                 dst[:batch].copy_(src)
-                dst[batch:].copy_(src[:1].expand(pad, *src.shape[1:]))
+                if bb > batch:
+                    dst[batch:].copy_(src[:1].expand(bb - batch, *src.shape[1:]))
         entry.resident = weakref.ref(cache)
 
     def load_candidates(
@@ -232,28 +255,28 @@ class ScoreGraphs(GraphSet):
         ids: torch.Tensor,
         lengths: torch.Tensor,
         timestamps: torch.Tensor,
+        query_time: torch.Tensor,
     ) -> torch.Tensor:
-        """Copy the candidates into the entry's slots; returns their slots [L_t] (device)."""
-        assert entry.cand_ids is not None and entry.cand_ts is not None
-        assert entry.cache is not None
-        _, _, tb = entry.bucket
+        """Copy the candidates (``ids``, ``lengths`` and ``timestamps`` on the CPU) into the
+        entry's slots, in one transfer; returns their slots [L_t] (device). The filler is
+        shown at its user's ``query_time`` [B] (CPU; 0 without time encoding)."""
+        assert entry.candidates is not None and entry.cache is not None
+        bb, _, tb = entry.bucket
         key = tuple(lengths.tolist())
         if entry.slots is not None and entry.slots[0] == key:
-            slots = entry.slots[1]
+            slots_host, slots = entry.slots[1:]
         else:
-            offsets = offsets_from_lengths(lengths)
-            user = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)
-            slots = (user * tb + torch.arange(int(offsets[-1])) - offsets[user]).to(ids.device)
-            entry.slots = (key, slots)
-        entry.cand_ids.zero_()
-        entry.cand_ids.index_copy_(0, slots, ids)
-        # the filler is shown at its user's query time (or 0 without time encoding)
-        qt = entry.cache.query_time
-        if qt is not None:
-            entry.cand_ts.copy_(qt.to(entry.cand_ts.dtype).repeat_interleave(tb))
-        else:
-            entry.cand_ts.zero_()
-        entry.cand_ts.index_copy_(0, slots, timestamps.to(entry.cand_ts.dtype))
+            slots_host = padded_rows(list(key), tb)
+            slots = slots_host.to(entry.candidates.device, non_blocking=True)
+            entry.slots = (key, slots_host, slots)
+        host = torch.zeros(entry.candidates.shape, dtype=torch.int64)
+        if entry.cache.query_time is not None:
+            batch = lengths.shape[0]
+            times = torch.cat([query_time, query_time[:1].expand(bb - batch)])
+            host[1, : bb * tb] = times.repeat_interleave(tb)
+        host[0, slots_host] = ids
+        host[1, slots_host] = timestamps
+        entry.candidates.copy_(host, non_blocking=True)
         return slots
 
     # -- the step -------------------------------------------------------------------------
@@ -261,10 +284,12 @@ class ScoreGraphs(GraphSet):
     def step(self, entry: Entry) -> torch.Tensor:
         """[Bb * Tb, K] logits of every slot, from the buffers (what is captured)."""
         assert isinstance(entry, _ScoreEntry) and entry.cache is not None
+        assert entry.candidates is not None
+        bb, _, tb = entry.bucket
         candidates = {
-            CANDIDATE_ITEM_ID: entry.cand_ids,
+            CANDIDATE_ITEM_ID: entry.candidates[0, : bb * tb],
             CANDIDATE_LENGTHS: entry.cand_lengths,
-            CANDIDATE_TIMESTAMPS: entry.cand_ts,
+            CANDIDATE_TIMESTAMPS: entry.candidates[1, : bb * tb],
         }
         return self.server.score_step(entry.cache, candidates, entry.bucket[2])
 
@@ -279,6 +304,7 @@ class ScoreGraphs(GraphSet):
         ids: torch.Tensor,
         lengths: torch.Tensor,
         timestamps: torch.Tensor,
+        query_time: torch.Tensor,
         strict: bool,
     ) -> Optional[torch.Tensor]:
         """:meth:`score` in the request's bucket; None outside every bucket or when the
@@ -289,7 +315,7 @@ class ScoreGraphs(GraphSet):
             int(lengths.max()) if lengths.numel() else 0,
         )
         return self.replayed(
-            bucket, lambda b: self.score(b, cache, ids, lengths, timestamps, strict)
+            bucket, lambda b: self.score(b, cache, ids, lengths, timestamps, query_time, strict)
         )
 
     @torch.no_grad()
@@ -300,14 +326,18 @@ class ScoreGraphs(GraphSet):
         ids: torch.Tensor,
         lengths: torch.Tensor,
         timestamps: torch.Tensor,
+        query_time: torch.Tensor,
         strict: bool,
     ) -> Optional[torch.Tensor]:
-        """[L_t, K] logits of the candidates (``lengths`` [B] on the CPU), replayed in
-        ``bucket``'s graph; None when the capture failed (``strict``: raise instead)."""
+        """[L_t, K] logits of the candidates (``lengths`` [B] and the users' ``query_time``
+        [B] on the CPU), replayed in ``bucket``'s graph; None when the capture failed
+        (``strict``: raise instead)."""
         entry = self.entry(bucket)
         assert isinstance(entry, _ScoreEntry)
         self.load_cache(entry, cache)
-        slots = self.load_candidates(entry, ids, lengths, timestamps)
+        slots = self.load_candidates(
+            entry, ids.detach().cpu(), lengths, timestamps.detach().cpu(), query_time
+        )
         if not self.captured(entry, strict):
             return None
         return self.replay(entry).index_select(0, slots)

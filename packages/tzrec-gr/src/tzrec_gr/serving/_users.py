@@ -37,9 +37,10 @@ from typing import (
 
 import torch
 
+from tzrec_gr.serving._host import joined_rows, offsets_of, to_device_together
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.stu import ServingCache
-from tzrec_ops.jagged import host_copy, mirror, offsets_from_lengths, to_device
+from tzrec_ops.jagged import host_copy
 
 if TYPE_CHECKING:  # the session passes its server; the server's module needs nothing here
     from tzrec_gr.serving.server import ModelServer
@@ -105,7 +106,11 @@ def joined(
     """The newest ``keep`` of ``old`` followed by ``new[start:stop]`` (CPU), or None."""
     if old is None or new is None:
         return None
-    return torch.cat([old, new[start:stop].detach().cpu()])[-keep:]
+    return torch.cat([old, new[start:stop]])[-keep:]
+
+
+def _on_host(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.detach().cpu()
 
 
 def longer_histories(
@@ -118,7 +123,7 @@ def longer_histories(
 ) -> Histories:
     """The users' kept events followed by their new ``events`` (row b for ``states[b]``),
     each cut to its newest ``bound``, as one CPU :class:`Histories` (without contextual
-    features: those stay with the users' state on the device).
+    features: those stay with the users' state on the device), not checked again.
 
     Args:
         actions (bool): keep the action bitmasks (the server's ``needs_actions``).
@@ -126,15 +131,12 @@ def longer_histories(
             events' own, else each user's newest event's time (or the kept request time of
             a user without new events).
     """
-    offsets = events.offsets
+    offsets = events.offsets.tolist()
+    new = [_on_host(t) for t in (events.item_ids, events.timestamps, events.actions)]
     longer = [
         tuple(
-            joined(old, new, int(offsets[b]), int(offsets[b + 1]), bound)
-            for old, new in (
-                (s.item_ids, events.item_ids),
-                (s.timestamps, events.timestamps),
-                (s.actions, events.actions),
-            )
+            joined(old, rows, offsets[b], offsets[b + 1], bound)
+            for old, rows in zip((s.item_ids, s.timestamps, s.actions), new)
         )
         for b, s in enumerate(states)
     ]
@@ -151,11 +153,11 @@ def longer_histories(
                 for (_, ts, _), s in zip(longer, states)
             ]
         )
-    return Histories(
-        item_ids=torch.cat([h[0] for h in longer]),  # type: ignore[misc]
-        lengths=torch.tensor([h[0].numel() for h in longer], dtype=torch.int64),  # type: ignore[union-attr]
-        timestamps=torch.cat([h[1] for h in longer]),  # type: ignore[misc]
-        actions=torch.cat([h[2] for h in longer]) if actions else None,  # type: ignore[misc]
+    return Histories.of_checked(
+        torch.tensor([h[0].numel() for h in longer], dtype=torch.int64),  # type: ignore[union-attr]
+        item_ids=joined_rows([h[0] for h in longer]),  # type: ignore[misc]
+        timestamps=joined_rows([h[1] for h in longer]),  # type: ignore[misc]
+        actions=joined_rows([h[2] for h in longer]) if actions else None,  # type: ignore[misc]
         query_time=times if query_time else None,
     )
 
@@ -171,11 +173,11 @@ def stored_histories(states: List[UserState], *, query_time: bool) -> Histories:
     """
     actions = [s.actions for s in states]
     contextual = [s.contextual for s in states]
-    return Histories(
-        item_ids=torch.cat([s.item_ids for s in states]),
-        lengths=torch.tensor([s.item_ids.numel() for s in states], dtype=torch.int64),
-        timestamps=torch.cat([s.timestamps for s in states]),
-        actions=None if actions[0] is None else torch.cat(actions),  # type: ignore[arg-type]
+    return Histories.of_checked(
+        torch.tensor([s.item_ids.numel() for s in states], dtype=torch.int64),
+        item_ids=joined_rows([s.item_ids for s in states]),
+        timestamps=joined_rows([s.timestamps for s in states]),
+        actions=None if actions[0] is None else joined_rows(actions),  # type: ignore[arg-type]
         contextual=None if contextual[0] is None else torch.stack(contextual),  # type: ignore[arg-type]
         query_time=(
             torch.tensor([s.request_time or 0 for s in states], dtype=torch.int64)
@@ -233,23 +235,25 @@ class UserStore:
                 ``extend``); False keeps their place (a stale user encoded again).
                 Default: True.
         """
-        offsets = host_copy(cache.offsets).values
-        hoff = h.offsets
+        offsets = host_copy(cache.offsets).values.tolist()
+        hoff = h.offsets.tolist()
+        item_ids, timestamps, actions = (_on_host(t) for t in (h.item_ids, h.timestamps, h.actions))
+        times = None if request_time is None else request_time.tolist()
         query_time = cache.query_time
         if query_time is None and request_time is not None:
             query_time = request_time.to(self.device)
         for b, u in enumerate(ids):
-            start, stop = int(offsets[b]), int(offsets[b + 1])
-            es, ee = int(hoff[b]), int(hoff[b + 1])
+            start, stop = offsets[b], offsets[b + 1]
+            es, ee = hoff[b], hoff[b + 1]
             if reopen:
                 self.users.pop(u, None)  # re-opened users move to the end
             self.users[u] = UserState(
-                item_ids=h.item_ids[es:ee].detach().cpu(),
-                timestamps=h.timestamps[es:ee].detach().cpu(),
-                actions=None if h.actions is None else h.actions[es:ee].detach().cpu(),
+                item_ids=item_ids[es:ee],  # type: ignore[index]
+                timestamps=timestamps[es:ee],  # type: ignore[index]
+                actions=None if actions is None else actions[es:ee],
                 contextual=None if cache.contextual is None else cache.contextual[b],
                 query_time=None if query_time is None else query_time[b],
-                request_time=None if request_time is None else int(request_time[b]),
+                request_time=None if times is None else times[b],
                 keys=tuple(k[start:stop] for k in cache.keys),
                 values=tuple(v[start:stop] for v in cache.values),
                 length=stop - start,
@@ -278,18 +282,20 @@ class UserStore:
             new_events (List[int]): events each user got since it was kept.
             request_time (torch.Tensor | None): [B] CPU query times (ranking), else None.
         """
-        hoff = h.offsets
+        hoff = h.offsets.tolist()
+        item_ids, timestamps, actions = (_on_host(t) for t in (h.item_ids, h.timestamps, h.actions))
+        times = None if request_time is None else request_time.tolist()
         for b, u in enumerate(ids):
             old = self.users[u]
-            time = None if request_time is None else int(request_time[b])
+            time = None if times is None else times[b]
             if new_events[b] == 0 and time == old.request_time:
                 continue
-            es, ee = int(hoff[b]), int(hoff[b + 1])
+            es, ee = hoff[b], hoff[b + 1]
             del self.users[u]  # extended users move to the end, as when encoded at once
             self.users[u] = UserState(
-                item_ids=h.item_ids[es:ee].detach().cpu(),
-                timestamps=h.timestamps[es:ee].detach().cpu(),
-                actions=None if h.actions is None else h.actions[es:ee].detach().cpu(),
+                item_ids=item_ids[es:ee],  # type: ignore[index]
+                timestamps=timestamps[es:ee],  # type: ignore[index]
+                actions=None if actions is None else actions[es:ee],
                 contextual=old.contextual,
                 query_time=None,
                 request_time=time,
@@ -362,21 +368,21 @@ class UserStore:
             return self._group[1]
         if any(s.stale for s in states):
             raise RuntimeError("stale users have no encoded rows: encode them first")
-        lengths_host = torch.tensor([s.length for s in states], dtype=torch.int64)
-        lengths = to_device(lengths_host, self.device)
+        tokens = [s.length for s in states]
+        lengths, offsets = to_device_together([tokens, offsets_of(tokens)], self.device)
         layers = len(states[0].keys)
         qt = [s.query_time for s in states]
         ctx = [s.contextual for s in states]
         emb = [s.user_embedding for s in states]
         cache = ServingCache(
-            keys=tuple(torch.cat([s.keys[i] for s in states]) for i in range(layers)),
-            values=tuple(torch.cat([s.values[i] for s in states]) for i in range(layers)),
-            offsets=mirror(offsets_from_lengths, lengths),
+            keys=tuple(joined_rows([s.keys[i] for s in states]) for i in range(layers)),
+            values=tuple(joined_rows([s.values[i] for s in states]) for i in range(layers)),
+            offsets=offsets,
             lengths=lengths,
             query_time=(torch.stack(qt) if qt[0] is not None and timed else None),  # type: ignore[arg-type]
             contextual=torch.stack(ctx) if ctx[0] is not None else None,  # type: ignore[arg-type]
             user_embeddings=torch.stack(emb) if emb[0] is not None else None,  # type: ignore[arg-type]
-            max_len=int(lengths_host.max()),
+            max_len=max(tokens),
             owner=owner,
         )
         self._group = (key, cache)

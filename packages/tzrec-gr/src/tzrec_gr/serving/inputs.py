@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from tzrec_gr.models.inputs import check_int_tensor
+from tzrec_gr.serving._host import host_offsets
 from tzrec_gr.vocabulary import IdVocabularies, Vocabulary
 from tzrec_ops.jagged import first_true, offsets_from_lengths
 
@@ -353,6 +354,18 @@ class Histories:
             if not bool(torch.isfinite(self.contextual).all()):
                 row = first_true((~torch.isfinite(self.contextual.cpu())).any(dim=1))
                 raise ValueError(f"histories.contextual of user {row} has a NaN or inf")
+
+    @classmethod
+    def of_checked(cls, lengths: torch.Tensor, **fields: Optional[torch.Tensor]) -> Histories:
+        """Histories the session builds on the host from events it checked when they
+        came (a user's kept events, with new ones appended): ``lengths`` [B] CPU int64
+        and the other fields as the constructor's, not checked again."""
+        histories = object.__new__(cls)
+        for f in dataclasses.fields(cls):
+            object.__setattr__(histories, f.name, fields.get(f.name))
+        object.__setattr__(histories, "lengths", lengths)
+        object.__setattr__(histories, "_offsets", host_offsets(lengths.tolist()))
+        return histories
 
     def query_times(self) -> torch.Tensor:
         """[B] int64 CPU: ``query_time`` when given, else each user's newest timestamp."""

@@ -327,7 +327,7 @@ class ServingSession:
         timestamps = cands.timestamps
         if timestamps is None:
             timestamps = query_time.repeat_interleave(lengths)
-        logits = self._score_cache(cache, cands.item_ids, lengths, timestamps)
+        logits = self._score_cache(cache, cands.item_ids, lengths, timestamps, query_time)
         probs = torch.sigmoid(logits.float())
         if dense:
             return probs.reshape(cands.batch_size, -1, probs.shape[-1])
@@ -589,18 +589,21 @@ class ServingSession:
         ids: torch.Tensor,
         lengths: torch.Tensor,
         timestamps: torch.Tensor,
+        query_time: torch.Tensor,
     ) -> torch.Tensor:
-        """[L_t, K] logits; ``lengths`` [B] on the CPU."""
+        """[L_t, K] logits; ``lengths`` and the users' ``query_time`` [B] on the CPU."""
+        graphs = self._graphs
+        if isinstance(graphs, ScoreGraphs):
+            out = graphs.score_request(
+                cache, ids, lengths, timestamps, query_time, self._strict_graphs
+            )
+            if out is not None:
+                return out
         if ids.device.type == "cpu" and timestamps.device.type == "cpu":  # one transfer
             both = torch.stack([ids.to(torch.int64), timestamps.to(torch.int64)])
             ids, timestamps = both.to(self.device, non_blocking=True).unbind(0)
         else:
             ids, timestamps = ids.to(self.device), timestamps.to(self.device)
-        graphs = self._graphs
-        if isinstance(graphs, ScoreGraphs):
-            out = graphs.score_request(cache, ids, lengths, timestamps, self._strict_graphs)
-            if out is not None:
-                return out
         candidates = {
             CANDIDATE_ITEM_ID: ids,
             CANDIDATE_LENGTHS: to_device(lengths, self.device),
