@@ -196,8 +196,8 @@ def add_train_parser(subparsers: argparse._SubParsersAction,
                    "with users left out of the loss), and replay them: the GPU no longer "
                    "waits for Python. Under torchrun the graph also averages the gradients "
                    "(one NCCL all-reduce). auto: on a CUDA device, a model that supports "
-                   "it, one process, without --compile; on: also under torchrun and with "
-                   "--compile, an error where it cannot apply; off: never")
+                   "it, without --compile; on: also with --compile, an error where it "
+                   "cannot apply; off: never")
     g.add_argument("--epochs", type=POSITIVE, metavar="N",
                    help=f"passes over the training users (default: {DEFAULT_EPOCHS} when "
                    "--max-steps is not given)")
