@@ -20,6 +20,7 @@ a non-tensor is a TypeError naming the argument, a wrong rank or dtype a ValueEr
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Any, List, Optional, Sequence, Union
 
@@ -29,7 +30,7 @@ import torch
 from tzrec_gr.models.inputs import check_int_tensor
 from tzrec_gr.serving._host import host_offsets
 from tzrec_gr.vocabulary import IdVocabularies, Vocabulary
-from tzrec_ops.jagged import first_true, offsets_from_lengths
+from tzrec_ops.jagged import first_true
 
 __all__ = ["Candidates", "Histories"]
 
@@ -97,32 +98,65 @@ def _cat(rows: List[torch.Tensor]) -> torch.Tensor:
     return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64)
 
 
-def _user_of(offsets: torch.Tensor, row: int) -> int:
-    return int(torch.searchsorted(offsets, torch.tensor(row), right=True)) - 1
+def _user_of(bounds: List[int], row: int) -> int:
+    """The user of ``row``, for the host offsets ``bounds`` [B + 1]."""
+    return bisect.bisect_right(bounds, row) - 1
 
 
 def _check_lengths(name: str, lengths: torch.Tensor, rows: int, rows_name: str) -> torch.Tensor:
-    """``lengths`` [B] >= 0 summing to ``rows``; returns the host offsets [B + 1]."""
-    host = lengths.detach().cpu().to(torch.int64)
-    if bool((host < 0).any()):
-        b = first_true(host < 0)
-        raise ValueError(f"{name}[{b}] must be >= 0, got {int(host[b])}")
-    if int(host.sum()) != rows:
+    """``lengths`` [B] >= 0 summing to ``rows`` (one read of ``lengths``); returns the host
+    offsets [B + 1]."""
+    counts = lengths.tolist()
+    if counts and min(counts) < 0:
+        b = next(b for b, n in enumerate(counts) if n < 0)
+        raise ValueError(f"{name}[{b}] must be >= 0, got {counts[b]}")
+    if sum(counts) != rows:
         raise ValueError(
-            f"{name} sums to {int(host.sum())} but {rows_name} has {rows} rows; they must match"
+            f"{name} sums to {sum(counts)} but {rows_name} has {rows} rows; they must match"
         )
-    return offsets_from_lengths(host)
+    return host_offsets(counts)
 
 
-def _check_ids(name: str, ids: torch.Tensor, offsets: torch.Tensor, num_items: int) -> None:
-    host = ids.detach().cpu()
-    bad = (host < 0) | (host >= num_items)
-    if bool(bad.any()):
-        i = first_true(bad)
-        b = _user_of(offsets, i)
+def _first_over(lengths: List[int], bound: int) -> Optional[int]:
+    """The first user with more than ``bound`` rows, or None."""
+    if not lengths or max(lengths) <= bound:
+        return None
+    return next(b for b, n in enumerate(lengths) if n > bound)
+
+
+def _check_ids(name: str, ids: torch.Tensor, bounds: List[int], num_items: int) -> None:
+    """Every id in ``[0, num_items)`` (the range read first: one pass when they are)."""
+    host = ids.cpu()
+    if not host.numel():
+        return
+    low, high = torch.aminmax(host)
+    if int(low) >= 0 and int(high) < num_items:
+        return
+    i = first_true((host < 0) | (host >= num_items))
+    b = _user_of(bounds, i)
+    raise ValueError(
+        f"{name} of user {b} (position {i - bounds[b]}) is {int(host[i])}, not an "
+        f"item of the catalogue [0, {num_items})"
+    )
+
+
+def _check_sorted(ts: torch.Tensor, bounds: List[int]) -> None:
+    """Each user's timestamps ``ts`` (host) non-decreasing; a step back from one user's
+    last event to the next user's first is allowed (looked for only when there is one)."""
+    if ts.numel() < 2:
+        return
+    back = ts[1:] < ts[:-1]
+    if not bool(back.any()):
+        return
+    firsts = [a for a in bounds[1:-1] if 0 < a < ts.numel()]
+    back[torch.tensor(firsts, dtype=torch.int64) - 1] = False
+    if bool(back.any()):
+        i = first_true(back) + 1
+        b = _user_of(bounds, i)
+        p = i - bounds[b]
         raise ValueError(
-            f"{name} of user {b} (position {i - int(offsets[b])}) is {int(host[i])}, not an "
-            f"item of the catalogue [0, {num_items})"
+            f"histories.timestamps of user {b} are not sorted: position {p} "
+            f"({int(ts[i])}) is older than position {p - 1} ({int(ts[i - 1])})"
         )
 
 
@@ -303,36 +337,23 @@ class Histories:
                 timestamps that go back in time, an empty history, a missing feature, a
                 history longer than ``max_events``.
         """
-        offsets = self.offsets
-        lengths = offsets[1:] - offsets[:-1]
-        if max_events is not None and bool((lengths > max_events).any()):
-            b = first_true(lengths > max_events)
+        bounds = self.offsets.tolist()
+        lengths = [z - a for a, z in zip(bounds, bounds[1:])]
+        b = None if max_events is None else _first_over(lengths, max_events)
+        if b is not None:
             raise ValueError(
-                f"histories of user {b} has {int(lengths[b])} events, more than the "
+                f"histories of user {b} has {lengths[b]} events, more than the "
                 f"model takes ({max_events}); keep the newest {max_events}"
             )
-        if not allow_empty and bool((lengths == 0).any()):
-            b = first_true(lengths == 0)
+        if not allow_empty and 0 in lengths:
+            b = lengths.index(0)
             raise ValueError(f"histories of user {b} is empty: every user needs at least one event")
-        _check_ids("histories.item_ids", self.item_ids, offsets, num_items)
-        ts = self.timestamps.detach().cpu().to(torch.int64)
-        if ts.numel() > 1:
-            back = ts[1:] < ts[:-1]
-            same_user = torch.ones_like(back)
-            starts = offsets[1:-1][(offsets[1:-1] > 0) & (offsets[1:-1] < ts.numel())]
-            same_user[starts - 1] = False
-            bad = back & same_user
-            if bool(bad.any()):
-                i = first_true(bad) + 1
-                b = _user_of(offsets, i)
-                p = i - int(offsets[b])
-                raise ValueError(
-                    f"histories.timestamps of user {b} are not sorted: position {p} "
-                    f"({int(ts[i])}) is older than position {p - 1} ({int(ts[i - 1])})"
-                )
+        _check_ids("histories.item_ids", self.item_ids, bounds, num_items)
+        ts = self.timestamps.cpu()
+        _check_sorted(ts, bounds)
         if after is not None:
             for b in range(self.batch_size):
-                start, stop = int(offsets[b]), int(offsets[b + 1])
+                start, stop = bounds[b], bounds[b + 1]
                 if after[b] is not None and stop > start and int(ts[start]) < after[b]:
                     raise ValueError(
                         f"histories.timestamps of user {b} start at {int(ts[start])}, older "
@@ -370,12 +391,12 @@ class Histories:
     def query_times(self) -> torch.Tensor:
         """[B] int64 CPU: ``query_time`` when given, else each user's newest timestamp."""
         if self.query_time is not None:
-            return self.query_time.detach().cpu().to(torch.int64)
+            return self.query_time.cpu().to(torch.int64)
         return self.newest_timestamps()
 
     def newest_timestamps(self) -> torch.Tensor:
         """[B] int64 each user's newest timestamp (0 for a user without events), CPU."""
-        ts = self.timestamps.detach().cpu().to(torch.int64)
+        ts = self.timestamps.cpu().to(torch.int64)
         offsets = self.offsets
         last = (offsets[1:] - 1).clamp(min=0)
         newest = ts[last] if ts.numel() else torch.zeros(self.batch_size, dtype=torch.int64)
@@ -469,11 +490,12 @@ class Candidates:
         Raises:
             ValueError: naming ``candidates`` and the user's row.
         """
-        lengths = self.offsets[1:] - self.offsets[:-1]
-        if bool((lengths > max_per_user).any()):
-            b = first_true(lengths > max_per_user)
+        bounds = self.offsets.tolist()
+        lengths = [z - a for a, z in zip(bounds, bounds[1:])]
+        b = _first_over(lengths, max_per_user)
+        if b is not None:
             raise ValueError(
-                f"candidates of user {b}: {int(lengths[b])}, more than the model's "
+                f"candidates of user {b}: {lengths[b]}, more than the model's "
                 f"max_targets ({max_per_user})"
             )
-        _check_ids("candidates.item_ids", self.item_ids, self.offsets, num_items)
+        _check_ids("candidates.item_ids", self.item_ids, bounds, num_items)
