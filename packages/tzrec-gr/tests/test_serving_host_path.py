@@ -16,6 +16,7 @@ import copy
 import sys
 from collections import Counter
 
+import pytest
 import torch
 from _models import ranking_model, ranking_user
 from torch.overrides import TorchFunctionMode
@@ -165,3 +166,37 @@ def test_index_tensors_moved_together_keep_their_values_on_the_host_and_alignmen
         assert t.tolist() == values and t.dtype == torch.int64
         assert host_copies.known_host_copy(t).values.tolist() == values
         assert (t.data_ptr() - base) % 16 == 0  # as its own allocation (Triton specializes)
+
+
+def test_request_checks_name_the_user_and_position_and_allow_a_step_back_between_users():
+    """The host checks (one read of the offsets, ids by their range first) still name the
+    user and the position of a bad value; a user's first event may be older than the
+    previous user's last."""
+    ok = Histories(torch.tensor([1, 2, 3]), torch.tensor([2, 1]), torch.tensor([5, 9, 1]))
+    ok.check(10, after=[None, 1])
+    cases = [
+        (lambda: ok.check(3), r"histories.item_ids of user 1 \(position 0\) is 3, not an item"),
+        (lambda: ok.check(10, after=[None, 2]), "user 1 start at 1, older than that user's"),
+        (lambda: ok.check(10, max_events=1), "histories of user 0 has 2 events, more than"),
+        (
+            lambda: Histories(torch.tensor([1, 2]), torch.tensor([2, -1, 1]), torch.tensor([0, 0])),
+            r"histories.lengths\[1\] must be >= 0, got -1",
+        ),
+        (
+            lambda: Histories(
+                torch.tensor([1, 2, 3]), torch.tensor([1, 2]), torch.tensor([5, 9, 1])
+            ).check(10),
+            r"user 1 are not sorted: position 1 \(1\) is older than position 0 \(9\)",
+        ),
+        (
+            lambda: Candidates(torch.tensor([0, 1, 2]), torch.tensor([1, 2])).check(10, 1),
+            "candidates of user 1: 2, more than the model's max_targets",
+        ),
+        (
+            lambda: Candidates(torch.tensor([0, 1, -2]), torch.tensor([1, 2])).check(10, 4),
+            r"candidates.item_ids of user 1 \(position 1\) is -2",
+        ),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
