@@ -142,10 +142,10 @@ class EncodeGraphs(GraphSet):
         docstring)."""
         self._write(
             entry,
-            histories.lengths.detach().cpu().to(torch.int64),
-            histories.item_ids.detach().cpu(),
-            histories.timestamps.detach().cpu(),
-            None if histories.actions is None else histories.actions.detach().cpu(),
+            histories.lengths.cpu().to(torch.int64),
+            histories.item_ids.cpu(),
+            histories.timestamps.cpu(),
+            None if histories.actions is None else histories.actions.cpu(),
             histories.query_times(),
             histories.contextual,
         )
@@ -243,4 +243,4 @@ class EncodeGraphs(GraphSet):
                 return None
         self.load(entry, histories)
         self.replay(entry)
-        return self.result(entry.out, histories.lengths.detach().cpu())
+        return self.result(entry.out, histories.lengths.cpu())

@@ -238,7 +238,7 @@ class ScoreGraphs(GraphSet):
             [src[a : a + n] for a, n in zip(starts, rows) for src, _ in pairs],
         )
         entry.written = written
-        padded = torch.cat([lengths, lengths[:1].expand(bb - batch)])
+        padded = torch.tensor(rows + rows[:1] * (bb - batch), dtype=torch.int64)
         static.lengths.copy_(padded, non_blocking=True)
         entry.lengths_host = padded
         pairs = ((cache.query_time, static.query_time), (cache.contextual, static.contextual))
@@ -336,7 +336,7 @@ class ScoreGraphs(GraphSet):
         assert isinstance(entry, _ScoreEntry)
         self.load_cache(entry, cache)
         slots = self.load_candidates(
-            entry, ids.detach().cpu(), lengths, timestamps.detach().cpu(), query_time
+            entry, ids.cpu(), lengths, timestamps.cpu(), query_time
         )
         if not self.captured(entry, strict):
             return None

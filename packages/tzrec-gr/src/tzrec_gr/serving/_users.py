@@ -110,7 +110,7 @@ def joined(
 
 
 def _on_host(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    return None if t is None else t.detach().cpu()
+    return None if t is None else t.cpu()  # integer events: nothing to detach
 
 
 def longer_histories(
@@ -141,7 +141,7 @@ def longer_histories(
         for b, s in enumerate(states)
     ]
     if events.query_time is not None:
-        times = events.query_time.detach().cpu()
+        times = events.query_time.cpu()
     else:
         times = torch.tensor(
             [

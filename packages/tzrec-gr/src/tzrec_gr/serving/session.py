@@ -323,7 +323,7 @@ class ServingSession:
                 f"{cache.batch_size}; they must match"
             )
         cands.check(model.num_items, model.max_targets)
-        lengths = cands.lengths.detach().cpu().to(torch.int64)
+        lengths = cands.lengths.cpu().to(torch.int64)
         timestamps = cands.timestamps
         if timestamps is None:
             timestamps = query_time.repeat_interleave(lengths)
@@ -393,7 +393,8 @@ class ServingSession:
             actions=server.needs_actions,
             query_time=server.keeps_query_time,
         )
-        lengths = (events.offsets[1:] - events.offsets[:-1]).tolist()
+        bounds = events.offsets.tolist()
+        lengths = [z - a for a, z in zip(bounds, bounds[1:])]
         fits = all(s.item_ids.numel() + n <= bound for s, n in zip(states, lengths))
         if fits and server.extends_incrementally and not any(s.stale for s in states):
             with torch.no_grad():

@@ -168,12 +168,17 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
+def _joined(parts: List[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)``; a single request's tensor as it is (not copied)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def _histories(group: List[Request]) -> Histories:
     return Histories(
-        item_ids=torch.cat([r.item_ids for r in group]),
+        item_ids=_joined([r.item_ids for r in group]),
         lengths=torch.tensor([r.item_ids.numel() for r in group], dtype=torch.int64),
-        timestamps=torch.cat([r.timestamps for r in group]),
-        actions=torch.cat([r.actions for r in group]),
+        timestamps=_joined([r.timestamps for r in group]),
+        actions=_joined([r.actions for r in group]),
     )
 
 
@@ -191,9 +196,10 @@ def _serve(
         ids, scores = top.ids.cpu(), top.scores.cpu()
         return [(ids[b], scores[b]) for b in range(len(group))]
     else:
-        lengths = torch.tensor([r.item_ids.numel() for r in group], dtype=torch.int64)
-        probs = session.score(users, Candidates(torch.cat([r.item_ids for r in group]), lengths))
-        return [(rows,) for rows in probs.cpu().split(lengths.tolist())]
+        counts = [r.item_ids.numel() for r in group]
+        lengths = torch.tensor(counts, dtype=torch.int64)
+        probs = session.score(users, Candidates(_joined([r.item_ids for r in group]), lengths))
+        return [(rows,) for rows in probs.cpu().split(counts)]
     if session.device.type == "cuda":
         torch.cuda.synchronize(session.device)
     return [None] * len(group)
