@@ -37,16 +37,12 @@ from tzrec_ops.jagged import remember_host_copy
 __all__ = ["EncodeGraphs", "padded_lengths"]
 
 
-def padded_lengths(lengths: torch.Tensor, users: int, events: int, most: int) -> torch.Tensor:
+def padded_lengths(lengths: List[int], users: int, events: int, most: int) -> torch.Tensor:
     """[users] the request's ``lengths`` [B] followed by padding users that take the
     ``events - sum(lengths)`` events left over, at most ``most`` each, then empty ones."""
-    left = events - int(lengths.sum())
-    pad = torch.zeros(users - lengths.shape[0], dtype=torch.int64)
-    full, rest = divmod(left, most)
-    pad[:full] = most
-    if rest:
-        pad[full] = rest
-    return torch.cat([lengths.to(torch.int64), pad])
+    full, rest = divmod(events - sum(lengths), most)
+    pad = [most] * full + ([rest] if rest else [])
+    return torch.tensor(lengths + pad + [0] * (users - len(lengths) - len(pad)), dtype=torch.int64)
 
 
 @dataclasses.dataclass
@@ -135,14 +131,14 @@ class EncodeGraphs(GraphSet):
         bucket."""
         assert isinstance(entry, _EncodeEntry)
         none = torch.zeros(0, dtype=torch.int64)
-        self._write(entry, none, none, none, None, none, None)
+        self._write(entry, [], none, none, None, none, None)
 
-    def load(self, entry: _EncodeEntry, histories: Histories) -> None:
-        """Copy checked ``histories`` into the entry's buffers, padded (see the module
-        docstring)."""
+    def load(self, entry: _EncodeEntry, histories: Histories, lengths: List[int]) -> None:
+        """Copy checked ``histories`` (of ``lengths``, their host values) into the entry's
+        buffers, padded (see the module docstring)."""
         self._write(
             entry,
-            histories.lengths.cpu().to(torch.int64),
+            lengths,
             histories.item_ids.cpu(),
             histories.timestamps.cpu(),
             None if histories.actions is None else histories.actions.cpu(),
@@ -153,7 +149,7 @@ class EncodeGraphs(GraphSet):
     def _write(
         self,
         entry: _EncodeEntry,
-        lengths: torch.Tensor,
+        lengths: List[int],
         item_ids: torch.Tensor,
         timestamps: torch.Tensor,
         actions: Optional[torch.Tensor],
@@ -163,7 +159,7 @@ class EncodeGraphs(GraphSet):
         assert entry.packed is not None
         _, nb = entry.bucket
         users = self.users(entry.bucket)
-        batch, total = lengths.shape[0], item_ids.shape[0]
+        batch, total = len(lengths), item_ids.shape[0]
         padded = padded_lengths(lengths, users, nb, self.server.max_events)
         host = torch.zeros(3 * nb + 2 * users, dtype=torch.int64)
         host[:total] = item_ids
@@ -199,11 +195,11 @@ class EncodeGraphs(GraphSet):
         query_time = p[3 * nb + users :]
         return self.server.encode(features, entry.contextual, query_time)
 
-    def result(self, cache: ServingCache, lengths: torch.Tensor) -> ServingCache:
+    def result(self, cache: ServingCache, lengths: List[int]) -> ServingCache:
         """The first ``B`` users' cache out of the buffers' (copied), for ``lengths`` [B]
-        events (CPU); their lengths and offsets built on the host (one transfer)."""
-        batch = lengths.shape[0]
-        tokens = [self.server.warm_up_length(n) for n in lengths.tolist()]
+        events; their lengths and offsets built on the host (one transfer)."""
+        batch = len(lengths)
+        tokens = [self.server.warm_up_length(n) for n in lengths]
         offsets_host = offsets_of(tokens)
         rows = offsets_host[-1]
         cached_lengths, offsets = to_device_together([tokens, offsets_host], self.device)
@@ -241,6 +237,7 @@ class EncodeGraphs(GraphSet):
             self.fill_synthetic(entry)
             if not self.captured(entry, strict):
                 return None
-        self.load(entry, histories)
+        lengths = histories.lengths.tolist()
+        self.load(entry, histories, lengths)
         self.replay(entry)
-        return self.result(entry.out, histories.lengths.cpu())
+        return self.result(entry.out, lengths)
