@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tzrec_gr.models import HSTURanking, HSTURetrieval
+from tzrec_gr.serving import Histories
 
 NUM_ITEMS = 40
 User = Dict[str, torch.Tensor]
@@ -120,3 +121,19 @@ def rows_of(lengths: Sequence[int], user: int) -> slice:
     """The rows of ``user`` in a jagged batch with these lengths."""
     start = sum(lengths[:user])
     return slice(start, start + lengths[user])
+
+
+def ranking_histories(users: Sequence[User]) -> Histories:
+    """The serving ``Histories`` of :func:`ranking_user` users, in their order."""
+    return Histories(
+        item_ids=torch.cat([u["uih.item_id"] for u in users]),
+        lengths=torch.tensor([u["uih.item_id"].numel() for u in users]),
+        timestamps=torch.cat([u["uih_timestamp.sequence"] for u in users]),
+        actions=torch.cat([u["uih_action.sequence"] for u in users]),
+        contextual=(
+            None
+            if users[0]["contextual"] is None
+            else torch.stack([u["contextual"] for u in users])
+        ),
+        query_time=torch.stack([u["query_time"] for u in users]),
+    )

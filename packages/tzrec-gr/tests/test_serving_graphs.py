@@ -24,6 +24,7 @@ from _models import (
     NUM_ITEMS,
     gpu_test,
     history_user,
+    ranking_histories,
     ranking_model,
     ranking_user,
     retrieval_model,
@@ -41,21 +42,6 @@ from tzrec_gr.serving._graphs import GraphPool, GraphSet
 from tzrec_gr.serving._recommend_graphs import RecommendGraphs
 from tzrec_gr.serving._score_graphs import ScoreGraphs, static_cache
 from tzrec_ops.testing.tolerances import assert_close
-
-
-def _ranking_histories(users):
-    return Histories(
-        item_ids=torch.cat([u["uih.item_id"] for u in users]),
-        lengths=torch.tensor([u["uih.item_id"].numel() for u in users]),
-        timestamps=torch.cat([u["uih_timestamp.sequence"] for u in users]),
-        actions=torch.cat([u["uih_action.sequence"] for u in users]),
-        contextual=(
-            None
-            if users[0]["contextual"] is None
-            else torch.stack([u["contextual"] for u in users])
-        ),
-        query_time=torch.stack([u["query_time"] for u in users]),
-    )
 
 
 def _retrieval_histories(lengths):
@@ -96,7 +82,7 @@ def test_static_cache_has_the_layout_of_a_real_cache(dtype, timed):
         for u in users:
             u["contextual"] = None
     session = ServingSession(model)
-    session.open(["a", "b"], _ranking_histories(users))
+    session.open(["a", "b"], ranking_histories(users))
     real = session._assemble(["a", "b"], session._users.states("users", ["a", "b"]))
     fake, lengths_host = static_cache(session.server, 4, 16, torch.device("cpu"))
     assert len(fake.keys) == len(real.keys) and len(fake.values) == len(real.values)
@@ -119,7 +105,7 @@ def test_padded_score_step_run_eagerly_equals_score(batch):
     users = [ranking_user(n, 1) for n in (5, 2, 9)[:batch]]
     session = ServingSession(model)
     ids = [f"u{i}" for i in range(batch)]
-    session.open(ids, _ranking_histories(users))
+    session.open(ids, ranking_histories(users))
     cache = session._assemble(ids, session._users.states("users", ids))
     cands = Candidates.from_lists([[1, 2, 3], [4], [5, 6]][:batch])
     lengths = cands.lengths
@@ -424,7 +410,7 @@ def test_gpu_recommend_graphs_equal_eager(dtype):
 def test_gpu_warm_up_captures_before_the_first_request():
     model = ranking_model(device="cuda")
     users = [ranking_user(5, 3), ranking_user(9, 2), ranking_user(2, 4)]
-    h = _ranking_histories(users)
+    h = ranking_histories(users)
     cands = Candidates.from_lists([[1, 2, 3], [4, 5], [6, 7, 8, 9]])
     eager = ServingSession(model, cuda_graphs="off")
     session = ServingSession(

@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 import torch
-from _models import ranking_model, ranking_user
+from _models import ranking_histories, ranking_model, ranking_user
 from torch.overrides import TorchFunctionMode
 
 import tzrec_ops.ops.host_copies as host_copies
@@ -64,24 +64,13 @@ class _Calls(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _histories(users):
-    return Histories(
-        item_ids=torch.cat([u["uih.item_id"] for u in users]),
-        lengths=torch.tensor([u["uih.item_id"].numel() for u in users]),
-        timestamps=torch.cat([u["uih_timestamp.sequence"] for u in users]),
-        actions=torch.cat([u["uih_action.sequence"] for u in users]),
-        contextual=torch.stack([u["contextual"] for u in users]),
-        query_time=torch.stack([u["query_time"] for u in users]),
-    )
-
-
 def _sessions(monkeypatch, lengths):
     """(a session serving through emulated graphs, an eager copy, the users' ids)."""
     monkeypatch.setattr(GraphSet, "_capture", _eager_capture)
     torch.manual_seed(1)
     session = ServingSession(ranking_model())
     ids = [f"u{i}" for i in range(len(lengths))]
-    session.open(ids, _histories([ranking_user(n, 1) for n in lengths]))
+    session.open(ids, ranking_histories([ranking_user(n, 1) for n in lengths]))
     eager = copy.deepcopy(session)
     server = session.server
     assert isinstance(server, RankingServer)

@@ -17,7 +17,14 @@ import copy
 
 import pytest
 import torch
-from _models import NUM_ITEMS, history_user, ranking_model, ranking_user, retrieval_model
+from _models import (
+    NUM_ITEMS,
+    history_user,
+    ranking_histories,
+    ranking_model,
+    ranking_user,
+    retrieval_model,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -224,17 +231,6 @@ def test_from_checkpoint_round_trip(tmp_path):
 # -- ranking --------------------------------------------------------------------------------
 
 
-def _ranking_histories(users):
-    return Histories(
-        item_ids=torch.cat([u["uih.item_id"] for u in users]),
-        lengths=torch.tensor([u["uih.item_id"].numel() for u in users]),
-        timestamps=torch.cat([u["uih_timestamp.sequence"] for u in users]),
-        actions=torch.cat([u["uih_action.sequence"] for u in users]),
-        contextual=torch.stack([u["contextual"] for u in users]),
-        query_time=torch.stack([u["query_time"] for u in users]),
-    )
-
-
 def _forward_probs(model, users):
     batch = {
         "uih.item_id": torch.cat([u["uih.item_id"] for u in users]),
@@ -263,10 +259,10 @@ def test_score_equals_the_full_forward():
         torch.tensor([3, 1, 4]),
         torch.cat([u["candidate_timestamp.sequence"] for u in users]),
     )
-    got = session.score(_ranking_histories(users), cands)
+    got = session.score(ranking_histories(users), cands)
     assert got.shape == (8, 2)
     assert_close(got, want.double(), torch.float32, name="stateless")
-    session.open([10, 11, 12], _ranking_histories(users))
+    session.open([10, 11, 12], ranking_histories(users))
     assert_close(session.score([10, 11, 12], cands), want.double(), torch.float32, name="opened")
     # the candidates shown at the query time by default, [B, T] in, [B, T, K] out
     dense = torch.randint(0, NUM_ITEMS, (2, 3))
@@ -392,7 +388,7 @@ def test_bad_inputs_name_the_argument_and_row():
         with pytest.raises(error, match=match):
             call()
     users = [ranking_user(3, 2), ranking_user(2, 1)]
-    h = _ranking_histories(users)
+    h = ranking_histories(users)
     with pytest.raises(ValueError, match="candidates are for 1 users but users has 2"):
         ranking.score(h, [[1]])
     with pytest.raises(ValueError, match=r"candidates of user 1: 5, more than the model's"):
@@ -421,7 +417,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs nee
 def test_graph_replay_equals_eager_and_is_reused(dtype):
     model = ranking_model(device="cuda").to(dtype)
     users = [ranking_user(5, 3), ranking_user(9, 2), ranking_user(2, 4)]
-    h = _ranking_histories(users)
+    h = ranking_histories(users)
     cands = Candidates.from_lists([[1, 2, 3], [4, 5], [6, 7, 8, 9]])
     eager = ServingSession(model, cuda_graphs="off")
     graphs = ServingSession(
@@ -453,7 +449,7 @@ def test_graph_replay_equals_eager_and_is_reused(dtype):
 def test_graphs_fall_back_to_eager_outside_the_buckets():
     model = ranking_model(device="cuda")
     users = [ranking_user(5, 3) for _ in range(3)]
-    h = _ranking_histories(users)
+    h = ranking_histories(users)
     cands = Candidates.from_lists([[1, 2, 3]] * 3)
     session = ServingSession(
         model, batch_buckets=(2,), length_buckets=(32,), candidate_buckets=(4,)
