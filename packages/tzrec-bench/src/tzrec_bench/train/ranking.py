@@ -38,6 +38,7 @@ from tzrec_bench.train.task import (
     eval_rows,
     eval_shard,
     held_out_users,
+    staged,
 )
 from tzrec_bench.train.tasks import RANKING_TASKS
 from tzrec_gr.features import (
@@ -49,7 +50,6 @@ from tzrec_gr.features import (
     UIH_LENGTHS,
     UIH_TIMESTAMPS,
 )
-from tzrec_ops.jagged import to_device
 
 TASK_BITS = {"click": Action.CLICK, "like": Action.LIKE, "long_view": Action.LONG_VIEW}
 
@@ -161,16 +161,16 @@ class RankingTask:
         device = self.ctx.device
         hist = segment_index(history_starts, history_lengths)
 
-        def put(values: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(values).to(device, non_blocking=True)
+        def put(values: np.ndarray, index: bool = False) -> torch.Tensor:
+            return staged(torch.from_numpy(values), device, index)
 
         features = {
             UIH_ITEM_ID: put(history_ds.item_ids[hist]),
-            UIH_LENGTHS: to_device(torch.from_numpy(history_lengths), device),
+            UIH_LENGTHS: put(history_lengths, index=True),
             UIH_ACTIONS: put(history_ds.actions[hist]),
             UIH_TIMESTAMPS: put(history_ds.timestamps[hist]),
             CANDIDATE_ITEM_ID: put(candidate_ds.item_ids[candidate_index]),
-            CANDIDATE_LENGTHS: to_device(torch.from_numpy(candidate_lengths), device),
+            CANDIDATE_LENGTHS: put(candidate_lengths, index=True),
             CANDIDATE_TIMESTAMPS: put(candidate_ds.timestamps[candidate_index]),
         }
         return {"features": features, "labels": put(candidate_ds.actions[candidate_index])}

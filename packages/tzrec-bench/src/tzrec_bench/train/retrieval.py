@@ -34,6 +34,7 @@ from tzrec_bench.train.task import (
     eval_rows,
     eval_shard,
     held_out_users,
+    staged,
 )
 from tzrec_bench.train.tasks import RETRIEVAL_KS
 from tzrec_ops.jagged import to_device
@@ -117,6 +118,7 @@ class RetrievalTask:
         self.dataset = dataset
         self.split = leave_one_out(dataset)
         self._negatives: Dict[str, np.ndarray] = {}  # per split: drawn once, reused
+        self._every_item: Optional[torch.Tensor] = None
         lengths = self.split.train.lengths
         self.train_rows = np.flatnonzero(lengths >= 2)  # one event has no next item
         self._kept = np.minimum(lengths, config.max_seq_len)
@@ -140,18 +142,25 @@ class RetrievalTask:
                 item_ids, lengths, timestamps, *padded, self.config.max_seq_len
             )
         device = self.ctx.device
-        negatives = step_negatives(
-            self.config.seed, step, self.num_items, self.config.num_negatives
-        )
         batch = {
-            "item_ids": item_ids.to(device, non_blocking=True),
-            "lengths": to_device(lengths, device),
-            "timestamps": timestamps.to(device, non_blocking=True),
-            "negatives": negatives.to(device, non_blocking=True),
+            "item_ids": staged(item_ids, device),
+            "lengths": staged(lengths, device, index=True),
+            "timestamps": staged(timestamps, device),
+            "negatives": self._step_negatives(step),
         }
         if mask is not None:
-            batch["loss_mask"] = mask.to(device, non_blocking=True)
+            batch["loss_mask"] = staged(mask, device)
         return batch
+
+    def _step_negatives(self, step: int) -> torch.Tensor:
+        """:func:`step_negatives` on the device; the full softmax's (every item, each step)
+        moved once."""
+        if self.config.num_negatives < self.num_items:
+            return staged(step_negatives(self.config.seed, step, self.num_items,
+                                         self.config.num_negatives), self.ctx.device)
+        if self._every_item is None:
+            self._every_item = torch.arange(self.num_items, device=self.ctx.device)
+        return self._every_item
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         # Every batch is given the same max_seq_len, not its own longest history: HSTU's

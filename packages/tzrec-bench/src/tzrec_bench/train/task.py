@@ -16,6 +16,7 @@ from torch import nn
 
 from tzrec_bench.train.config import TrainConfig
 from tzrec_bench.train.distributed import DistContext, shard
+from tzrec_ops.jagged import to_device
 
 Batch = Dict[str, Any]
 
@@ -52,6 +53,16 @@ class Task(Protocol):
 
     def describe(self) -> str:
         """One line about the data, for the run's header."""
+
+
+def staged(t: torch.Tensor, device: torch.device, index: bool = False) -> torch.Tensor:
+    """``t`` (on the CPU) on ``device``, without the host waiting for the device: on CUDA
+    through pinned memory, since a copy from pageable memory first waits for every kernel
+    already queued, and the next batch could not be built while the last step runs. An
+    ``index`` tensor (lengths, offsets) keeps its host copy for the model's checks."""
+    if device.type == "cuda" and not t.is_pinned():
+        t = t.pin_memory()
+    return to_device(t, device) if index else t.to(device, non_blocking=True)
 
 
 def amp_dtype(config: TrainConfig, device: torch.device) -> Optional[torch.dtype]:
