@@ -25,7 +25,7 @@ import tzrec_ops.ops.host_copies as host_copies
 from tzrec_gr.serving import Candidates, Histories, ServingSession
 from tzrec_gr.serving._encode_graphs import EncodeGraphs
 from tzrec_gr.serving._graphs import GraphSet
-from tzrec_gr.serving._host import staging_zeros, to_device_together
+from tzrec_gr.serving._host import to_device_together
 from tzrec_gr.serving._score_graphs import ScoreGraphs
 from tzrec_gr.serving.ranking import RankingServer
 from tzrec_ops.testing.tolerances import assert_close
@@ -190,21 +190,3 @@ def test_request_checks_name_the_user_and_position_and_allow_a_step_back_between
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
             call()
-
-
-@pytest.mark.gpu
-def test_on_cuda_index_tensors_are_queued_without_waiting_for_the_busy_stream():
-    """From pinned memory: a copy from pageable memory would first wait for every kernel
-    already queued (about a second of them here)."""
-    cuda = torch.device("cuda")
-    parts = [[3], [0, 3], [5, 1, 2]]
-    to_device_together(parts, cuda)  # the first pinned block is allocated (synchronizing)
-    torch.cuda.synchronize()
-    torch.cuda._sleep(2_000_000_000)
-    moved = to_device_together(parts, cuda)
-    staged = staging_zeros((4,), cuda)
-    staged[1] = 7
-    on_device = staged.to(cuda, non_blocking=True)
-    assert not torch.cuda.current_stream().query(), "a copy waited for the GPU"
-    assert [t.tolist() for t in moved] == parts
-    assert on_device.tolist() == [0, 7, 0, 0]

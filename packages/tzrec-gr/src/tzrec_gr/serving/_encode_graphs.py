@@ -29,7 +29,7 @@ import torch
 
 from tzrec_gr.features import UIH_ACTIONS, UIH_ITEM_ID, UIH_LENGTHS, UIH_TIMESTAMPS
 from tzrec_gr.serving._graphs import Bucket, Entry, GraphPool, GraphSet, fit, product
-from tzrec_gr.serving._host import copied, offsets_of, staging_zeros, to_device_together
+from tzrec_gr.serving._host import copied, offsets_of, to_device_together
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.stu import ServingCache
 from tzrec_ops.jagged import remember_host_copy
@@ -161,7 +161,7 @@ class EncodeGraphs(GraphSet):
         users = self.users(entry.bucket)
         batch, total = len(lengths), item_ids.shape[0]
         padded = padded_lengths(lengths, users, nb, self.server.max_events)
-        host = staging_zeros((3 * nb + 2 * users,), entry.packed.device)
+        host = torch.zeros(3 * nb + 2 * users, dtype=torch.int64)
         host[:total] = item_ids
         host[nb : nb + total] = timestamps
         if actions is not None:

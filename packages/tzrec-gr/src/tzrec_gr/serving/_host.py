@@ -1,8 +1,6 @@
 """Host-side helpers of the serving hot path: index tensors built on the host and moved to
-the device in one transfer (their host copies known, so nothing reads them back; from
-pinned memory on CUDA, where a copy from pageable memory first waits for every kernel
-already queued), joins that do not copy a single part, and copies of many tensors in one
-launch."""
+the device in one transfer (their host copies known, so nothing reads them back), joins
+that do not copy a single part, and copies of many tensors in one launch."""
 
 from __future__ import annotations
 
@@ -18,15 +16,8 @@ __all__ = [
     "host_offsets",
     "joined_rows",
     "offsets_of",
-    "staging_zeros",
     "to_device_together",
 ]
-
-
-def staging_zeros(size: Sequence[int], device: torch.device) -> torch.Tensor:
-    """A zero int64 CPU tensor of ``size`` to fill and copy to ``device``: pinned for CUDA,
-    so that the copy is queued without the host waiting for the device."""
-    return torch.zeros(size, dtype=torch.int64, pin_memory=device.type == "cuda")
 
 
 def copied(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
@@ -57,7 +48,7 @@ def to_device_together(parts: Sequence[List[int]], device: torch.device) -> List
     for values in parts:
         starts.append(len(flat))
         flat += values + [0] * (len(values) % 2)
-    host = torch.tensor(flat, dtype=torch.int64, pin_memory=device.type == "cuda")
+    host = torch.tensor(flat, dtype=torch.int64)
     moved = host.to(device, non_blocking=True)
     return [
         remember_host_copy(moved[a : a + len(v)], host[a : a + len(v)])

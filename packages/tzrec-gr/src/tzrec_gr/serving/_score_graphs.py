@@ -31,7 +31,7 @@ import torch
 
 from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
 from tzrec_gr.serving._graphs import Bucket, Entry, GraphPool, GraphSet, fit, fit_sizes, product
-from tzrec_gr.serving._host import joined_rows, staging_zeros
+from tzrec_gr.serving._host import joined_rows
 from tzrec_gr.stu import ServingCache
 from tzrec_ops.jagged import host_copy, remember_host_copy
 
@@ -238,8 +238,7 @@ class ScoreGraphs(GraphSet):
             [src[a : a + n] for a, n in zip(starts, rows) for src, _ in pairs],
         )
         entry.written = written
-        padded = torch.tensor(rows + rows[:1] * (bb - batch), dtype=torch.int64,
-                              pin_memory=static.lengths.device.type == "cuda")
+        padded = torch.tensor(rows + rows[:1] * (bb - batch), dtype=torch.int64)
         static.lengths.copy_(padded, non_blocking=True)
         entry.lengths_host = padded
         pairs = ((cache.query_time, static.query_time), (cache.contextual, static.contextual))
@@ -270,7 +269,7 @@ class ScoreGraphs(GraphSet):
             slots_host = padded_rows(list(key), tb)
             slots = slots_host.to(entry.candidates.device, non_blocking=True)
             entry.slots = (key, slots_host, slots)
-        host = staging_zeros(entry.candidates.shape, entry.candidates.device)
+        host = torch.zeros(entry.candidates.shape, dtype=torch.int64)
         if entry.cache.query_time is not None:
             batch = lengths.shape[0]
             times = torch.cat([query_time, query_time[:1].expand(bb - batch)])
