@@ -98,6 +98,19 @@ def test_loss_matches_a_direct_float64_sampled_softmax():
     torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_full_softmax_is_the_loss_over_every_item_float64():
+    """num_negatives at least the catalogue and no negatives given: the loss over the whole
+    table, value and gradients as with explicit negatives listing every item."""
+    runs = []
+    for negatives in (None, torch.arange(NUM_ITEMS)):
+        model = _model(num_negatives=NUM_ITEMS, dropout_ratio=0.0).double()
+        loss = model.loss(*_batch([4, 1, 3]), MAX_LEN, negatives=negatives)
+        loss.backward()
+        runs.append([loss.detach()] + [p.grad for p in model.parameters()])
+    for got, want in zip(*runs):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
 def test_loss_is_zero_without_next_items():
     model = _model()
     ids, lengths, ts = _batch([1, 0, 1])

@@ -134,8 +134,6 @@ def test_a_nan_loss_stops_the_run_naming_its_step(tmp_path, monkeypatch):
 
 
 def test_negatives_are_the_whole_catalogue_from_its_size_on(tmp_path):
-    for count in (50, 51, 10_000):
-        assert torch.equal(step_negatives(3, 7, 50, count), torch.arange(50))
     drawn = step_negatives(3, 7, 50, 49)
     assert drawn.shape == (49,) and drawn.dtype == torch.int64
     assert 0 <= int(drawn.min()) and int(drawn.max()) < 50
@@ -151,7 +149,7 @@ def test_negatives_are_the_whole_catalogue_from_its_size_on(tmp_path):
     task = make_task(config, load_data(config, ctx), ctx)
     batch = task.batch(task.train_rows[:4], step=2)
     assert task.num_items < 500
-    assert torch.equal(batch["negatives"], torch.arange(task.num_items))
+    assert "negatives" not in batch  # the model's full softmax, over its whole table
     losses = [r["loss"] for r in train(config).history["train"]]
     assert len(losses) == 3 and all(map(math.isfinite, losses))
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from tzrec_gr.losses import multitask_bce_loss, next_item_targets, sampled_softmax_loss
+from tzrec_gr.losses import (
+    full_softmax_loss,
+    multitask_bce_loss,
+    next_item_targets,
+    sampled_softmax_loss,
+)
 
 
 def test_next_item_targets():
@@ -38,6 +43,32 @@ def test_sampled_softmax_loss_is_zero_without_next_items():
         user, ids, torch.tensor([1, 0, 1]), lambda i: torch.ones(*i.shape, 4), ids, 0.05
     )
     assert loss.item() == 0.0
+
+
+def test_full_softmax_loss_is_the_sampled_loss_over_every_item_float64():
+    """Value and gradients, with and without a loss mask, in float64."""
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 12, (7,), generator=gen)
+    lengths = torch.tensor([3, 1, 0, 3])
+    for loss_mask in (None, torch.tensor([True, True, True, True, False, True, True])):
+        results = []
+        for full in (True, False):
+            torch.manual_seed(0)
+            table = torch.randn(12, 4, dtype=torch.float64, requires_grad=True)
+            user = torch.randn(7, 4, dtype=torch.float64, requires_grad=True)
+            if full:
+                loss = full_softmax_loss(user, ids, lengths, table, 0.1, loss_mask)
+            else:
+                loss = sampled_softmax_loss(
+                    user, ids, lengths, table.__getitem__, torch.arange(12), 0.1, loss_mask
+                )
+            loss.backward()
+            results.append((loss.detach(), user.grad, table.grad))
+        for got, want in zip(*results):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    empty = full_softmax_loss(torch.randn(2, 4), ids[:2], torch.tensor([1, 0, 1]),
+                              torch.randn(12, 4), 0.05)
+    assert empty.item() == 0.0
 
 
 def test_multitask_bce_loss_matches_per_task_means():

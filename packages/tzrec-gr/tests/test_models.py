@@ -150,6 +150,19 @@ def test_retrieval_negatives_are_checked():
         model.loss(*_retrieval_inputs(), negatives=torch.tensor([3, 41]))
 
 
+def test_retrieval_full_softmax_is_the_loss_over_every_item_float64():
+    """With num_negatives at least the catalogue and no negatives given, the loss is the
+    full softmax over the whole table, as explicit negatives listing every item give it."""
+    runs = []
+    for negatives in (None, torch.arange(NUM_ITEMS)):
+        model = retrieval_model(num_negatives=NUM_ITEMS).double()
+        loss = model.loss(*_retrieval_inputs(), negatives=negatives)
+        loss.backward()
+        runs.append([loss.detach()] + [p.grad for p in model.parameters()])
+    for got, want in zip(*runs):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
 def _ranking_inputs():
     return ranking_batch([ranking_user(3, 2), ranking_user(2, 1)])
 

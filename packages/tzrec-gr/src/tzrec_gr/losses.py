@@ -6,6 +6,8 @@ N = negatives, L_t = total candidates, K = tasks.
 - :func:`sampled_softmax_loss`: next-item retrieval (``HSTURetrieval.loss``); a baseline
   trained with it is compared with HSTU under the same objective. Negatives that cover the
   whole catalogue make it the full softmax.
+- :func:`full_softmax_loss`: the same loss with every item as a negative, computed as one
+  log-softmax over the catalogue (what the models use when N is at least the catalogue).
 - :func:`multitask_bce_loss`: multi-task ranking on label bitmasks (``HSTURanking.loss``).
 """
 
@@ -18,7 +20,12 @@ from torch.nn import functional as F
 
 from tzrec_ops.jagged import offsets_from_lengths, row_positions
 
-__all__ = ["multitask_bce_loss", "next_item_targets", "sampled_softmax_loss"]
+__all__ = [
+    "full_softmax_loss",
+    "multitask_bce_loss",
+    "next_item_targets",
+    "sampled_softmax_loss",
+]
 
 
 def next_item_targets(
@@ -59,7 +66,7 @@ def sampled_softmax_loss(
 
     A negative equal to t is an accidental positive and is left out of p's sum (so
     negatives listing every item give the full softmax). With L2-normalized embeddings the
-    dot products are cosines. Logits are reduced in float32.
+    dot products are cosines. Logits are reduced in float32 (float64 ones in float64).
 
     Args:
         user (torch.Tensor): [L, E] user embedding after each history token.
@@ -81,8 +88,57 @@ def sampled_softmax_loss(
     neg_logit = neg_logit.masked_fill(
         negatives.unsqueeze(0) == next_ids.unsqueeze(1), float("-inf")
     )
-    logits = torch.cat([pos_logit.unsqueeze(1), neg_logit], dim=1).float()
+    logits = torch.cat([pos_logit.unsqueeze(1), neg_logit], dim=1)
+    logits = logits.to(_reduced_in(logits.dtype))
     per_token = torch.logsumexp(logits, dim=1) - logits[:, 0]
+    return _mean_over_targets(per_token, has_next, loss_mask)
+
+
+def full_softmax_loss(
+    user: torch.Tensor,
+    item_ids: torch.Tensor,
+    lengths: torch.Tensor,
+    catalogue: torch.Tensor,
+    temperature: float,
+    loss_mask: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """:func:`sampled_softmax_loss` with every item as a negative (the full softmax):
+    ``loss_p = -log softmax(<u_p, e_i> / T over all items i)[next item of p]``.
+
+    One log-softmax over the catalogue, reduced as :func:`sampled_softmax_loss` reduces
+    (read from the logits' own dtype, as autocast leaves them): the same loss without
+    looking the negatives up or masking the accidental positive, and with fewer passes
+    over the [L, N] logits.
+
+    Args:
+        user (torch.Tensor): [L, E] user embedding after each history token.
+        item_ids (torch.Tensor): [L] jagged item ids the embeddings were computed from.
+        lengths (torch.Tensor): [B] sequence lengths.
+        catalogue (torch.Tensor): [N, E] every item's embedding, row i for item i.
+        temperature (float): T.
+        loss_mask (torch.Tensor | None): [L] bool, the tokens whose terms count; None:
+            every token (see :func:`sampled_softmax_loss`).
+
+    Returns:
+        torch.Tensor: scalar; 0 when no token has a next item.
+    """
+    next_ids, has_next = next_item_targets(item_ids, lengths)
+    logits = (user / temperature) @ catalogue.to(user.dtype).t()
+    log_p = torch.log_softmax(logits, dim=1, dtype=_reduced_in(logits.dtype))
+    per_token = -log_p.gather(1, next_ids.unsqueeze(1)).squeeze(1)
+    return _mean_over_targets(per_token, has_next, loss_mask)
+
+
+def _reduced_in(dtype: torch.dtype) -> torch.dtype:
+    """The dtype logits are reduced in: float32, or float64 for float64 ones."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _mean_over_targets(
+    per_token: torch.Tensor, has_next: torch.Tensor, loss_mask: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """The mean of ``per_token`` over the tokens that have a next item (and that
+    ``loss_mask`` keeps); 0 when there are none."""
     if loss_mask is not None:
         has_next = has_next & loss_mask
     weight = has_next.to(per_token.dtype)

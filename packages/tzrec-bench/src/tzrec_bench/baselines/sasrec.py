@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tzrec_gr.losses import sampled_softmax_loss
+from tzrec_gr.losses import full_softmax_loss, sampled_softmax_loss
 from tzrec_gr.models.registry import ModelRecord, register_model
 from tzrec_ops.jagged import mirror, offsets_from_lengths, row_positions
 
@@ -166,6 +166,11 @@ class SASRec(nn.Module):
         """[...] ids -> [..., E] L2-normalized item embeddings."""
         return F.normalize(self.item_embeddings(item_ids), dim=-1, eps=1e-6)
 
+    def catalogue_embedding(self) -> torch.Tensor:
+        """[N, E] every item's L2-normalized embedding, row i for item i (the table read
+        whole: its gradient then needs no scatter)."""
+        return F.normalize(self.item_embeddings.weight, dim=-1, eps=1e-6)
+
     def _padded_index(
         self,
         item_ids: torch.Tensor,
@@ -231,7 +236,8 @@ class SASRec(nn.Module):
 
         Args:
             negatives (torch.Tensor | None): [N] negative ids; None draws ``num_negatives``
-                uniformly from the catalogue.
+                uniformly from the catalogue, or with ``num_negatives`` at least the
+                catalogue takes every item (:func:`tzrec_gr.losses.full_softmax_loss`).
             loss_mask (torch.Tensor | None): [L] bool, the tokens whose terms count (a
                 padded batch's real ones); None: every token.
 
@@ -239,6 +245,10 @@ class SASRec(nn.Module):
             torch.Tensor: scalar.
         """
         user = self.forward(item_ids, lengths, timestamps, max_seq_len)
+        if negatives is None and self.num_negatives >= self.num_items:
+            return full_softmax_loss(
+                user, item_ids, lengths, self.catalogue_embedding(), self.temperature, loss_mask
+            )
         if negatives is None:
             negatives = torch.randint(
                 0, self.num_items, (self.num_negatives,), device=item_ids.device

@@ -41,10 +41,9 @@ from tzrec_ops.jagged import to_device
 
 
 def step_negatives(seed: int, step: int, num_items: int, count: int) -> torch.Tensor:
-    """The negatives of ``step``, the same for every rank: ``count`` item ids drawn uniformly,
-    or every item (the full softmax) when ``count`` is at least the catalogue size."""
-    if count >= num_items:
-        return torch.arange(num_items, dtype=torch.int64)
+    """The negatives of ``step``, the same for every rank: ``count`` item ids drawn uniformly
+    (fewer than the catalogue; at least as many is the full softmax, which the models take
+    over their whole table)."""
     rng = np.random.default_rng([seed, step])
     return torch.from_numpy(rng.integers(0, num_items, size=count, dtype=np.int64))
 
@@ -118,7 +117,6 @@ class RetrievalTask:
         self.dataset = dataset
         self.split = leave_one_out(dataset)
         self._negatives: Dict[str, np.ndarray] = {}  # per split: drawn once, reused
-        self._every_item: Optional[torch.Tensor] = None
         lengths = self.split.train.lengths
         self.train_rows = np.flatnonzero(lengths >= 2)  # one event has no next item
         self._kept = np.minimum(lengths, config.max_seq_len)
@@ -146,21 +144,21 @@ class RetrievalTask:
             "item_ids": staged(item_ids, device),
             "lengths": staged(lengths, device, index=True),
             "timestamps": staged(timestamps, device),
-            "negatives": self._step_negatives(step),
         }
+        negatives = self._step_negatives(step)
+        if negatives is not None:
+            batch["negatives"] = negatives
         if mask is not None:
             batch["loss_mask"] = staged(mask, device)
         return batch
 
-    def _step_negatives(self, step: int) -> torch.Tensor:
-        """:func:`step_negatives` on the device; the full softmax's (every item, each step)
-        moved once."""
-        if self.config.num_negatives < self.num_items:
-            return staged(step_negatives(self.config.seed, step, self.num_items,
-                                         self.config.num_negatives), self.ctx.device)
-        if self._every_item is None:
-            self._every_item = torch.arange(self.num_items, device=self.ctx.device)
-        return self._every_item
+    def _step_negatives(self, step: int) -> Optional[torch.Tensor]:
+        """:func:`step_negatives` on the device; None for the full softmax, which the
+        models compute over their whole table (:func:`tzrec_gr.losses.full_softmax_loss`)."""
+        if self.config.num_negatives >= self.num_items:
+            return None
+        return staged(step_negatives(self.config.seed, step, self.num_items,
+                                     self.config.num_negatives), self.ctx.device)
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         # Every batch is given the same max_seq_len, not its own longest history: HSTU's
@@ -169,7 +167,7 @@ class RetrievalTask:
         mask = batch.get("loss_mask")
         return model.loss(
             batch["item_ids"], batch["lengths"], batch["timestamps"], self.config.max_seq_len,
-            negatives=batch["negatives"], **({} if mask is None else {"loss_mask": mask}),
+            negatives=batch.get("negatives"), **({} if mask is None else {"loss_mask": mask}),
         )
 
     @torch.no_grad()

@@ -19,7 +19,7 @@ from tzrec_gr.features import (
     UIH_TIMESTAMPS,
 )
 from tzrec_gr.hstu_transducer import HSTUTransducer
-from tzrec_gr.losses import sampled_softmax_loss
+from tzrec_gr.losses import full_softmax_loss, sampled_softmax_loss
 from tzrec_gr.models.inputs import (
     check_bound,
     check_int_tensor,
@@ -175,8 +175,15 @@ class HSTURetrieval(nn.Module):
 
     def item_embedding(self, item_ids: torch.Tensor) -> torch.Tensor:
         """[...] ids -> [..., E] L2-normalized item embeddings."""
-        emb = self.item_embeddings(item_ids)
-        return emb / torch.linalg.vector_norm(emb, dim=-1, keepdim=True).clamp(min=1e-6)
+        return _unit_rows(self.item_embeddings(item_ids))
+
+    def catalogue_embedding(self) -> torch.Tensor:
+        """[N, E] every item's L2-normalized embedding, row i for item i. A plain table is
+        read whole (its gradient then needs no scatter); another is looked up."""
+        table = self.item_embeddings
+        if isinstance(table, nn.Embedding):
+            return _unit_rows(table.weight)
+        return self.item_embedding(torch.arange(self.num_items, device=table.weight.device))
 
     def check_history(
         self,
@@ -255,7 +262,9 @@ class HSTURetrieval(nn.Module):
         (:func:`tzrec_gr.losses.sampled_softmax_loss`).
 
         Args:
-            negatives (torch.Tensor | None): [N] negative ids; None draws N uniformly.
+            negatives (torch.Tensor | None): [N] negative ids; None draws N uniformly, or
+                with N at least the catalogue takes every item (the full softmax, as
+                :func:`tzrec_gr.losses.full_softmax_loss`).
             loss_mask (torch.Tensor | None): [L] bool, the tokens whose terms count (a
                 padded batch's real ones); None: every token.
 
@@ -263,6 +272,10 @@ class HSTURetrieval(nn.Module):
             torch.Tensor: scalar.
         """
         user = self.forward(item_ids, lengths, timestamps, max_seq_len)
+        if negatives is None and self.num_negatives >= self.num_items:
+            return full_softmax_loss(
+                user, item_ids, lengths, self.catalogue_embedding(), self.temperature, loss_mask
+            )
         if negatives is None:
             negatives = torch.randint(
                 0, self.num_items, (self.num_negatives,), device=item_ids.device
@@ -303,3 +316,8 @@ register_model(
         description="causal HSTU over item histories, trained with a sampled softmax",
     )
 )
+
+
+def _unit_rows(rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` [..., E] scaled to unit L2 norm (a zero row stays zero)."""
+    return rows / torch.linalg.vector_norm(rows, dim=-1, keepdim=True).clamp(min=1e-6)
