@@ -130,11 +130,12 @@ def test_cuda_graphs_auto_is_off_on_the_cpu_and_on_is_refused_naming_the_option(
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("model", ["hstu-retrieval", "sasrec"])
-def test_on_cuda_the_captured_step_gives_the_eager_losses(tmp_path, model):
+@pytest.mark.parametrize("negatives", [16, 1000], ids=["sampled", "full-softmax"])
+def test_on_cuda_the_captured_step_gives_the_eager_losses(tmp_path, model, negatives):
     """Eight steps (warm-up schedule, clipping, several buckets): captured in graphs against
     the plain eager step, fp32 (amp off) so only the padded shapes' rounding differs."""
     options = dict(TINY, model=model, max_steps=8, warmup_steps=4, amp="off", batch_size=24,
-                   device="cuda", backend=None)
+                   device="cuda", backend=None, num_negatives=negatives)
     eager = train(TrainConfig(**options, out_dir=str(tmp_path / "eager"), cuda_graphs="off"))
     graphs = train(TrainConfig(**options, out_dir=str(tmp_path / "graphs"), cuda_graphs="on"))
     want = torch.tensor([r["loss"] for r in eager.history["train"]])
