@@ -67,7 +67,9 @@ class Trainer(Run):
     def __init__(self, config: TrainConfig, ctx: DistContext,
                  strategy: Type[Strategy]) -> None:
         super().__init__(config, ctx, strategy.embedding_tables)
-        self.strategy: Strategy = strategy(self.model, self.task, config, ctx, self.files)
+        captured = graphed_step.wanted(config, ctx)
+        self.strategy: Strategy = strategy(self.model, self.task, config, ctx, self.files,
+                                           captured)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.strategy.scheduled, _warmup(config.warmup_steps)
         )
@@ -81,7 +83,7 @@ class Trainer(Run):
         self.eval_every = config.eval_every or self.steps_per_epoch
         self._epoch, self._order = -1, np.empty(0, dtype=np.int64)
         #: the step in CUDA graphs (--cuda-graphs), or None: eager
-        self.captured = CapturedStep(self) if graphed_step.wanted(config, ctx) else None
+        self.captured = CapturedStep(self) if captured else None
         #: the average of the weights (--ema-decay), or None
         self.average = (WeightAverage(self.model, config.ema_decay) if config.ema_decay
                         else None)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tzrec_bench.train import checkpoint, graphed_step
+from tzrec_bench.train import checkpoint
 from tzrec_bench.train.checkpoint import RunFiles
 from tzrec_bench.train.config import ConfigError, TrainConfig
 from tzrec_bench.train.distributed import DistContext, barrier, broadcast_states
@@ -117,18 +117,19 @@ class Replicated(WholeModel):
 
     With ``--compile`` the training step (model and loss, so also their backward) is
     compiled in place before DDP wraps it, as torch advises; the state dict keys stay those
-    of an eager run.
+    of an eager run. A ``captured`` step (the trainer's :func:`graphed_step.wanted`) gets no
+    DDP wrapper under torchrun: it reduces its gradients itself.
     """
 
     def __init__(self, model: nn.Module, task: Task, config: TrainConfig, ctx: DistContext,
-                 files: RunFiles) -> None:
+                 files: RunFiles, captured: bool) -> None:
         super().__init__(model, files)
         step: nn.Module = TrainStep(model, task)
         if config.compile:
             # dynamic=None: the sizes that differ between batches (tokens, candidates)
             # become dynamic at the first recompile
             step.compile(dynamic=None)
-        if ctx.distributed and graphed_step.wanted(config, ctx):
+        if ctx.distributed and captured:
             # the captured step reduces the gradients itself, inside its graphs
             # (graphed_step.GradSync): DDP's hooks would break the capture
             broadcast_states(model, ctx)
@@ -170,7 +171,9 @@ class Sharded:
     embedding_tables: Any = staticmethod(meta_table)
 
     def __init__(self, model: nn.Module, task: Task, config: TrainConfig, ctx: DistContext,
-                 files: RunFiles) -> None:
+                 files: RunFiles, captured: bool) -> None:
+        # ``captured`` is always False here: a sharded step is never captured
+        # (graphed_step.refusal)
         self.config = config
         self.ctx = ctx
         self.files = files

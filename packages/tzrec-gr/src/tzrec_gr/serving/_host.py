@@ -15,6 +15,7 @@ __all__ = [
     "copied",
     "host_offsets",
     "joined_rows",
+    "lengths_of",
     "offsets_of",
     "to_device_together",
 ]
@@ -30,6 +31,11 @@ def copied(tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
 def offsets_of(lengths: Sequence[int]) -> List[int]:
     """The B + 1 offsets of ``lengths``: a leading 0, then the running sum."""
     return [0, *itertools.accumulate(lengths)]
+
+
+def lengths_of(offsets: Sequence[int]) -> List[int]:
+    """The B lengths of B + 1 ``offsets`` (the inverse of :func:`offsets_of`)."""
+    return [z - a for a, z in zip(offsets, offsets[1:])]
 
 
 def host_offsets(lengths: Sequence[int]) -> torch.Tensor:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from tzrec_gr.models.inputs import check_int_tensor
-from tzrec_gr.serving._host import host_offsets
+from tzrec_gr.serving._host import host_offsets, lengths_of
 from tzrec_gr.vocabulary import IdVocabularies, Vocabulary
 from tzrec_ops.jagged import first_true
 
@@ -338,7 +338,7 @@ class Histories:
                 history longer than ``max_events``.
         """
         bounds = self.offsets.tolist()
-        lengths = [z - a for a, z in zip(bounds, bounds[1:])]
+        lengths = lengths_of(bounds)
         b = None if max_events is None else _first_over(lengths, max_events)
         if b is not None:
             raise ValueError(
@@ -491,7 +491,7 @@ class Candidates:
             ValueError: naming ``candidates`` and the user's row.
         """
         bounds = self.offsets.tolist()
-        lengths = [z - a for a, z in zip(bounds, bounds[1:])]
+        lengths = lengths_of(bounds)
         b = _first_over(lengths, max_per_user)
         if b is not None:
             raise ValueError(

@@ -51,6 +51,7 @@ from torch import nn
 from tzrec_gr.checkpoint import load_model
 from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
 from tzrec_gr.serving._graphs import GraphPool, check_buckets, fit
+from tzrec_gr.serving._host import lengths_of
 from tzrec_gr.serving._recommend_graphs import RecommendGraphs
 from tzrec_gr.serving._score_graphs import ScoreGraphs
 from tzrec_gr.serving._session_graphs import build_graphs, graph_stats, warm_up_graphs
@@ -393,8 +394,7 @@ class ServingSession:
             actions=server.needs_actions,
             query_time=server.keeps_query_time,
         )
-        bounds = events.offsets.tolist()
-        lengths = [z - a for a, z in zip(bounds, bounds[1:])]
+        lengths = lengths_of(events.offsets.tolist())
         fits = all(s.item_ids.numel() + n <= bound for s, n in zip(states, lengths))
         if fits and server.extends_incrementally and not any(s.stale for s in states):
             with torch.no_grad():
