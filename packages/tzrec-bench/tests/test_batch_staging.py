@@ -1,8 +1,8 @@
 """Training batches reach the device without the host waiting for it (``staged``): on CUDA
-through pinned memory, since a copy from pageable memory first waits for every queued
-kernel, and the next batch could not be built while the last step runs. The GPU tests keep
-the stream busy (``torch.cuda._sleep``) and check that building a batch, or a whole
-captured step, returns before the stream is done."""
+through pinned memory, since a large copy from pageable memory first waits for every queued
+kernel (a few kilobytes are staged by the driver either way). The GPU tests keep the stream
+busy (``torch.cuda._sleep``) and check that a large staged copy, building a batch, and a
+whole captured step return before the stream is done: the step reads nothing back."""
 
 from __future__ import annotations
 
@@ -47,6 +47,19 @@ def test_staged_on_the_cpu_is_the_tensor_and_an_index_keeps_its_host_copy():
     lengths = torch.tensor([3, 0, 5])
     assert staged(lengths, torch.device("cpu")) is lengths
     assert staged(lengths, torch.device("cpu"), index=True) is lengths
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_large_staged_copy_is_queued_without_waiting():
+    """8 MB, a copy that from pageable memory would first wait for the busy stream."""
+    cuda = torch.device("cuda")
+    values = torch.arange(1 << 20)
+    staged(values, cuda)  # the pinned block is allocated once, then cached
+    torch.cuda.synchronize()
+    torch.cuda._sleep(BUSY_CYCLES)
+    moved = staged(values, cuda)
+    assert not torch.cuda.current_stream().query(), "the copy waited for the GPU"
+    assert torch.equal(moved.cpu(), values)
 
 
 @pytest.mark.gpu
