@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tzrec_gr.losses import (
@@ -69,6 +70,9 @@ def test_full_softmax_loss_is_the_sampled_loss_over_every_item_float64():
     empty = full_softmax_loss(torch.randn(2, 4), ids[:2], torch.tensor([1, 0, 1]),
                               torch.randn(12, 4), 0.05)
     assert empty.item() == 0.0
+    for catalogue in (torch.randn(12, 3), torch.randn(12)):
+        with pytest.raises(ValueError, match=r"catalogue must be \[N, E\] with user's E = 4, got"):
+            full_softmax_loss(torch.randn(2, 4), ids[:2], torch.tensor([2]), catalogue, 0.05)
 
 
 def test_multitask_bce_loss_matches_per_task_means():

@@ -121,7 +121,13 @@ def full_softmax_loss(
 
     Returns:
         torch.Tensor: scalar; 0 when no token has a next item.
+
+    Raises:
+        ValueError: ``catalogue`` is not [N, E] with ``user``'s width E.
     """
+    if catalogue.dim() != 2 or catalogue.shape[1] != user.shape[-1]:
+        raise ValueError(f"catalogue must be [N, E] with user's E = {user.shape[-1]}, got "
+                         f"{tuple(catalogue.shape)}")
     next_ids, has_next = next_item_targets(item_ids, lengths)
     logits = (user / temperature) @ catalogue.to(user.dtype).t()
     log_p = torch.log_softmax(logits, dim=1, dtype=_reduced_in(logits.dtype))
