@@ -38,11 +38,10 @@ catalogue, backward, gradient clipping, AdamW) is recorded once per *bucket* and
   there would pair with another rank's replay. The capture records the all-reduce without
   running it.
 
-Under torchrun ``auto`` captures too: at Amazon Games shapes two H200s took 1.69x the
-tokens/s of one captured GPU, against 0.92x for eager DDP (train-speed, one call). Not
-supported (``--cuda-graphs on`` is then an error naming the reason; ``auto`` steps
-eagerly): a CPU device, ``--sharding torchrec``, a model whose registry record lacks
-``graph_step``.
+Under torchrun ``auto`` captures too (the README's train-speed section has the two-GPU
+figures against eager DDP). Not supported (``--cuda-graphs on`` is then an error naming
+the reason; ``auto`` steps eagerly): a CPU device, ``--sharding torchrec``, a model whose
+registry record lacks ``graph_step``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import torch
 
 from tzrec_gr.features import UIH_ACTIONS, UIH_ITEM_ID, UIH_LENGTHS, UIH_TIMESTAMPS
 from tzrec_gr.serving._graphs import Bucket, Entry, GraphPool, GraphSet, fit, product
-from tzrec_gr.serving._host import copied, offsets_of, to_device_together
+from tzrec_gr.serving._host import copied, lengths_and_offsets
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.stu import ServingCache
 from tzrec_ops.jagged import remember_host_copy
@@ -200,9 +200,8 @@ class EncodeGraphs(GraphSet):
         events; their lengths and offsets built on the host (one transfer)."""
         batch = len(lengths)
         tokens = [self.server.warm_up_length(n) for n in lengths]
-        offsets_host = offsets_of(tokens)
-        rows = offsets_host[-1]
-        cached_lengths, offsets = to_device_together([tokens, offsets_host], self.device)
+        rows = sum(tokens)
+        cached_lengths, offsets = lengths_and_offsets(tokens, self.device)
 
         def head(t: Optional[torch.Tensor], n: int) -> Optional[torch.Tensor]:
             return None if t is None else t[:n].clone()

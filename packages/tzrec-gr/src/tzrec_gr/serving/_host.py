@@ -15,6 +15,7 @@ __all__ = [
     "copied",
     "host_offsets",
     "joined_rows",
+    "lengths_and_offsets",
     "lengths_of",
     "offsets_of",
     "to_device_together",
@@ -60,6 +61,12 @@ def to_device_together(parts: Sequence[List[int]], device: torch.device) -> List
         remember_host_copy(moved[a : a + len(v)], host[a : a + len(v)])
         for a, v in zip(starts, parts)
     ]
+
+
+def lengths_and_offsets(lengths: List[int], device: torch.device) -> List[torch.Tensor]:
+    """``lengths`` [B] and their offsets [B + 1] on ``device``, int64, in one transfer (with
+    :func:`to_device_together`: host copies remembered)."""
+    return to_device_together([lengths, offsets_of(lengths)], device)
 
 
 def joined_rows(parts: Sequence[torch.Tensor]) -> torch.Tensor:

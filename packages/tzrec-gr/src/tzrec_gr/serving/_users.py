@@ -37,7 +37,7 @@ from typing import (
 
 import torch
 
-from tzrec_gr.serving._host import joined_rows, offsets_of, to_device_together
+from tzrec_gr.serving._host import joined_rows, lengths_and_offsets
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.stu import ServingCache
 from tzrec_ops.jagged import host_copy
@@ -369,7 +369,7 @@ class UserStore:
         if any(s.stale for s in states):
             raise RuntimeError("stale users have no encoded rows: encode them first")
         tokens = [s.length for s in states]
-        lengths, offsets = to_device_together([tokens, offsets_of(tokens)], self.device)
+        lengths, offsets = lengths_and_offsets(tokens, self.device)
         layers = len(states[0].keys)
         qt = [s.query_time for s in states]
         ctx = [s.contextual for s in states]
