@@ -72,12 +72,7 @@ def stu_layer(
             attn, (h * v,), p["_output_norm_weight"], p["_output_norm_bias"], 1e-6
         )
     y = torch.cat([u, attn, u * normed_attn], dim=1)
-    out = x + y @ p["_output_weight"]
-    if layer.ffn_dim == 0:
-        return out
-    normed = F.layer_norm(out, (out.shape[1],), p["ffn.norm_weight"], p["ffn.norm_bias"], 1e-6)
-    hidden = F.silu(normed @ p["ffn.in_weight"].T + p["ffn.in_bias"])
-    return out + hidden @ p["ffn.out_weight"].T + p["ffn.out_bias"]
+    return x + y @ p["_output_weight"]
 
 
 def truncate(

@@ -160,9 +160,6 @@ def add_train_parser(subparsers: argparse._SubParsersAction,
     g.add_argument("--no-input-projection", dest="input_projection", action="store_false",
                    help="hstu-retrieval: feed the item embeddings to the first layer as they "
                    "are scored (tied, as SASRec), without the input Linear map")
-    g.add_argument("--ffn-dim", type=COUNT, default=d.ffn_dim, metavar="F",
-                   help="hstu-retrieval: a point-wise feed-forward block of hidden width F "
-                   "after each layer's attention, as SASRec's layers have; 0: none (HSTU's)")
     g.add_argument("--linear-terms", action="store_true",
                    help="hstu-ranking: add linear maps of the user and of the item embedding "
                    "to each candidate's logits, beside the head's MLP of their product")

@@ -88,7 +88,6 @@ class TrainConfig:
     temperature: float = 0.05
     num_candidates: int = 8
     input_projection: bool = True
-    ffn_dim: int = 0
     linear_terms: bool = False
     # optimisation
     batch_size: int = 128
@@ -261,9 +260,6 @@ class TrainConfig:
             raise ConfigError("input_projection", f"{self.model} has no input projection to "
                               "leave out; drop --no-input-projection (input_projection = "
                               "false in a config)")
-        if self.ffn_dim and not get_model(self.model).takes("ffn_dim"):
-            raise ConfigError("ffn_dim", f"{self.model} has no feed-forward block to add; "
-                              "drop --ffn-dim (ffn_dim in a config)")
         if self.linear_terms and not get_model(self.model).takes("linear_terms"):
             raise ConfigError("linear_terms", f"{self.model} has no head to add linear terms "
                               "to; drop --linear-terms (linear_terms = true in a config)")

@@ -77,9 +77,6 @@ class HSTURetrieval(nn.Module):
             ``DistributedModelParallel`` can shard (needs ``tzrec-gr[torchrec]``); or a
             factory that builds the table. The same weights give the same outputs. Keyword
             only. Default: ``"plain"``.
-        ffn_dim (int): a point-wise feed-forward block of this hidden width after each
-            layer's attention (:class:`~tzrec_gr.stu.STULayer`'s ``ffn_dim``); 0: none.
-            Keyword only. Default: 0.
 
     Call Args:
         item_ids (torch.Tensor): [L] integer history item ids.
@@ -121,7 +118,6 @@ class HSTURetrieval(nn.Module):
         validate_inputs: bool = False,
         input_projection: bool = True,
         embedding_tables: Union[str, TableFactory] = "plain",
-        ffn_dim: int = 0,
     ) -> None:
         super().__init__()
         if num_items <= 1:
@@ -157,7 +153,6 @@ class HSTURetrieval(nn.Module):
                 target_aware=False,
                 backend=backend,
                 device=device,
-                ffn_dim=ffn_dim,
             )
             for _ in range(num_layers)
         ]
@@ -307,7 +302,6 @@ def _trainer_kwargs(settings: Any, num_items: int, task_bits: Sequence[int]) -> 
         backend=settings.backend,
         # settings made before the option (a namespace without it) keep the projection
         input_projection=getattr(settings, "input_projection", True),
-        ffn_dim=getattr(settings, "ffn_dim", 0),
     )
 
 

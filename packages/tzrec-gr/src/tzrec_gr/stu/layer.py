@@ -11,7 +11,6 @@ from typing import Optional, Tuple
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from tzrec_gr._backend import BackendArg, resolve_module_backend
 from tzrec_gr.stu.interface import STU, STUOutput
@@ -46,9 +45,7 @@ class STULayer(STU):
 
     ``u, v, q, k = split(LN(x) W_uvqk + b)``, ``u = SiLU(u)``,
     ``attn = HSTU-attention(q, k, v)``,
-    ``out = x + Dropout([u, attn, u * Norm(attn)]) W_out``; with ``ffn_dim`` > 0 a
-    point-wise feed-forward block follows, as in SASRec's and FuXi-alpha's layers:
-    ``out = out + Dropout(Dropout(SiLU(LN(out) W_1 + b_1)) W_2 + b_2)``.
+    ``out = x + Dropout([u, attn, u * Norm(attn)]) W_out``.
 
     Args:
         embedding_dim (int): E, the width of input and output.
@@ -78,8 +75,6 @@ class STULayer(STU):
             ``cached_forward`` warns: its divisor is the cache's bound plus the new tokens).
             Set it for batch-invariant outputs and for cached == full equality; a transducer
             built with ``max_uih_len`` sets it. Default: -1.
-        ffn_dim (int): F, the hidden width of the feed-forward block after the attention;
-            0 leaves it out (HSTU's layer). Default: 0.
         backend (str | Backend | None): ops backend, resolved once here. Default: None (best
             available).
         device (torch.device | None): where to create the parameters. Default: None.
@@ -141,8 +136,6 @@ class STULayer(STU):
         scaling_seqlen: int = -1,
         backend: BackendArg = None,
         device: Optional[torch.device] = None,
-        *,
-        ffn_dim: int = 0,
     ) -> None:
         super().__init__()
         for name, value in (
@@ -153,10 +146,6 @@ class STULayer(STU):
         ):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if isinstance(ffn_dim, bool) or not isinstance(ffn_dim, int) or ffn_dim < 0:
-            raise ValueError(
-                f"ffn_dim must be an int >= 0 (0: no feed-forward block), got {ffn_dim!r}"
-            )
         if not 0.0 <= output_dropout_ratio < 1.0:
             raise ValueError(f"output_dropout_ratio must be in [0, 1), got {output_dropout_ratio}")
         for name, value in (
@@ -190,7 +179,6 @@ class STULayer(STU):
         self.sla_k1 = sla_k1
         self.sla_k2 = sla_k2
         self.scaling_seqlen = scaling_seqlen
-        self.ffn_dim = ffn_dim
         self._backend = resolve_module_backend(backend, _LAYER_OPS)
         if self.uses_sla:
             attn_backend = self._backend
@@ -211,9 +199,6 @@ class STULayer(STU):
         norm_dim = h if use_group_norm else v * h
         self._output_norm_weight = nn.Parameter(torch.ones(norm_dim, **kw))
         self._output_norm_bias = nn.Parameter(torch.zeros(norm_dim, **kw))
-        self.ffn: Optional[nn.Module] = None
-        if ffn_dim > 0:
-            self.ffn = _FeedForward(e, ffn_dim, output_dropout_ratio, device)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -227,8 +212,6 @@ class STULayer(STU):
         nn.init.zeros_(self._input_norm_bias)
         nn.init.ones_(self._output_norm_weight)
         nn.init.zeros_(self._output_norm_bias)
-        if self.ffn is not None:
-            self.ffn.reset_parameters()
 
     @property
     def contextual_seq_len(self) -> int:
@@ -314,7 +297,7 @@ class STULayer(STU):
         x: torch.Tensor,
         params: Tuple[torch.Tensor, ...],
     ) -> torch.Tensor:
-        out = hstu_compute_output(
+        return hstu_compute_output(
             attn=attn,
             u=u,
             x=x,
@@ -331,7 +314,6 @@ class STULayer(STU):
             recompute_y_in_backward=self.recompute_y,
             backend=self._backend,
         )
-        return out if self.ffn is None else self.ffn(out)
 
     def forward(
         self,
@@ -549,42 +531,3 @@ class STULayer(STU):
                 f"num_targets must have shape [B] = [{batch}] (B from x_offsets), "
                 f"got {tuple(num_targets.shape)}"
             )
-
-
-class _FeedForward(nn.Module):
-    """``x + Dropout(Dropout(SiLU(LN(x) W_1 + b_1)) W_2 + b_2)``, per token, in x's dtype.
-
-    Its parameters are float32, cast to the input's dtype like the layer's own."""
-
-    def __init__(
-        self, embedding_dim: int, ffn_dim: int, dropout_ratio: float, device: Optional[torch.device]
-    ) -> None:
-        super().__init__()
-        kw = {"device": device, "dtype": torch.float32}
-        self.norm_weight = nn.Parameter(torch.ones(embedding_dim, **kw))
-        self.norm_bias = nn.Parameter(torch.zeros(embedding_dim, **kw))
-        self.in_weight = nn.Parameter(torch.empty(ffn_dim, embedding_dim, **kw))
-        self.in_bias = nn.Parameter(torch.zeros(ffn_dim, **kw))
-        self.out_weight = nn.Parameter(torch.empty(embedding_dim, ffn_dim, **kw))
-        self.out_bias = nn.Parameter(torch.zeros(embedding_dim, **kw))
-        self.dropout_ratio = dropout_ratio
-
-    def reset_parameters(self) -> None:
-        if self.in_weight.device.type == "meta":
-            return
-        nn.init.ones_(self.norm_weight)
-        nn.init.zeros_(self.norm_bias)
-        nn.init.xavier_uniform_(self.in_weight)
-        nn.init.zeros_(self.in_bias)
-        nn.init.xavier_uniform_(self.out_weight)
-        nn.init.zeros_(self.out_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        d = x.dtype
-        h = F.layer_norm(
-            x, (x.shape[-1],), self.norm_weight.to(d), self.norm_bias.to(d), _NORM_EPS
-        )
-        h = F.silu(F.linear(h, self.in_weight.to(d), self.in_bias.to(d)))
-        h = F.dropout(h, self.dropout_ratio, self.training)
-        h = F.linear(h, self.out_weight.to(d), self.out_bias.to(d))
-        return x + F.dropout(h, self.dropout_ratio, self.training)
