@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import collections
 import contextlib
 import dataclasses
 import functools
 import gc
 import math
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -19,6 +20,7 @@ from tzrec_bench.benchmarks.load_test.model import DTYPES, Served, build_model
 from tzrec_bench.benchmarks.load_test.stalls import StallReport, StallWatch
 from tzrec_bench.benchmarks.load_test.stream import Check, Request, _calls, make_stream
 from tzrec_bench.service.core import freeze_heap
+from tzrec_bench.service.in_flight import InFlight
 from tzrec_gr.features import (
     CANDIDATE_ITEM_ID,
     CANDIDATE_LENGTHS,
@@ -75,8 +77,9 @@ class LoadTestResult:
         unfinished_ms (List[float]): when stopped, how late each due, unanswered request
             already was (lower bounds of their latencies).
         dropped (int): timed requests whose session call raised.
-        call_ms (Dict[str, List[float]]): how long each timed session call took, by
-            :func:`call_class` (where a slow server spends its time).
+        call_ms (Dict[str, List[float]]): how long each timed session call held the host,
+            by :func:`call_class` (where a slow server spends its time); its answers may
+            reach the host later (the loop goes on meanwhile, see :func:`run_load_test`).
         stalls (StallReport | None): the requests slower than ``--stall-ms`` and what
             overlapped them (:mod:`~tzrec_bench.benchmarks.load_test.stalls`); None with
             ``--no-stall-report``.
@@ -182,27 +185,38 @@ def _histories(group: List[Request]) -> Histories:
     )
 
 
+@dataclasses.dataclass
+class _Call:
+    """A session call made, its answers on their way to the host."""
+
+    group: List[Request]
+    began: float
+    flight: InFlight
+    answers: Callable[[List[torch.Tensor]], List[Answer]]
+
+    def settle(self) -> List[Answer]:
+        """Each request's answer (on the host; waits for the device if needed)."""
+        return self.answers(self.flight.wait())
+
+
 def _serve(
     session: ServingSession, kind: str, group: List[Request], k: int, served: Served
-) -> List[Answer]:
-    """One session call for ``group``; returns each request's answer (on the host) or None."""
+) -> Tuple[InFlight, Callable[[List[torch.Tensor]], List[Answer]]]:
+    """One session call for ``group``, without waiting for the device: its results on
+    their way to the host, and how they make each request's answer (None for events)."""
     users = [r.user for r in group]
-    if kind == "open":
-        session.open(users, _histories(group))
-    elif kind == "extend":
-        session.extend(users, _histories(group))
-    elif served.takes_k:
+    if kind in ("open", "extend"):
+        (session.open if kind == "open" else session.extend)(users, _histories(group))
+        return InFlight(device=session.device), lambda _: [None] * len(group)
+    if served.takes_k:
         top = session.recommend(users, k)
-        ids, scores = top.ids.cpu(), top.scores.cpu()
-        return [(ids[b], scores[b]) for b in range(len(group))]
-    else:
-        counts = [r.item_ids.numel() for r in group]
-        lengths = torch.tensor(counts, dtype=torch.int64)
-        probs = session.score(users, Candidates(_joined([r.item_ids for r in group]), lengths))
-        return [(rows,) for rows in probs.cpu().split(counts)]
-    if session.device.type == "cuda":
-        torch.cuda.synchronize(session.device)
-    return [None] * len(group)
+        return InFlight([top.ids, top.scores]), lambda host: [
+            (host[0][b], host[1][b]) for b in range(len(group))
+        ]
+    counts = [r.item_ids.numel() for r in group]
+    lengths = torch.tensor(counts, dtype=torch.int64)
+    probs = session.score(users, Candidates(_joined([r.item_ids for r in group]), lengths))
+    return InFlight([probs]), lambda host: [(rows,) for rows in host[0].split(counts)]
 
 
 def _reference(
@@ -346,7 +360,11 @@ def run_load_test(
 
     Before the clock: the stream's users are opened (``session.open``, up to
     ``args.open_batch`` at a time) and ``args.warmup`` of its requests served. Then its
-    requests are served open-loop, each due at ``start + i / rate``.
+    requests are served open-loop, each due at ``start + i / rate``. The loop does not wait
+    for the device after a call: the call's results are copied to the host behind its work
+    (:class:`~tzrec_bench.service.in_flight.InFlight`) while the loop makes the next
+    calls, and a request is done when the loop, looking between calls (or waiting, when
+    nothing is due), finds its answer on the host.
 
     Args:
         args: parsed and resolved options (:func:`main` resolves them).
@@ -382,10 +400,11 @@ def run_load_test(
     errors: List[str] = []
     dropped = 0
 
-    def serve(kind: str, group: List[Request]) -> Optional[List[Answer]]:
+    def serve(kind: str, group: List[Request]) -> Optional[_Call]:
         nonlocal dropped
+        began = time.perf_counter()
         try:
-            return _serve(session, kind, group, args.k, args.served)
+            return _Call(group, began, *_serve(session, kind, group, args.k, args.served))
         except Exception as exc:  # the server drops these requests and goes on
             errors.append(f"{kind} of users {[r.user for r in group]} (requests "
                           f"{[r.index for r in group]}): {type(exc).__name__}: {exc}")
@@ -393,13 +412,17 @@ def run_load_test(
                 dropped += len(group)
             return None
 
-    open_batch = max(getattr(args, "open_batch", args.max_batch), 1)
-    for i in range(0, len(opens), open_batch):
-        serve("open", opens[i: i + open_batch])
-    for kind, group in _calls(warm, args.max_batch):
-        for req, answer in zip(group, serve(kind, group) or []):
+    def serve_now(kind: str, group: List[Request]) -> None:
+        call = serve(kind, group)
+        for req, answer in zip(group, call.settle() if call is not None else []):
             if req.index in by_index:
                 by_index[req.index].served = answer
+
+    open_batch = max(getattr(args, "open_batch", args.max_batch), 1)
+    for i in range(0, len(opens), open_batch):
+        serve_now("open", opens[i: i + open_batch])
+    for kind, group in _calls(warm, args.max_batch):
+        serve_now(kind, group)
     if log:
         log(f"  {len(opens)} users opened and {len(warm)} requests served; the clock starts "
             f"({len(timed)} requests at {args.rate:g}/s, max batch {args.max_batch})")
@@ -415,8 +438,30 @@ def run_load_test(
         (extended.add if req.kind == "extend" else extended.discard)(req.user)
     call_ms: Dict[str, List[float]] = {}
     windows: List[Tuple[float, float, float]] = []  # (due, call start, done) per request
+    # calls whose answers are on their way to the host, oldest first (the device runs
+    # them in this order); a request is done when its answer is seen on the host, which
+    # the loop looks for between calls, so no latency is counted short
+    in_flight: Deque[_Call] = collections.deque()
     watch = StallWatch(session) if getattr(args, "stall_report", True) else None
     frozen = bool(getattr(args, "gc_freeze", True))
+
+    def settle(wait: bool) -> None:
+        """Answer the calls whose results are on the host (``wait``: every call)."""
+        nonlocal done, served, late
+        while in_flight and (wait or in_flight[0].flight.ready()):
+            call = in_flight.popleft()
+            answers = call.settle()
+            done = time.perf_counter()
+            for req, answer in zip(call.group, answers):
+                due_at = due[req.index - first]
+                latency = done - due_at
+                latencies.append(latency * 1e3)
+                windows.append((due_at, call.began, done))
+                late += latency > bound_s
+                served += 1
+                if req.index in by_index:
+                    by_index[req.index].served = answer
+
     with _gc_frozen(frozen), watch if watch is not None else contextlib.nullcontext():
         start = time.perf_counter()
         due = [start + i / args.rate for i in range(len(timed))]
@@ -425,8 +470,11 @@ def run_load_test(
         while nxt < len(timed):
             now = time.perf_counter()
             if due[nxt] > now:
-                time.sleep(due[nxt] - now)
+                settle(wait=True)  # nothing is due: take every answer first
                 now = time.perf_counter()
+                if due[nxt] > now:
+                    time.sleep(due[nxt] - now)
+                    now = time.perf_counter()
             stop = nxt
             while stop < len(timed) and stop - nxt < args.max_batch and due[stop] <= now:
                 stop += 1
@@ -435,37 +483,32 @@ def run_load_test(
                 users = [r.user for r in group]
                 name = call_class(scoring if kind == "score" else kind, users, extended)
                 if watch is None:
-                    began = time.perf_counter()
-                    answers = serve(kind, group)
-                    done = time.perf_counter()
+                    call = serve(kind, group)
+                    returned = time.perf_counter()
                 else:
-                    answers, began, done = watch.call(name, functools.partial(serve, kind,
-                                                                              group))
-                call_ms.setdefault(name, []).append((done - began) * 1e3)
+                    call, _, returned = watch.call(name, functools.partial(serve, kind, group))
+                if call is not None:
+                    call_ms.setdefault(name, []).append((returned - call.began) * 1e3)
+                    in_flight.append(call)
                 if kind == "extend":
                     extended.update(users)
                 else:
                     extended.difference_update(users)
                 calls += 1
-                if answers is None:
-                    continue
-                for req, answer in zip(group, answers):
-                    due_at = due[req.index - first]
-                    latency = done - due_at
-                    latencies.append(latency * 1e3)
-                    windows.append((due_at, began, done))
-                    late += latency > bound_s
-                    served += 1
-                    if req.index in by_index:
-                        by_index[req.index].served = answer
+                settle(wait=False)
             nxt = stop
             if stop_ms is not None and nxt < len(timed):
                 now = time.perf_counter()
-                if _late(late, due, nxt, now, bound_s) >= allowed:
+                waiting = sum(now - due[r.index - first] > bound_s
+                              for call in in_flight for r in call.group)
+                if _late(late + waiting, due, nxt, now, bound_s) >= allowed:
                     stopped = True
-                    waiting = due[nxt: bisect.bisect_right(due, now)]
-                    unfinished = [(now - d) * 1e3 for d in waiting]
+                    settle(wait=True)
+                    now = time.perf_counter()
+                    waiting_due = due[nxt: bisect.bisect_right(due, now)]
+                    unfinished = [(now - d) * 1e3 for d in waiting_due]
                     break
+        settle(wait=True)
     elapsed = done - start
     stalls = None
     if watch is not None:
