@@ -291,6 +291,10 @@ class ScoreGraphs(GraphSet):
         fill_lengths(entry, min(entry.bucket[1], self.server.model.max_cached_len))
         entry.slots = None
 
+    def load_cache(self, entry: _ScoreEntry, cache: ServingCache) -> None:
+        """Copy ``cache`` into the entry's padded layout (:func:`load_padded_cache`)."""
+        load_padded_cache(entry, cache)
+
     def load_candidates(
         self,
         entry: _ScoreEntry,
@@ -376,7 +380,7 @@ class ScoreGraphs(GraphSet):
         (``strict``: raise instead)."""
         entry = self.entry(bucket)
         assert isinstance(entry, _ScoreEntry)
-        load_padded_cache(entry, cache)
+        self.load_cache(entry, cache)
         slots = self.load_candidates(
             entry, ids.cpu(), lengths, timestamps.cpu(), query_time
         )
