@@ -94,11 +94,10 @@ def build_graphs(
         strict=cuda_graphs == "on",
     )
     graphs = Graphs(step=step, no_graphs=no_graphs if step is None else "")
-    if not encode_graphs:
-        return graphs
-    most = max(batch_buckets) * server.max_events
-    events = event_buckets or powers_of_two_up_to(most, 64)
-    graphs.encode = EncodeGraphs(server, device, pool, batch_buckets, events, max_graphs)
+    if encode_graphs:
+        most = max(batch_buckets) * server.max_events
+        events = event_buckets or powers_of_two_up_to(most, 64)
+        graphs.encode = EncodeGraphs(server, device, pool, batch_buckets, events, max_graphs)
     # a sliding window would count the padded cache's zero rows
     if server.extends_incrementally and windowed_layer(server.model) is None:
         cached = length_buckets or powers_of_two_up_to(

@@ -106,8 +106,8 @@ class ServingSession:
         extend_buckets (Sequence[int] | None): new events per user of an incremental
             ``extend`` per bucket. Default: powers of two up to 16 (at most the model's
             ``max_events``).
-        encode_graphs (bool): capture the whole-history encode and the incremental
-            ``extend`` too (with ``cuda_graphs`` not ``"off"``). Default: True.
+        encode_graphs (bool): capture the whole-history encode too (with ``cuda_graphs``
+            not ``"off"``). Default: True.
         max_graphs (int): the most graphs captured per call (``score`` or ``recommend``,
             the encode and the extend); later buckets run eager. Default: 32.
         chunk_size (int): catalogue items scored at a time by ``recommend``. Default: 65536.
