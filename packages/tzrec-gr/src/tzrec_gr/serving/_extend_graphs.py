@@ -36,7 +36,6 @@ offsets in one transfer: the jagged cache the eager ``extend_histories`` returns
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Any, Dict, List, Optional, Protocol, Sequence
 
 import torch
@@ -49,6 +48,7 @@ from tzrec_gr.serving._score_graphs import (
     fill_lengths,
     load_padded_cache,
     padded_entry_fields,
+    padded_rows,
 )
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.stu import ServingCache
@@ -92,13 +92,12 @@ def kept_rows(cached: List[int], new: List[int], length: int, block: int) -> Lis
     """The rows of every user's extended cache in the step's output, user-major: user b's
     block starts at ``b * block``, its ``cached[b]`` rows first and its ``new[b]`` new
     rows from ``length`` on."""
-    return list(
-        itertools.chain.from_iterable(
-            itertools.chain(range(b * block, b * block + n), range(b * block + length,
-                                                                   b * block + length + e))
-            for b, (n, e) in enumerate(zip(cached, new))
-        )
-    )
+    rows: List[int] = []
+    for b, (n, e) in enumerate(zip(cached, new)):
+        start = b * block
+        rows += range(start, start + n)
+        rows += range(start + length, start + length + e)
+    return rows
 
 
 @dataclasses.dataclass
@@ -231,7 +230,7 @@ class ExtendGraphs(GraphSet):
         segment = bb * eb + bb * eb % 2
         host = torch.zeros(entry.packed.shape, dtype=torch.int64)
         if item_ids.numel():
-            slots = torch.cat([torch.arange(b * eb, b * eb + e) for b, e in enumerate(new)])
+            slots = padded_rows(new, eb)
             host[slots] = item_ids.to(torch.int64)
             if timestamps is not None:
                 host[segment + slots] = timestamps.to(torch.int64)

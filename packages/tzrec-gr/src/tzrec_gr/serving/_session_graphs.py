@@ -105,7 +105,7 @@ def build_graphs(
         )
         new = extend_buckets or powers_of_two_up_to(min(_EXTEND_EVENTS, server.max_events))
         graphs.extend = ExtendGraphs(
-            server, device, pool, batch_buckets, cached, new, max_graphs  # type: ignore[arg-type]
+            server, device, pool, batch_buckets, cached, new, max_graphs
         )
     return graphs
 
