@@ -104,7 +104,7 @@ def kept_rows(cached: List[int], new: List[int], length: int, block: int) -> Lis
 class _ExtendEntry(PaddedEntry):
     packed: Optional[torch.Tensor] = None  # ids, times, actions, real counts: one transfer
     new_lengths: Optional[torch.Tensor] = None  # [Bb] the constant Eb (host copy known)
-    user_embeddings: Optional[torch.Tensor] = None  # [Bb, E] retrieval, else None
+    user_embeddings: Optional[torch.Tensor] = None  # [Bb, E] where the caches keep them
 
 
 class ExtendGraphs(GraphSet):
