@@ -35,7 +35,16 @@ from tzrec_gr.serving._host import joined_rows
 from tzrec_gr.stu import ServingCache
 from tzrec_ops.jagged import host_copy, remember_host_copy
 
-__all__ = ["ScoreGraphs", "ScoringServer", "static_cache"]
+__all__ = [
+    "PaddedEntry",
+    "ScoreGraphs",
+    "ScoringServer",
+    "fill_lengths",
+    "load_padded_cache",
+    "padded_entry_fields",
+    "static_cache",
+    "windowed_layer",
+]
 
 
 class ScoringServer(Protocol):
@@ -116,14 +125,96 @@ def padded_rows(lengths: List[int], width: int) -> torch.Tensor:
     return joined_rows(parts) if parts else torch.zeros(0, dtype=torch.int64)
 
 
+def windowed_layer(model: Any) -> Optional[int]:
+    """The first STU layer of ``model`` with a sliding attention window (``max_attn_len``),
+    or None: the padded layout moves a window (its zero rows count as tokens), so a model
+    with one gets no graphs that read a padded cache."""
+    for i, layer in enumerate(model.transducer.stu.stu_layers):
+        if getattr(layer, "max_attn_len", 0):
+            return i
+    return None
+
+
 @dataclasses.dataclass
-class _ScoreEntry(Entry):
+class PaddedEntry(Entry):
+    """A bucket's entry whose first two dimensions are (Bb, Lb): a :func:`static_cache`."""
+
     cache: Optional[ServingCache] = None  # the static cache (padded layout)
     lengths_host: Optional[torch.Tensor] = None
     written: Optional[List[int]] = None  # [Bb]: cached rows of each user's slot now
+    resident: Optional[weakref.ref] = None  # the cache whose rows the slots hold
+
+
+def padded_entry_fields(
+    server: ScoringServer, bucket: Bucket, device: torch.device
+) -> Dict[str, Any]:
+    """The fields of a new :class:`PaddedEntry` of ``bucket`` (zeros, no user written)."""
+    cache, lengths_host = static_cache(server, bucket[0], bucket[1], device)
+    return {
+        "bucket": bucket,
+        "cache": cache,
+        "lengths_host": lengths_host,
+        "written": [0] * bucket[0],
+        "memory_bytes": sum(t.numel() * t.element_size() for t in cache.keys + cache.values),
+    }
+
+
+def fill_lengths(entry: PaddedEntry, length: int) -> None:
+    """Every user of ``entry``'s cache ``length`` tokens long (synthetic inputs for a
+    capture; the rows are left as they are)."""
+    assert entry.cache is not None
+    full = torch.full((entry.bucket[0],), length, dtype=torch.int64)
+    entry.cache.lengths.copy_(full.to(entry.cache.lengths.device))
+    entry.lengths_host = full
+    entry.resident = None
+
+
+def load_padded_cache(entry: PaddedEntry, cache: ServingCache) -> None:
+    """Copy ``cache`` into the entry's padded layout (unless it is there already): the rows
+    into their slots, the rows that held a longer user before zeroed; padding users take
+    user 0's lengths, query time and contextual features (and no rows)."""
+    if entry.resident is not None and entry.resident() is cache:
+        return
+    bb, lb = entry.bucket[:2]
+    batch = cache.batch_size
+    lengths = host_copy(cache.lengths).values
+    written = lengths.tolist() + [0] * (bb - batch)
+    assert entry.written is not None and entry.cache is not None
+    static = entry.cache
+    pairs = list(zip(cache.keys + cache.values, static.keys + static.values))
+    # one multi-tensor kernel each (not two per layer): zero what a longer user left,
+    # then copy every user's rows of every layer into its slot
+    stale = [
+        dst[b * lb + n : b * lb + old]
+        for b, (n, old) in enumerate(zip(written, entry.written))
+        if old > n
+        for _, dst in pairs
+    ]
+    if stale:
+        torch._foreach_zero_(stale)
+    rows = written[:batch]
+    starts = itertools.accumulate(rows, initial=0)
+    torch._foreach_copy_(
+        [dst[b * lb : b * lb + n] for b, n in enumerate(rows) for _, dst in pairs],
+        [src[a : a + n] for a, n in zip(starts, rows) for src, _ in pairs],
+    )
+    entry.written = written
+    padded = torch.tensor(rows + rows[:1] * (bb - batch), dtype=torch.int64)
+    static.lengths.copy_(padded, non_blocking=True)
+    entry.lengths_host = padded
+    pairs = ((cache.query_time, static.query_time), (cache.contextual, static.contextual))
+    for src, dst in pairs:
+        if src is not None and dst is not None:
+            dst[:batch].copy_(src)
+            if bb > batch:
+                dst[batch:].copy_(src[:1].expand(bb - batch, *src.shape[1:]))
+    entry.resident = weakref.ref(cache)
+
+
+@dataclasses.dataclass
+class _ScoreEntry(PaddedEntry):
     candidates: Optional[torch.Tensor] = None  # [2, >= Bb * Tb]: the ids, then their times
     cand_lengths: Optional[torch.Tensor] = None
-    resident: Optional[weakref.ref] = None
     # the last candidates' lengths and their slots (CPU and device)
     slots: Optional[Tuple[Tuple[int, ...], torch.Tensor, torch.Tensor]] = None
 
@@ -181,73 +272,28 @@ class ScoreGraphs(GraphSet):
     # -- buffers --------------------------------------------------------------------------
 
     def new_entry(self, bucket: Bucket) -> _ScoreEntry:
-        bb, lb, tb = bucket
+        bb, _, tb = bucket
         device = self.device
-        cache, lengths_host = static_cache(self.server, bb, lb, device)
         cand_lengths_host = torch.full((bb,), tb, dtype=torch.int64)
         cand_lengths = remember_host_copy(cand_lengths_host.to(device), cand_lengths_host)
         return _ScoreEntry(
-            bucket=bucket,
-            cache=cache,
-            lengths_host=lengths_host,
-            written=[0] * bb,
+            **padded_entry_fields(self.server, bucket, device),
             # each row 16-byte aligned, as its own allocation would be (Triton specializes
             # on a pointer's alignment)
             candidates=torch.zeros(2, bb * tb + bb * tb % 2, dtype=torch.int64, device=device),
             cand_lengths=cand_lengths,
-            memory_bytes=sum(t.numel() * t.element_size() for t in cache.keys + cache.values),
         )
 
     def fill_synthetic(self, entry: Entry) -> None:
         """Every user with a full bucket of cached tokens (within the model's bound), zero
         keys, values and times, item 0 as every candidate: valid inputs to capture on."""
-        assert isinstance(entry, _ScoreEntry) and entry.cache is not None
-        bb, lb, _ = entry.bucket
-        full = torch.full((bb,), min(lb, self.server.model.max_cached_len), dtype=torch.int64)
-        entry.cache.lengths.copy_(full.to(self.device))
-        entry.lengths_host = full
-        entry.resident = None
+        assert isinstance(entry, _ScoreEntry)
+        fill_lengths(entry, min(entry.bucket[1], self.server.model.max_cached_len))
         entry.slots = None
 
     def load_cache(self, entry: _ScoreEntry, cache: ServingCache) -> None:
-        """Copy ``cache`` into the entry's padded layout (unless it is there already): the
-        rows into their slots, the rows that held a longer user before zeroed."""
-        if entry.resident is not None and entry.resident() is cache:
-            return
-        bb, lb, _ = entry.bucket
-        batch = cache.batch_size
-        lengths = host_copy(cache.lengths).values
-        written = lengths.tolist() + [0] * (bb - batch)
-        assert entry.written is not None and entry.cache is not None
-        static = entry.cache
-        pairs = list(zip(cache.keys + cache.values, static.keys + static.values))
-        # one multi-tensor kernel each (not two per layer): zero what a longer user left,
-        # then copy every user's rows of every layer into its slot
-        stale = [
-            dst[b * lb + n : b * lb + old]
-            for b, (n, old) in enumerate(zip(written, entry.written))
-            if old > n
-            for _, dst in pairs
-        ]
-        if stale:
-            torch._foreach_zero_(stale)
-        rows = written[:batch]
-        starts = itertools.accumulate(rows, initial=0)
-        torch._foreach_copy_(
-            [dst[b * lb : b * lb + n] for b, n in enumerate(rows) for _, dst in pairs],
-            [src[a : a + n] for a, n in zip(starts, rows) for src, _ in pairs],
-        )
-        entry.written = written
-        padded = torch.tensor(rows + rows[:1] * (bb - batch), dtype=torch.int64)
-        static.lengths.copy_(padded, non_blocking=True)
-        entry.lengths_host = padded
-        pairs = ((cache.query_time, static.query_time), (cache.contextual, static.contextual))
-        for src, dst in pairs:
-            if src is not None and dst is not None:
-                dst[:batch].copy_(src)
-                if bb > batch:
-                    dst[batch:].copy_(src[:1].expand(bb - batch, *src.shape[1:]))
-        entry.resident = weakref.ref(cache)
+        """Copy ``cache`` into the entry's padded layout (:func:`load_padded_cache`)."""
+        load_padded_cache(entry, cache)
 
     def load_candidates(
         self,

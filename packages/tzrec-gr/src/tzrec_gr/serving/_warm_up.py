@@ -1,8 +1,8 @@
 """The eager part of :meth:`ServingSession.warm_up <tzrec_gr.serving.ServingSession.warm_up>`:
-run the calls that are not captured in CUDA graphs (encoding whole histories for ``open``
-and for extended users encoded again; the incremental ``extend``) once per request shape,
-on synthetic histories, so that the backend's kernels are compiled and autotuned before the
-first request instead of inside it.
+run the calls of encoding whole histories (``open``, extended users encoded again) and of
+the incremental ``extend`` once per request shape, on synthetic histories, through the
+session's CUDA graphs where they were captured and eager elsewhere, so that the backend's
+kernels are compiled and autotuned before the first request instead of inside it.
 
 Legend: B = users of a call, n = events per user, Δ = new events per user.
 
@@ -76,6 +76,7 @@ def warm_up_encoding(
     histories: Sequence[int],
     events: Sequence[int],
     prefill: Optional[Callable[[Histories], ServingCache]] = None,
+    extend: Optional[Callable[[ServingCache, Histories], ServingCache]] = None,
 ) -> Dict[str, Any]:
     """Encode ``B`` synthetic users of ``n`` events for every ``B`` in ``batch_sizes`` and
     ``n`` in ``histories``; where the server extends incrementally, also append ``Δ``
@@ -91,6 +92,8 @@ def warm_up_encoding(
             history within ``max_events`` (the combinations past it are left out).
         prefill: encodes histories (the session's: a CUDA graph where one was captured).
             Default: the server's ``prefill_histories`` on ``device``.
+        extend: appends events to a cache (the session's: a CUDA graph where one was
+            captured). Default: the server's ``extend_histories`` on ``device``.
 
     Returns:
         Dict[str, Any]: ``encoded`` (``{"batch", "events"}`` of each encoding),
@@ -115,7 +118,10 @@ def warm_up_encoding(
                 if n + delta > bound:
                     continue
                 new = synthetic_histories(server, batch, delta, start=_GAP_S * n)
-                server.extend_histories(cache, new, device)
+                if extend is None:
+                    server.extend_histories(cache, new, device)
+                else:
+                    extend(cache, new)
                 report["extended"].append({"batch": batch, "history": n, "events": delta})
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -35,7 +35,7 @@ from tzrec_gr.serving import transducer as cached
 from tzrec_gr.serving._graphs import GraphPool, GraphSet, powers_of_two_up_to
 from tzrec_gr.serving._predict import SCORES
 from tzrec_gr.serving._rows import Limits, register_predict_kind
-from tzrec_gr.serving._score_graphs import ScoreGraphs
+from tzrec_gr.serving._score_graphs import ScoreGraphs, windowed_layer
 from tzrec_gr.serving.inputs import Histories
 from tzrec_gr.serving.server import (
     Features,
@@ -390,6 +390,11 @@ class RankingServer(ModelServer):
     def extends_incrementally(self) -> bool:
         return not self.model.use_time_encoding and self.model.contextual_seq_len == 0
 
+    @property
+    def user_embedding_width(self) -> int:
+        """0: its caches keep no user embeddings."""
+        return 0
+
     def history_features(self, histories: Histories, device: torch.device) -> Features:
         out = super().history_features(histories, device)
         if histories.actions is not None:
@@ -413,6 +418,21 @@ class RankingServer(ModelServer):
     ) -> ServingCache:
         return self._extend(cache, self.history_features(events, device))
 
+    @torch.no_grad()
+    def extend_features(
+        self,
+        cache: ServingCache,
+        features: Batch,
+        max_events: int,
+        new_lengths: Optional[torch.Tensor] = None,
+    ) -> ServingCache:
+        """:meth:`extend_step` of new events given as ``uih.*`` features on the device (the
+        lengths' host copy known; at most ``max_events`` per user). Reads nothing on the
+        host, so a CUDA graph can capture it (:mod:`._extend_graphs`). ``new_lengths``
+        (the real counts where the features pad every user's to one number) changes
+        nothing here: the cache keeps no per-user output."""
+        return self.extend_step(cache, features, max_events)
+
     def cuda_graphs(
         self,
         *,
@@ -427,18 +447,14 @@ class RankingServer(ModelServer):
         strict: bool,
     ) -> Tuple[Optional[GraphSet], str]:
         model = self.model
-        windowed = [
-            i
-            for i, layer in enumerate(model.transducer.stu.stu_layers)
-            if getattr(layer, "max_attn_len", 0)
-        ]
-        if windowed:  # the padded cache would move the window
+        windowed = windowed_layer(model)
+        if windowed is not None:  # the padded cache would move the window
             if strict:
                 raise ValueError(
                     f"cuda_graphs='on' needs STU layers without max_attn_len; layer "
-                    f"{windowed[0]} has one"
+                    f"{windowed} has one"
                 )
-            return None, f"STU layer {windowed[0]} has max_attn_len (a sliding window)"
+            return None, f"STU layer {windowed} has max_attn_len (a sliding window)"
         graphs = ScoreGraphs(
             self,
             device,
@@ -464,7 +480,7 @@ class RankingServer(ModelServer):
         return cache
 
     def _extend(self, cache: ServingCache, events: Batch) -> ServingCache:
-        new = self.extend_step(cache, events, longest(events[UIH_LENGTHS]))
+        new = self.extend_features(cache, events, longest(events[UIH_LENGTHS]))
         return dataclasses.replace(new, max_len=longest(new.lengths))
 
     def _tokens_per_event(self) -> int:

@@ -47,6 +47,12 @@ from tzrec_gr.stu.serving_cache import longest
 __all__ = ["RetrievalServer"]
 
 
+def _newest(last: torch.Tensor, new_lengths: torch.Tensor, users: torch.Tensor) -> torch.Tensor:
+    """[B, E] each user's embedding after an extend: ``last`` (the row of its newest new
+    event) where it got events, else its embedding before (``users``)."""
+    return torch.where((new_lengths > 0).unsqueeze(1), last, users)
+
+
 def _user_embeddings(cache: ServingCache) -> torch.Tensor:
     if cache.user_embeddings is None:
         raise ValueError("cache holds no user embeddings: it was not built by RetrievalServer")
@@ -213,8 +219,7 @@ class RetrievalServer(ModelServer):
         if new is None:
             raise RuntimeError("the transducer returned no cache with update_cache=True")
         last = model.last_rows(out, new_lengths)
-        users = torch.where((new_lengths > 0).unsqueeze(1), last, users)
-        return out, dataclasses.replace(new, user_embeddings=users)
+        return out, dataclasses.replace(new, user_embeddings=_newest(last, new_lengths, users))
 
     @torch.no_grad()
     def score(self, cache: ServingCache, candidate_ids: torch.Tensor) -> torch.Tensor:
@@ -348,6 +353,11 @@ class RetrievalServer(ModelServer):
     def extends_incrementally(self) -> bool:
         return True
 
+    @property
+    def user_embedding_width(self) -> int:
+        """E: its caches keep each user's embedding (``user_embeddings`` [B, E])."""
+        return self.model.embedding_dim
+
     @torch.no_grad()
     def encode(
         self,
@@ -368,11 +378,41 @@ class RetrievalServer(ModelServer):
         self, cache: ServingCache, events: Histories, device: torch.device
     ) -> ServingCache:
         f = self.history_features(events, device)
-        lengths = f[UIH_LENGTHS]
-        _, new = self.extend_step(
-            cache, f[UIH_ITEM_ID], lengths, f[UIH_TIMESTAMPS], longest(lengths)
-        )
+        new = self.extend_features(cache, f, longest(f[UIH_LENGTHS]))
         return dataclasses.replace(new, max_len=longest(new.lengths))
+
+    @torch.no_grad()
+    def extend_features(
+        self,
+        cache: ServingCache,
+        features: Features,
+        max_events: int,
+        new_lengths: Optional[torch.Tensor] = None,
+    ) -> ServingCache:
+        """:meth:`extend_step`'s cache, the new events given as ``uih.*`` features on the
+        device (the lengths' host copy known; at most ``max_events`` per user). Reads
+        nothing on the host, so a CUDA graph can capture it (:mod:`._extend_graphs`).
+
+        Args:
+            new_lengths (torch.Tensor | None): [B] the real new events per user where
+                ``features`` give every user the same number, padded at the end (a
+                graph's buffers): each user embedding is the one after the newest real
+                event. None: the features' lengths are the real ones.
+        """
+        lengths = features[UIH_LENGTHS]
+        out, new = self.extend_step(
+            cache, features[UIH_ITEM_ID], lengths, features[UIH_TIMESTAMPS], max_events
+        )
+        if new_lengths is None:
+            return new
+        users = lengths.shape[0]
+        per_user = out.shape[0] // users if users else 0
+        newest = (new_lengths - 1).clamp(min=0)
+        rows = torch.arange(users, device=out.device) * per_user + newest
+        last = out.index_select(0, rows)
+        return dataclasses.replace(
+            new, user_embeddings=_newest(last, new_lengths, _user_embeddings(cache))
+        )
 
     def cuda_graphs(
         self,

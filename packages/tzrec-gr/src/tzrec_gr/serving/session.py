@@ -25,8 +25,9 @@ candidates, :mod:`~tzrec_gr.serving._score_graphs`) and the retrieval ``recommen
 opened users (the top-K scan of their stored embeddings; buckets of users, k and seen
 items, :mod:`~tzrec_gr.serving._recommend_graphs`). So does encoding whole histories, for
 both models (``open``, users encoded again after ``extend``, :class:`Histories` given to
-a call; buckets of users and events in all, :mod:`~tzrec_gr.serving._encode_graphs`).
-A bucket's graph is captured by
+a call; buckets of users and events in all, :mod:`~tzrec_gr.serving._encode_graphs`), and
+the incremental ``extend`` (buckets of users, cached tokens and new events,
+:mod:`~tzrec_gr.serving._extend_graphs`). A bucket's graph is captured by
 :meth:`ServingSession.warm_up` before any request, or else by the first request in it;
 requests outside every bucket run eager. ``graph_stats()`` reports the captures, their
 time and memory, and the replays.
@@ -34,7 +35,7 @@ time and memory, and the replays.
 The session's parts live beside it: the model's server (:class:`~.ranking.RankingServer` or
 :class:`~.retrieval.RetrievalServer`, whose common protocol, :class:`~.server.ModelServer`,
 checks and encodes a request's histories), the opened users' state (:mod:`._users`), the
-graphs (:mod:`._session_graphs`, :mod:`._graphs` and the three above); checkpoints are read
+graphs (:mod:`._session_graphs`, :mod:`._graphs` and the four above); checkpoints are read
 by :mod:`tzrec_gr.checkpoint`. This file stays past 600 lines as the one public class of
 serving: most of its length is the docstrings of the calls users make.
 """
@@ -54,7 +55,7 @@ from tzrec_gr.serving._graphs import GraphPool, check_buckets, fit
 from tzrec_gr.serving._host import lengths_of
 from tzrec_gr.serving._recommend_graphs import RecommendGraphs
 from tzrec_gr.serving._score_graphs import ScoreGraphs
-from tzrec_gr.serving._session_graphs import build_graphs, graph_stats, warm_up_graphs
+from tzrec_gr.serving._session_graphs import Graphs, build_graphs, graph_stats, warm_up_graphs
 from tzrec_gr.serving._users import (
     UserIds,
     UserState,
@@ -88,22 +89,27 @@ class ServingSession:
         device (torch.device | str | None): where to serve. Default: the model's.
         cuda_graphs (str): ``"auto"`` (graphs on a CUDA device, eager elsewhere), ``"on"``
             (a CUDA device required; a step that cannot be captured raises) or ``"off"``.
-            The ranking ``score``, the retrieval ``recommend`` of opened users and the
-            whole-history encode are captured. Default: ``"auto"``.
+            The ranking ``score``, the retrieval ``recommend`` of opened users, the
+            whole-history encode and the incremental ``extend`` are captured. Default:
+            ``"auto"``.
         batch_buckets (Sequence[int]): the users per graph bucket (``recommend`` uses the
             powers of two up to the largest). Default: 1, 2, 4, ..., 64.
         length_buckets (Sequence[int] | None): per user per bucket, ranking: cached tokens
             (default: powers of two from 64 up to the model's ``max_cached_len``);
-            retrieval: seen items (default: powers of two from 64 up to ``max_seq_len``).
+            retrieval: seen items (default: powers of two from 64 up to ``max_seq_len``);
+            the incremental ``extend``: cached tokens before it (the same defaults).
         candidate_buckets (Sequence[int] | None): candidates per user per bucket (ranking).
             Default: powers of two up to the model's ``max_targets``.
         event_buckets (Sequence[int] | None): events of all users of a whole-history
             encode per bucket. Default: powers of two from 64 up to the largest batch
             bucket times the model's ``max_events``.
+        extend_buckets (Sequence[int] | None): new events per user of an incremental
+            ``extend`` per bucket. Default: powers of two up to 16 (at most the model's
+            ``max_events``).
         encode_graphs (bool): capture the whole-history encode too (with ``cuda_graphs``
             not ``"off"``). Default: True.
         max_graphs (int): the most graphs captured per call (``score`` or ``recommend``,
-            and the encode); later buckets run eager. Default: 32.
+            the encode and the extend); later buckets run eager. Default: 32.
         chunk_size (int): catalogue items scored at a time by ``recommend``. Default: 65536.
         vocabularies (IdVocabularies | None): the raw ids of the model's items (and of the
             training data's users), which :meth:`from_checkpoint` reads from the checkpoint;
@@ -145,6 +151,7 @@ class ServingSession:
         length_buckets: Optional[Sequence[int]] = None,
         candidate_buckets: Optional[Sequence[int]] = None,
         event_buckets: Optional[Sequence[int]] = None,
+        extend_buckets: Optional[Sequence[int]] = None,
         encode_graphs: bool = True,
         max_graphs: int = 32,
         chunk_size: int = 65536,
@@ -175,7 +182,7 @@ class ServingSession:
         self._pool = GraphPool()
         self._strict_graphs = cuda_graphs == "on"
         self._warm_up: Optional[Dict[str, Any]] = None
-        self._graphs, self._encode_graphs, self._no_graphs = build_graphs(
+        graphs = build_graphs(
             server,
             self.device,
             self._pool,
@@ -184,11 +191,14 @@ class ServingSession:
             length_buckets=length_buckets,
             candidate_buckets=candidate_buckets,
             event_buckets=event_buckets,
+            extend_buckets=extend_buckets,
             encode_graphs=encode_graphs,
             max_graphs=max_graphs,
             chunk_size=chunk_size,
             catalogue=self._items,
         )
+        self._graphs, self._encode_graphs = graphs.step, graphs.encode
+        self._extend_graphs, self._no_graphs = graphs.extend, graphs.no_graphs
         self._batch_buckets = tuple(sorted(batch_buckets))
 
     @property
@@ -358,7 +368,9 @@ class ServingSession:
         Exact: later answers are what ``open`` of the longer histories gives (up to
         rounding). A retrieval model, or a ranking model without time encoding and
         contextual features, runs only the new events against the kept keys and values,
-        at once. Otherwise the kept keys and values depend on the newest event (see
+        at once (on CUDA, replayed in a CUDA graph when the call fits a bucket of users,
+        cached tokens and new events per user; eager otherwise). Otherwise the kept keys
+        and values depend on the newest event (see
         :meth:`RankingServer.extend <tzrec_gr.serving.RankingServer.extend>`) and the
         history must be encoded whole: the session keeps the events and encodes the
         history at the user's next ``score`` or ``recommend``, once however many extends
@@ -398,7 +410,7 @@ class ServingSession:
         fits = all(s.item_ids.numel() + n <= bound for s, n in zip(states, lengths))
         if fits and server.extends_incrementally and not any(s.stale for s in states):
             with torch.no_grad():
-                cache = server.extend_histories(self._assemble(ids, states), events, self.device)
+                cache = self._extend(self._assemble(ids, states), events)
             self._store(ids, history, cache)
             return
         self._users.defer(ids, history, lengths, server.request_times(history))
@@ -450,10 +462,15 @@ class ServingSession:
         Encoding whole histories (``open``, extended users encoded again) is captured
         too, per bucket of users and events in all: ``histories`` captures the buckets
         of each of ``batch_sizes`` users of each of ``histories`` events (reported under
-        ``encode_graphs``, in the same form). The incremental ``extend``, and encodes
-        outside those buckets, run eager, their kernels tuned at the first call of each
-        shape: ``histories`` and ``events`` run them once before any request, at the
-        batch bucket of each of ``batch_sizes`` (:mod:`~tzrec_gr.serving._warm_up`).
+        ``encode_graphs``, in the same form). So is the incremental ``extend`` (models
+        that extend incrementally), per bucket of users, cached tokens and new events per
+        user: ``histories`` and ``events`` capture the buckets of each of ``batch_sizes``
+        users of each of ``histories`` events extended by each of ``events`` (within
+        ``max_events``; reported under ``extend_graphs``). Encodes and extends outside
+        those buckets run eager, their kernels tuned at the first call of each shape:
+        ``histories`` and ``events`` run every one of those calls once before any
+        request, at the batch bucket of each of ``batch_sizes``
+        (:mod:`~tzrec_gr.serving._warm_up`; through the graphs where captured).
 
         Args:
             batch_sizes (Sequence[int] | None): users per request. Default: every
@@ -470,16 +487,17 @@ class ServingSession:
             histories (Sequence[int]): events per user of whole histories to encode, in
                 ``[1, max_events]``. Default: none.
             events (Sequence[int]): new events per user of an incremental ``extend`` to
-                run after each of those (models that extend incrementally). Default: none.
+                capture and run after each of those (models that extend incrementally).
+                Default: none.
 
         Returns:
             Dict[str, Any]: ``captured``, ``present`` (captured before), ``skipped`` (no
             room), ``failed`` (bucket -> error), ``capture_ms``, ``memory_bytes`` (static
             inputs and pool memory of the captures made now), ``encoded`` and ``extended``
             (the eager shapes run), ``encode_seconds``, ``seconds`` (wall time) and
-            ``reason`` (why nothing could be captured, else None), ``encode_graphs`` (the
-            encode captures' report: ``captured``... as above). ``graph_stats()`` keeps it
-            as ``warm_up``.
+            ``reason`` (why nothing could be captured, else None), ``encode_graphs`` and
+            ``extend_graphs`` (the encode's and the extend's captures: ``captured``... as
+            above). ``graph_stats()`` keeps it as ``warm_up``.
 
         Raises:
             ValueError: a size is not an int >= 1 or falls in no bucket (named), or an
@@ -499,16 +517,20 @@ class ServingSession:
         buckets = self._batch_buckets
         users = [fit(b, buckets) or b for b in batch_sizes or buckets]
         report = warm_up_graphs(
-            self._graphs,
-            self._encode_graphs,
-            self._no_graphs,
+            self._graph_sets(),
             sizes,
             exclude_seen,
-            {"batch_sizes": users, "histories": histories},
+            {"batch_sizes": users, "histories": histories, "events": events},
         )
         report.update(
             warm_up_encoding(
-                self.server, self.device, users, list(histories), list(events), self._prefill
+                self.server,
+                self.device,
+                users,
+                list(histories),
+                list(events),
+                self._prefill,
+                self._extend,
             )
         )
         report["seconds"] = time.perf_counter() - started
@@ -522,16 +544,17 @@ class ServingSession:
         bucket: ``bucket``, ``capture_ms``, ``memory_bytes`` = static inputs plus the pool
         memory the capture reserved, ``replays``, ``warm_up`` = captured by
         :meth:`warm_up`), ``failed`` (buckets whose capture failed, with the error),
-        ``encode`` (the same for the whole-history encode's graphs, with its own
-        ``enabled``) and ``warm_up`` (the last :meth:`warm_up`'s report, or None)."""
-        return graph_stats(self._graphs, self._encode_graphs, self._warm_up)
+        ``encode`` and ``extend`` (the same for the whole-history encode's and the
+        incremental extend's graphs, each with its own ``enabled``) and ``warm_up`` (the
+        last :meth:`warm_up`'s report, or None)."""
+        return graph_stats(self._graph_sets(), self._warm_up)
 
     def graph_counts(self) -> Tuple[int, int]:
-        """(captures, eager calls) so far, over the step's and the encode's graphs: the two
-        counters of :meth:`graph_stats` that grow when a request meets a shape ``warm_up``
-        did not cover, read without building the report (cheap enough to call around
-        every request)."""
-        sets = [g for g in (self._graphs, self._encode_graphs) if g is not None]
+        """(captures, eager calls) so far, over the step's, the encode's and the extend's
+        graphs: the two counters of :meth:`graph_stats` that grow when a request meets a
+        shape ``warm_up`` did not cover, read without building the report (cheap enough to
+        call around every request)."""
+        sets = self._graph_sets().sets()
         return sum(g.captures for g in sets), sum(g.eager_calls for g in sets)
 
     # -- internals ------------------------------------------------------------------------
@@ -557,6 +580,16 @@ class ServingSession:
         graphs = self._encode_graphs
         cache = None if graphs is None else graphs.encode_request(h, self._strict_graphs)
         return cache if cache is not None else self.server.prefill_histories(h, self.device)
+
+    def _extend(self, cache: ServingCache, events: Histories) -> ServingCache:
+        """``cache`` with checked new ``events`` appended (incrementally): replayed in a
+        CUDA graph when they fit a bucket, else eager."""
+        graphs = self._extend_graphs
+        out = None if graphs is None else graphs.extend_request(cache, events, self._strict_graphs)
+        return out if out is not None else self.server.extend_histories(cache, events, self.device)
+
+    def _graph_sets(self) -> Graphs:
+        return Graphs(self._graphs, self._encode_graphs, self._extend_graphs, self._no_graphs)
 
     def _store(self, ids: List[Hashable], h: Histories, cache: ServingCache) -> None:
         self._users.store(ids, h, cache, self.server.request_times(h))
