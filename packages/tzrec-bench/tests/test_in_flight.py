@@ -28,6 +28,9 @@ def test_nothing_to_wait_for_without_tensors_or_a_cuda_device():
 def test_on_cuda_the_copy_is_queued_behind_the_work_and_waited_for():
     cuda = torch.device("cuda")
     values = torch.arange(1 << 16, device=cuda)
+    # the first pinned block of this size is allocated (which waits for the device) and
+    # then cached, as in a serving loop after its first calls
+    InFlight([values]).wait()
     torch.cuda.synchronize()
     torch.cuda._sleep(BUSY_CYCLES)
     result = values * 3  # queued behind the sleep
