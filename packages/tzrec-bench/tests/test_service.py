@@ -325,8 +325,11 @@ def test_a_users_requests_in_one_batch_are_answered_in_order(service_run, serve)
 
     service, _ = serve(service_run.run, service_run.log)
     new = Events("u9", ("i1", "i2", "i3"), (1_800_000_000,) * 3)
-    first, stored, last = service.engine([Recommend("u9", 5), new, Recommend("u9", 5)])
-    assert stored.result(timeout=10)["stored"] == 3  # acknowledged once the writer commits
+    answers = service.engine([Recommend("u9", 5), new, Recommend("u9", 5)])
+    # every answer is a future: the top-k lists once their results reach the host, the
+    # events' once the writer commits them
+    first, stored, last = (future.result(timeout=10) for future in answers)
+    assert stored["stored"] == 3
     _same(first, *_expected(service_run.run, *_history(service_run.rows, "u9"), 5))
     _same(last, *_expected(service_run.run, *_history(
         service_run.rows, "u9", [(i, 1_800_000_000) for i in new.items]), 5))

@@ -122,6 +122,7 @@ def create_app(service: Service) -> FastAPI:
             yield
         finally:
             service.batcher.stop()
+            service.engine.close()
 
     app = FastAPI(title="tzrec-bench serve", lifespan=lifespan,
                   description="Recommendations by user id from a trained tzrec model.")

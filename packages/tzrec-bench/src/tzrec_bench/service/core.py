@@ -70,8 +70,9 @@ class Service:
         return session.warm_up(batch_sizes=smaller + holding)
 
     def close(self) -> None:
-        """Stop the batcher and close the store."""
+        """Stop the batcher, let the engine answer what is on its way, close the store."""
         self.batcher.stop()
+        self.engine.close()
         self.engine.store.close()
 
 

@@ -16,6 +16,12 @@ once the writer has committed the events, so the acknowledgement follows the com
 this thread goes on answering (a user's later requests already see the events). Should a
 commit fail, its events are taken off the users' histories at the next batch and those
 users are encoded again; the store then refuses further events.
+
+Scores and top-k lists are futures too: a session call only queues device work, so the
+engine queues the copy of its results to the host behind it
+(:class:`~tzrec_bench.service.in_flight.InFlight`) and goes on to the next run or batch;
+the answers' thread waits for the copies, in order, and makes the answers. Stream order
+keeps them exact: later calls' work runs after the copies queued before it.
 """
 
 from __future__ import annotations
@@ -23,14 +29,15 @@ from __future__ import annotations
 import queue
 import time
 from collections import OrderedDict
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from tzrec_bench.service.batcher import Overloaded, split_in_order
 from tzrec_bench.service.histories import UserHistories
+from tzrec_bench.service.in_flight import InFlight
 from tzrec_bench.service.store import EventStore, StoredEvent, StoreFailed
 from tzrec_gr.serving import Histories
 
@@ -119,6 +126,15 @@ class Engine:
                          "fallbacks": 0}
         # (user, events) whose commit failed, told by the writer thread; undone here
         self._uncommitted: "queue.SimpleQueue[Tuple[Any, int]]" = queue.SimpleQueue()
+        # makes the answers of results on their way from the device, one call at a time
+        # (started at the first such call, again after close)
+        self._answers: Optional[ThreadPoolExecutor] = None
+
+    def close(self) -> None:
+        """Answer what is on its way, then stop the answers' thread."""
+        if self._answers is not None:
+            self._answers.shutdown(wait=True)
+            self._answers = None
 
     def __call__(self, requests: Sequence[Any]) -> List[Any]:
         """One answer (a dict, or an exception) per request, in order."""
@@ -209,14 +225,20 @@ class Engine:
             wanted = min(k + max(len(o) for o in older), self.num_items)
             top = self.session.recommend([users[i] for i in served], wanted,
                                          exclude_seen=exclude_seen)
-            rows = top.ids.detach().cpu().tolist()
-            scores = top.scores.detach().float().cpu().tolist()
-            for i, seen, row_ids, row_scores in zip(served, older, rows, scores):
-                kept = [(r, s) for r, s in zip(row_ids, row_scores)
-                        if r >= 0 and r not in seen][:k]
-                answers[i] = {"user": users[i],
-                              "items": self.histories.items.raw([r for r, _ in kept]),
-                              "scores": [s for _, s in kept]}
+
+            def ranked(host: List[torch.Tensor]) -> List[Any]:
+                rows, scores = host[0].tolist(), host[1].float().tolist()
+                out = []
+                for i, seen, row_ids, row_scores in zip(served, older, rows, scores):
+                    kept = [(r, s) for r, s in zip(row_ids, row_scores)
+                            if r >= 0 and r not in seen][:k]
+                    out.append({"user": users[i],
+                                "items": self.histories.items.raw([r for r, _ in kept]),
+                                "scores": [s for _, s in kept]})
+                return out
+
+            later = self._later(InFlight([top.ids, top.scores]), ranked, len(served))
+            answers.update(zip(served, later))
         for i, ok in enumerate(opened):
             if not ok:
                 self.counters["fallbacks"] += 1
@@ -247,13 +269,43 @@ class Engine:
         served = [(i, r) for i, r, ok in zip(valid, rows, opened) if ok]
         if served:
             probs = self.session.score([batch[i].user for i, _ in served], [r for _, r in served])
-            start = 0
-            for i, r in served:
-                part = probs[start:start + len(r)].tolist()
-                start += len(r)
-                answers[i] = {"user": batch[i].user, "candidates": list(batch[i].candidates),
-                              "scores": {t: [p[j] for p in part] for j, t in enumerate(self.tasks)}}
+
+            def scored(host: List[torch.Tensor]) -> List[Any]:
+                out, start = [], 0
+                for i, r in served:
+                    part = host[0][start:start + len(r)].tolist()
+                    start += len(r)
+                    out.append({"user": batch[i].user, "candidates": list(batch[i].candidates),
+                                "scores": {t: [p[j] for p in part]
+                                           for j, t in enumerate(self.tasks)}})
+                return out
+
+            later = self._later(InFlight([probs]), scored, len(served))
+            for (i, _), answer in zip(served, later):
+                answers[i] = answer
         return answers
+
+    def _later(self, flight: InFlight, make: Callable[[List[torch.Tensor]], List[Any]],
+               count: int) -> List[Future]:
+        """``count`` futures of the answers ``make`` builds from ``flight``'s results, set on
+        the answers' thread once the results are on the host (every one fails with
+        ``make``'s exception, if it raises)."""
+        futures: List[Future] = [Future() for _ in range(count)]
+
+        def settle() -> None:
+            try:
+                values = make(flight.wait())
+            except Exception as exc:  # the run's requests fail; the service goes on
+                for future in futures:
+                    future.set_exception(exc)
+                return
+            for future, value in zip(futures, values):
+                future.set_result(value)
+
+        if self._answers is None:
+            self._answers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tzrec-answers")
+        self._answers.submit(settle)
+        return futures
 
     def _events(self, batch: List[Events]) -> List[Any]:
         answers: List[Any] = [None] * len(batch)
