@@ -104,6 +104,24 @@ def test_the_configs_read_the_shared_amazon_s3_folder(tmp_path, data):
                      missing_data(config, str(tmp_path)))
 
 
+@pytest.mark.parametrize("model", ["hstu-retrieval", "sasrec"])
+@pytest.mark.parametrize("data", list(SETS))
+def test_the_attribute_configs_add_only_the_sets_attribute_file(tmp_path, model, data):
+    config, plain = load_config(f"{model}-{data}-attributes"), load_config(f"{model}-{data}")
+    file = f"{SETS[data][0][:-len('.txt')]}_item2attributes.json"
+    assert dict(config.settings) == {**plain.settings, "item_attributes": file}
+    assert "item attributes" in config.description
+    # found in the set's folder (gzip too); a folder without it skips the run, naming it
+    folder = tmp_path / "amazon-s3"
+    folder.mkdir()
+    (folder / SETS[data][0]).write_text("1 1 2 3\n")
+    assert missing_data(config, str(tmp_path)) == (
+        f"{data}: {folder / file} not found (nor {file}.gz): expected its item attributes")
+    (folder / f"{file}.gz").write_bytes(b"")
+    assert missing_data(config, str(tmp_path)) is None
+    assert config.train_config(data_dir=str(folder)).item_attributes == str(folder / file)
+
+
 # -- the published rows ------------------------------------------------------------------------
 
 

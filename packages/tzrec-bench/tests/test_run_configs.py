@@ -299,7 +299,9 @@ def test_shipped_configs_load_and_have_baselines():
     models = {"hstu-retrieval", "hstu-ranking", "sasrec"}
     assert set(shipped) == {f"{m}-{d}" for m in models for d in ("synthetic", "ml-100k")} | {
         f"{m}-amazon-{d}" for m in ("hstu-retrieval", "sasrec") for d in ("games", "beauty",
-                                                                           "sports")}
+                                                                           "sports")} | {
+        f"{m}-amazon-{d}-attributes" for m in ("hstu-retrieval", "sasrec")
+        for d in ("beauty", "sports")}
     for name, path in shipped.items():
         config = load_config(name)
         assert config.path == path and config.description

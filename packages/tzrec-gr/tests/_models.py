@@ -49,6 +49,22 @@ def retrieval_model(backend: str = "pytorch", device: str = "cpu", **kw) -> HSTU
     return HSTURetrieval(NUM_ITEMS, 16, backend=backend, device=device, **kw).eval()
 
 
+def attributed_retrieval_model(backend: str = "pytorch", device: str = "cpu", **kw):
+    """``retrieval_model`` with 5 item attributes: item i has attribute i % 5, except items
+    0 and 1 (none) and item 2 (attributes 2, 3, 4); the attribute rows are N(0, 1), large
+    beside the id rows, so a test that dropped them would notice."""
+    lists = [[] if i < 2 else [i % 5] for i in range(NUM_ITEMS)]
+    lists[2] = [2, 3, 4]
+    offsets = torch.tensor([0] + [len(a) for a in lists]).cumsum(0)
+    ids = torch.tensor([a for attrs in lists for a in attrs])
+    model = retrieval_model(backend, device, num_attributes=5,
+                            num_attribute_links=int(ids.numel()), **kw)
+    model.item_attributes.set_links(offsets, ids)
+    with torch.no_grad():
+        model.item_attributes.table.weight.normal_()
+    return model
+
+
 def ranking_model(backend: str = "pytorch", device: str = "cpu", **kw) -> HSTURanking:
     torch.manual_seed(0)
     kw = {

@@ -24,7 +24,13 @@ import copy
 
 import pytest
 import torch
-from _models import gpu_test, history_user, ranking_model, retrieval_model
+from _models import (
+    attributed_retrieval_model,
+    gpu_test,
+    history_user,
+    ranking_model,
+    retrieval_model,
+)
 from test_serving_encode_graphs import _eager_capture, assert_same_cache
 
 from tzrec_gr.serving import Candidates, Histories, ServingSession
@@ -38,6 +44,7 @@ CPU = torch.device("cpu")
 INCREMENTAL = {"use_time_encoding": False, "max_contextual_seq_len": 0, "contextual_feature_dim": 0}
 KINDS = {
     "retrieval": lambda **kw: retrieval_model(**kw),
+    "retrieval-attributes": lambda **kw: attributed_retrieval_model(**kw),
     "ranking": lambda **kw: ranking_model(**{**INCREMENTAL, **kw}),
     "ranking-interleaved": lambda **kw: ranking_model(
         **{**INCREMENTAL, "enable_interleaving": True, **kw}

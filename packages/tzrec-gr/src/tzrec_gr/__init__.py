@@ -24,6 +24,7 @@ from tzrec_gr.contextualize_mlps import (
 )
 from tzrec_gr.embeddings import EmbeddingTable, TorchrecEmbeddingTable, embedding_table
 from tzrec_gr.hstu_transducer import HSTUTransducer, TransducerOutput
+from tzrec_gr.item_attributes import ItemAttributeEmbedding
 from tzrec_gr.layers import MLP, LayerNorm, Linear, SwishLayerNorm
 from tzrec_gr.losses import multitask_bce_loss, next_item_targets, sampled_softmax_loss
 from tzrec_gr.positional_encoder import HSTUPositionalEncoder
@@ -61,6 +62,7 @@ __all__ = [
     "HSTUPositionalEncoder",
     "HSTUTransducer",
     "InputPreprocessor",
+    "ItemAttributeEmbedding",
     "KVCache",
     "L2NormPostprocessor",
     "LayerNorm",

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tzrec_gr.item_attributes import item_attribute_table
 from tzrec_gr.losses import full_softmax_loss, sampled_softmax_loss
 from tzrec_gr.models.registry import ModelRecord, register_model
 from tzrec_ops.jagged import mirror, offsets_from_lengths, row_positions
@@ -109,6 +110,9 @@ class SASRec(nn.Module):
         num_negatives (int): N shared negatives of the loss. Default: 128.
         temperature (float): softmax temperature of the loss. Default: 0.05.
         device (torch.device | None): parameter device. Default: None.
+        num_attributes (int): rows of an item-attribute table, added to the item rows as in
+            ``HSTURetrieval`` (the child ``item_attributes``); 0: none. Default: 0.
+        num_attribute_links (int): the (item, attribute) pairs it links. Default: 0.
 
     Call Args:
         item_ids (torch.Tensor): [L] int64 history item ids.
@@ -131,6 +135,8 @@ class SASRec(nn.Module):
         num_negatives: int = 128,
         temperature: float = 0.05,
         device: Optional[torch.device] = None,
+        num_attributes: int = 0,
+        num_attribute_links: int = 0,
     ) -> None:
         super().__init__()
         if num_items <= 1:
@@ -156,20 +162,34 @@ class SASRec(nn.Module):
         self.position_embeddings = nn.Embedding(max_seq_len, embedding_dim, device=device)
         nn.init.normal_(self.item_embeddings.weight, std=0.02)
         nn.init.normal_(self.position_embeddings.weight, std=0.02)
+        self.item_attributes = item_attribute_table(
+            num_items, num_attributes, num_attribute_links, embedding_dim, device
+        )
         self.input_dropout = nn.Dropout(dropout_ratio)
         self.blocks = nn.ModuleList(
             SASRecBlock(embedding_dim, num_heads, dropout_ratio, device) for _ in range(num_layers)
         )
         self.output_norm = nn.LayerNorm(embedding_dim, device=device)
 
+    def _catalogue_rows(self) -> torch.Tensor:
+        """[N, E] every item's row (id row plus attribute row), unnormalized."""
+        rows = self.item_embeddings.weight
+        return rows if self.item_attributes is None else rows + self.item_attributes()
+
+    def item_rows(self, item_ids: torch.Tensor) -> torch.Tensor:
+        """[...] ids -> [..., E] the items' rows, unnormalized (the input tokens)."""
+        if self.item_attributes is None:
+            return self.item_embeddings(item_ids)
+        return self._catalogue_rows()[item_ids]
+
     def item_embedding(self, item_ids: torch.Tensor) -> torch.Tensor:
         """[...] ids -> [..., E] L2-normalized item embeddings."""
-        return F.normalize(self.item_embeddings(item_ids), dim=-1, eps=1e-6)
+        return F.normalize(self.item_rows(item_ids), dim=-1, eps=1e-6)
 
     def catalogue_embedding(self) -> torch.Tensor:
         """[N, E] every item's L2-normalized embedding, row i for item i (the table read
         whole: its gradient then needs no scatter)."""
-        return F.normalize(self.item_embeddings.weight, dim=-1, eps=1e-6)
+        return F.normalize(self._catalogue_rows(), dim=-1, eps=1e-6)
 
     def _padded_index(
         self,
@@ -201,7 +221,7 @@ class SASRec(nn.Module):
         max_seq_len: int,
     ) -> torch.Tensor:
         row, pos = self._padded_index(item_ids, lengths, timestamps, max_seq_len)
-        tokens = self.item_embeddings(item_ids) * math.sqrt(self.embedding_dim)
+        tokens = self.item_rows(item_ids) * math.sqrt(self.embedding_dim)
         tokens = self.input_dropout(tokens + self.position_embeddings(pos))
         x = tokens.new_zeros(lengths.shape[0], max_seq_len, self.embedding_dim)
         x = x.index_put((row, pos), tokens)

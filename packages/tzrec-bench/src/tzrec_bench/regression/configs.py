@@ -54,6 +54,10 @@ class RunConfig:
         """The settings as a checked :class:`TrainConfig`, its seed moved by ``seed_offset``."""
         values = {**self.settings, **overrides}
         values["seed"] = values.get("seed", TrainConfig.seed) + seed_offset
+        attributes, data_dir = values.get("item_attributes"), values.get("data_dir")
+        if attributes and data_dir and not Path(attributes).is_absolute():
+            # a config names its attribute file in the data set's folder
+            values["item_attributes"] = str(Path(data_dir) / attributes)
         config = TrainConfig.from_dict(values)
         config.check()
         return config
@@ -137,4 +141,9 @@ def missing_data(config: RunConfig, data_root: Optional[str]) -> Optional[str]:
         SOURCES[data].files(folder)
     except FileNotFoundError as exc:
         return f"{data}: {exc}"
+    attributes = config.settings.get("item_attributes")
+    if attributes:
+        path = folder / attributes
+        if not (path.is_file() or path.with_name(path.name + ".gz").is_file()):
+            return f"{data}: {path} not found (nor {path.name}.gz): expected its item attributes"
     return None

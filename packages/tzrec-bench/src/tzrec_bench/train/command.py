@@ -160,6 +160,11 @@ def add_train_parser(subparsers: argparse._SubParsersAction,
     g.add_argument("--no-input-projection", dest="input_projection", action="store_false",
                    help="hstu-retrieval: feed the item embeddings to the first layer as they "
                    "are scored (tied, as SASRec), without the input Linear map")
+    g.add_argument("--item-attributes", metavar="PATH",
+                   help="retrieval: a JSON file (gzip allowed) mapping each raw item id to a "
+                   "list of attributes (categories, brands, ...); each item's embedding adds "
+                   "the mean of its attributes' embeddings (S3-Rec's *_item2attributes.json "
+                   "are in this format)")
     g.add_argument("--linear-terms", action="store_true",
                    help="hstu-ranking: add linear maps of the user and of the item embedding "
                    "to each candidate's logits, beside the head's MLP of their product")

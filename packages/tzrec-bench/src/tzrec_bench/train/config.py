@@ -38,7 +38,7 @@ RESUMABLE_CHANGES = frozenset(
 #: --cuda-graphs: auto captures the training step where it can (graphed_step.py)
 CUDA_GRAPHS = ("auto", "on", "off")
 #: the settings that name files or folders, stored absolute (see TrainConfig.with_absolute_paths)
-PATH_FIELDS = ("data", "data_dir", "cache_dir", "out_dir")
+PATH_FIELDS = ("data", "data_dir", "cache_dir", "out_dir", "item_attributes")
 
 
 class ConfigError(ValueError):
@@ -89,6 +89,8 @@ class TrainConfig:
     num_candidates: int = 8
     input_projection: bool = True
     linear_terms: bool = False
+    # a JSON file: raw item id -> list of attributes (data/item_attributes.py)
+    item_attributes: Optional[str] = None
     # optimisation
     batch_size: int = 128
     lr: float = 1e-3
@@ -263,6 +265,12 @@ class TrainConfig:
         if self.linear_terms and not get_model(self.model).takes("linear_terms"):
             raise ConfigError("linear_terms", f"{self.model} has no head to add linear terms "
                               "to; drop --linear-terms (linear_terms = true in a config)")
+        if self.item_attributes is not None and not get_model(self.model).takes(
+            "num_attributes"
+        ):
+            raise ConfigError("item_attributes", f"{self.model} takes no item attributes; "
+                              "expected a model with an attribute table (hstu-retrieval, "
+                              "sasrec), or no --item-attributes")
         if self.metric is not None and self.metric not in self.facts.metrics:
             raise ConfigError("metric", f"{self.metric!r} is not a metric of {self.model}; "
                               f"expected one of {', '.join(self.facts.metrics)}")

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from tzrec_bench.data import SequenceDataset
+from tzrec_bench.data.item_attributes import ItemAttributes, load_item_attributes
 from tzrec_bench.train.config import TrainConfig
 from tzrec_bench.train.distributed import DistContext
 from tzrec_bench.train.task import Task
@@ -19,13 +20,30 @@ from tzrec_gr.models.registry import get_model
 Spec = Tuple[type, Dict[str, Any]]
 
 
-def _spec(config: TrainConfig, num_items: int, task_bits: Sequence[int]) -> Spec:
-    """``config.model``'s class and constructor arguments, from its registry record."""
+def _spec(
+    config: TrainConfig,
+    num_items: int,
+    task_bits: Sequence[int],
+    attributes: Optional[ItemAttributes] = None,
+) -> Spec:
+    """``config.model``'s class and constructor arguments, from its registry record (with
+    the sizes of its attribute table when ``attributes`` are given)."""
     record = get_model(config.model)
     if record.trainer_kwargs is None:
         raise ValueError(f"model {config.model!r} has no trainer builder: tzrec-bench cannot "
                          "train it")
-    return record.model_class, record.trainer_kwargs(config, num_items, task_bits)
+    kwargs = record.trainer_kwargs(config, num_items, task_bits)
+    if attributes is not None:
+        kwargs.update(num_attributes=attributes.num_attributes,
+                      num_attribute_links=attributes.num_links)
+    return record.model_class, kwargs
+
+
+def item_attributes(config: TrainConfig, dataset: SequenceDataset) -> Optional[ItemAttributes]:
+    """The attributes of ``config.item_attributes`` in ``dataset``'s items; None without."""
+    if config.item_attributes is None:
+        return None
+    return load_item_attributes(config.item_attributes, dataset.item_raw_ids)
 
 
 def is_fitted(config: TrainConfig) -> bool:
@@ -35,7 +53,10 @@ def is_fitted(config: TrainConfig) -> bool:
 
 
 def model_config(
-    config: TrainConfig, num_items: int, task_bits: Sequence[int] = ()
+    config: TrainConfig,
+    num_items: int,
+    task_bits: Sequence[int] = (),
+    attributes: Optional[ItemAttributes] = None,
 ) -> Dict[str, Any]:
     """``{"model": class name, "kwargs": constructor arguments}`` of ``config.model``: what
     checkpoints store so that a model is rebuilt without this package (``tzrec-acc``).
@@ -45,8 +66,9 @@ def model_config(
         num_items (int): catalogue size.
         task_bits (Sequence[int]): the ranking model's label bit per task (ignored by the
             retrieval models).
+        attributes (ItemAttributes | None): the items' attributes (:func:`item_attributes`).
     """
-    cls, kwargs = _spec(config, num_items, task_bits)
+    cls, kwargs = _spec(config, num_items, task_bits, attributes)
     return {"model": cls.__name__, "kwargs": kwargs}
 
 
@@ -56,14 +78,20 @@ def build_model(
     task_bits: Sequence[int] = (),
     device: Optional[torch.device] = None,
     embedding_tables: Union[str, TableFactory] = "plain",
+    attributes: Optional[ItemAttributes] = None,
 ) -> nn.Module:
     """The model ``config.model`` for a catalogue of ``num_items`` (arguments as in
-    :func:`model_config`), with its parameters on ``device``; ``embedding_tables`` is the
-    HSTU models' table implementation (a checkpoint's ``model_config`` holds plain tables)."""
-    cls, kwargs = _spec(config, num_items, task_bits)
+    :func:`model_config`), with its parameters on ``device`` and its items linked to
+    ``attributes``; ``embedding_tables`` is the HSTU models' table implementation (a
+    checkpoint's ``model_config`` holds plain tables)."""
+    cls, kwargs = _spec(config, num_items, task_bits, attributes)
     if embedding_tables != "plain":
         kwargs = {**kwargs, "embedding_tables": embedding_tables}
-    return cls(**kwargs, device=device)
+    model = cls(**kwargs, device=device)
+    if attributes is not None:
+        model.item_attributes.set_links(torch.from_numpy(attributes.offsets),
+                                        torch.from_numpy(attributes.attribute_ids))
+    return model
 
 
 def make_task(config: TrainConfig, dataset: SequenceDataset, ctx: DistContext) -> Task:

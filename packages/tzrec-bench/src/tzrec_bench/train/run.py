@@ -27,7 +27,13 @@ from tzrec_bench.train.checkpoint import RunFiles
 from tzrec_bench.train.config import TrainConfig
 from tzrec_bench.train.distributed import DistContext, barrier, gather_objects
 from tzrec_bench.train.early_stopping import EarlyStopping
-from tzrec_bench.train.factory import build_model, is_fitted, make_task, model_config
+from tzrec_bench.train.factory import (
+    build_model,
+    is_fitted,
+    item_attributes,
+    make_task,
+    model_config,
+)
 from tzrec_bench.train.plot import plot_curves
 from tzrec_bench.train.report import (
     evaluated_users,
@@ -147,13 +153,16 @@ class Run:
         self.task = make_task(config, dataset, ctx)
         validation.validate(config, ctx.device, validation.DataSize(
             self.task.num_items, len(self.task.train_rows), ctx.world_size))
+        self.attributes = attributes = item_attributes(config, dataset)
         self.model = build_model(config, self.task.num_items, self.task.task_bits,
-                                 ctx.device, embedding_tables=embedding_tables)
+                                 ctx.device, embedding_tables=embedding_tables,
+                                 attributes=attributes)
         torch.manual_seed(config.seed + ctx.rank)  # each rank its own dropout masks
         self._clear_earlier_run()
         self.files = RunFiles(self.out_dir, {
             "config": config.to_dict(),
-            "model_config": model_config(config, self.task.num_items, self.task.task_bits),
+            "model_config": model_config(config, self.task.num_items, self.task.task_bits,
+                                         attributes),
             VOCABULARY_KEY: self.vocabularies.state(),  # encoded once, saved often
             # a new run's id; a resumed one takes its checkpoint's (continue_run)
             checkpoint.RUN_ID: gather_objects(run_folder.new_run_id(), ctx)[0],
@@ -208,7 +217,8 @@ class Run:
 
     def run(self) -> RunResult:
         """Fits or trains the model, then validates, saves, tests and reports."""
-        self.log(self.header() + (f"\n  read {self.data_files}" if self.data_files else ""))
+        self.log(self.header() + (f"\n  read {self.data_files}" if self.data_files else "")
+                 + (f"\n  {self.attributes.describe()}" if self.attributes else ""))
         train_seconds, tokens = self.advance()
         # ru_maxrss is in KiB on Linux: the peak so far, before evaluation and gathering
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -19,6 +19,7 @@ from tzrec_gr.features import (
     UIH_TIMESTAMPS,
 )
 from tzrec_gr.hstu_transducer import HSTUTransducer
+from tzrec_gr.item_attributes import item_attribute_table
 from tzrec_gr.losses import full_softmax_loss, sampled_softmax_loss
 from tzrec_gr.models.inputs import (
     check_bound,
@@ -77,6 +78,13 @@ class HSTURetrieval(nn.Module):
             ``DistributedModelParallel`` can shard (needs ``tzrec-gr[torchrec]``); or a
             factory that builds the table. The same weights give the same outputs. Keyword
             only. Default: ``"plain"``.
+        num_attributes (int): rows of an item-attribute table (categories, brands, ...);
+            each item's row is its id row plus the mean of its attributes' rows
+            (:class:`tzrec_gr.item_attributes.ItemAttributeEmbedding`, the child
+            ``item_attributes``, whose ``set_links`` gives each item its attributes).
+            0: no attributes. Keyword only. Default: 0.
+        num_attribute_links (int): the (item, attribute) pairs that table links (> 0 with
+            ``num_attributes``). Keyword only. Default: 0.
 
     Call Args:
         item_ids (torch.Tensor): [L] integer history item ids.
@@ -118,6 +126,8 @@ class HSTURetrieval(nn.Module):
         validate_inputs: bool = False,
         input_projection: bool = True,
         embedding_tables: Union[str, TableFactory] = "plain",
+        num_attributes: int = 0,
+        num_attribute_links: int = 0,
     ) -> None:
         super().__init__()
         if num_items <= 1:
@@ -143,6 +153,9 @@ class HSTURetrieval(nn.Module):
             embedding_tables, num_items, embedding_dim, name="item", device=device
         )
         nn.init.normal_(self.item_embeddings.weight, std=0.02)
+        self.item_attributes = item_attribute_table(
+            num_items, num_attributes, num_attribute_links, embedding_dim, device
+        )
         layers = [
             STULayer(
                 embedding_dim,
@@ -173,17 +186,27 @@ class HSTURetrieval(nn.Module):
             max_uih_len=max_seq_len,
         )
 
+    def item_rows(self, item_ids: torch.Tensor) -> torch.Tensor:
+        """[...] ids -> [..., E] the items' rows (id row plus attribute row), unnormalized:
+        what a history token feeds the stack."""
+        rows = self.item_embeddings(item_ids)
+        if self.item_attributes is None:
+            return rows
+        return rows + self.item_attributes()[item_ids].to(rows.dtype)
+
     def item_embedding(self, item_ids: torch.Tensor) -> torch.Tensor:
         """[...] ids -> [..., E] L2-normalized item embeddings."""
-        return _unit_rows(self.item_embeddings(item_ids))
+        return _unit_rows(self.item_rows(item_ids))
 
     def catalogue_embedding(self) -> torch.Tensor:
         """[N, E] every item's L2-normalized embedding, row i for item i. A plain table is
         read whole (its gradient then needs no scatter); another is looked up."""
         table = self.item_embeddings
-        if isinstance(table, nn.Embedding):
+        if not isinstance(table, nn.Embedding):
+            return self.item_embedding(torch.arange(self.num_items, device=table.weight.device))
+        if self.item_attributes is None:
             return _unit_rows(table.weight)
-        return self.item_embedding(torch.arange(self.num_items, device=table.weight.device))
+        return _unit_rows(table.weight + self.item_attributes())
 
     def check_history(
         self,
@@ -210,7 +233,7 @@ class HSTURetrieval(nn.Module):
         """The transducer's features of a history (unchecked): ``uih.sequence`` [L, E]
         (the ids' embeddings), ``uih.sequence_length`` [B], ``uih_timestamp.sequence`` [L]."""
         return {
-            UIH_SEQUENCE: self.item_embeddings(item_ids),
+            UIH_SEQUENCE: self.item_rows(item_ids),
             UIH_LENGTHS: lengths,
             UIH_TIMESTAMPS: timestamps,
         }
