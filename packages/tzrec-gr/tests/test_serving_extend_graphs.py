@@ -36,6 +36,7 @@ from test_serving_encode_graphs import _eager_capture, assert_same_cache
 from tzrec_gr.serving import Candidates, Histories, ServingSession
 from tzrec_gr.serving._extend_graphs import ExtendGraphs, kept_rows
 from tzrec_gr.serving._graphs import GraphPool, GraphSet
+from tzrec_gr.serving._session_graphs import build_graphs
 from tzrec_gr.serving.server import server_for
 from tzrec_ops.jagged import host_copy
 from tzrec_ops.testing.tolerances import assert_close
@@ -298,3 +299,20 @@ def test_gpu_no_extend_graphs_where_the_extend_re_encodes():
     session = ServingSession(ranking_model(device="cuda"), cuda_graphs="on")  # time encoded
     assert session.graph_stats()["extend"]["enabled"] is False
     assert session.graph_stats()["encode"]["enabled"] is True
+
+
+@pytest.mark.parametrize("has_step", [True, False])
+def test_extend_graphs_only_for_a_server_with_the_extend_step(monkeypatch, has_step):
+    """A server (a plugin's) that extends incrementally without the pure step the graphs
+    capture gets none: its extends run eager. Built for a CUDA device without touching
+    it (the call's own graphs stubbed out)."""
+    server = server_for(KINDS["retrieval"]())
+    monkeypatch.setattr(server, "has_extend_step", has_step)
+    monkeypatch.setattr(server, "cuda_graphs", lambda **kw: (None, "stubbed"))
+    graphs = build_graphs(
+        server, torch.device("cuda"), GraphPool(), cuda_graphs="auto", batch_buckets=(2,),
+        length_buckets=None, candidate_buckets=None, event_buckets=None,
+        extend_buckets=None, encode_graphs=False, max_graphs=4, chunk_size=64,
+        catalogue=lambda: torch.zeros(1),
+    )
+    assert (graphs.extend is not None) is has_step

@@ -98,10 +98,9 @@ def build_graphs(
         most = max(batch_buckets) * server.max_events
         events = event_buckets or powers_of_two_up_to(most, 64)
         graphs.encode = EncodeGraphs(server, device, pool, batch_buckets, events, max_graphs)
-    # a sliding window would count the padded cache's zero rows; a plugin's server may
-    # extend incrementally without the pure step the graphs capture
-    extendable = hasattr(server, "extend_features") and hasattr(server, "user_embedding_width")
-    if server.extends_incrementally and extendable and windowed_layer(server.model) is None:
+    # a sliding window would count the padded cache's zero rows
+    if (server.extends_incrementally and server.has_extend_step
+            and windowed_layer(server.model) is None):
         cached = length_buckets or powers_of_two_up_to(
             server.warm_up_length(server.max_events), 64
         )

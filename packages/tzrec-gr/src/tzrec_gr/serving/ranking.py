@@ -82,6 +82,7 @@ class RankingServer(ModelServer):
     request_size = "candidates"
     needs_actions = True
     keeps_query_time = True
+    has_extend_step = True
 
     # -- the tensor API -------------------------------------------------------------------
 

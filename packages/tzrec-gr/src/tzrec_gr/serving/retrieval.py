@@ -86,6 +86,7 @@ class RetrievalServer(ModelServer):
     call = "recommend"
     answers = "recommend(users, k)"
     request_size = "k"
+    has_extend_step = True
 
     # -- the tensor API -------------------------------------------------------------------
 

@@ -449,6 +449,33 @@ class ModelServer(abc.ABC):
         :meth:`check_histories` with ``after`` and fitting :attr:`max_events`; only where
         :attr:`extends_incrementally`."""
 
+    #: the server has the pure incremental step :meth:`extend_features` (with
+    #: :attr:`user_embedding_width`), which the session's extend graphs capture; a
+    #: server without it (a plugin's may extend incrementally by other means) extends eager
+    has_extend_step: bool = False
+
+    @property
+    def user_embedding_width(self) -> int:
+        """The width of the user embedding its caches keep (where :attr:`has_extend_step`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no incremental extend step")
+
+    def extend_features(
+        self,
+        cache: ServingCache,
+        features: Features,
+        max_events: int,
+        new_lengths: Optional[torch.Tensor] = None,
+    ) -> ServingCache:
+        """:meth:`extend_histories`' cache, the new events given as the model's features on
+        the device; reads nothing on the host (where :attr:`has_extend_step`).
+
+        Args:
+            new_lengths (torch.Tensor | None): [B] the real new events per user where
+                ``features`` give every user the same number, padded at the end (a
+                graph's buffers). None: the features' lengths are the real ones.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no incremental extend step")
+
     @abc.abstractmethod
     def cuda_graphs(
         self,
