@@ -76,6 +76,16 @@ def test_rejects_a_padded_length_beyond_the_position_table():
         _model(num_heads=3)
 
 
+@pytest.mark.parametrize("negatives, message", [
+    (torch.tensor([1, NUM_ITEMS]), r"negatives must be in \[0, num_items=50\), got negatives\[1\]"),
+    (torch.tensor([1.0, 2.0]), "negatives"),
+])
+def test_bad_negatives_are_refused_naming_them(negatives, message):
+    ids, lengths, ts = _batch([3, 2])
+    with pytest.raises(ValueError, match=message):
+        _model().loss(ids, lengths, ts, MAX_LEN, negatives=negatives)
+
+
 def test_loss_matches_a_direct_float64_sampled_softmax():
     model = _model(temperature=0.1)
     ids, lengths, ts = _batch([4, 1, 3])

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tzrec_gr.item_attributes import item_attribute_table
-from tzrec_gr.losses import full_softmax_loss, sampled_softmax_loss
 from tzrec_gr.models.registry import ModelRecord, register_model
+from tzrec_gr.models.retrieval import next_item_loss
 from tzrec_ops.jagged import mirror, offsets_from_lengths, row_positions
 
 __all__ = ["SASRec"]
@@ -265,18 +265,7 @@ class SASRec(nn.Module):
             torch.Tensor: scalar.
         """
         user = self.forward(item_ids, lengths, timestamps, max_seq_len)
-        if negatives is None and self.num_negatives >= self.num_items:
-            return full_softmax_loss(
-                user, item_ids, lengths, self.catalogue_embedding(), self.temperature, loss_mask
-            )
-        if negatives is None:
-            negatives = torch.randint(
-                0, self.num_items, (self.num_negatives,), device=item_ids.device
-            )
-        return sampled_softmax_loss(
-            user, item_ids, lengths, self.item_embedding, negatives, self.temperature,
-            loss_mask,
-        )
+        return next_item_loss(self, user, item_ids, lengths, negatives, loss_mask)
 
 
 def _trainer_kwargs(settings: Any, num_items: int, task_bits: Sequence[int]) -> Dict[str, Any]:

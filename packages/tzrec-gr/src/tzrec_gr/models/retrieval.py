@@ -35,7 +35,7 @@ from tzrec_gr.preprocessors import UIHPreprocessor
 from tzrec_gr.stu import STULayer, STUStack
 from tzrec_ops.jagged import mirror, offsets_from_lengths
 
-__all__ = ["HSTURetrieval"]
+__all__ = ["HSTURetrieval", "next_item_loss"]
 
 
 class HSTURetrieval(nn.Module):
@@ -295,21 +295,40 @@ class HSTURetrieval(nn.Module):
             torch.Tensor: scalar.
         """
         user = self.forward(item_ids, lengths, timestamps, max_seq_len)
-        if negatives is None and self.num_negatives >= self.num_items:
-            return full_softmax_loss(
-                user, item_ids, lengths, self.catalogue_embedding(), self.temperature, loss_mask
-            )
-        if negatives is None:
-            negatives = torch.randint(
-                0, self.num_items, (self.num_negatives,), device=item_ids.device
-            )
-        else:
-            check_int_tensor("negatives", negatives)
-            check_item_ids("negatives", negatives, self.num_items, self.validate_inputs)
-        return sampled_softmax_loss(
-            user, item_ids, lengths, self.item_embedding, negatives, self.temperature,
-            loss_mask,
+        return next_item_loss(self, user, item_ids, lengths, negatives, loss_mask)
+
+
+def next_item_loss(
+    model: nn.Module,
+    user: torch.Tensor,
+    item_ids: torch.Tensor,
+    lengths: torch.Tensor,
+    negatives: Optional[torch.Tensor] = None,
+    loss_mask: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """A retrieval model's loss of its user embeddings ``user`` [L, E] (one after each
+    history token of ``item_ids`` [L], ``lengths`` [B]): the full softmax over
+    ``model.catalogue_embedding()`` when no ``negatives`` are given and
+    ``model.num_negatives`` is at least ``model.num_items``; else the sampled softmax
+    against ``negatives`` (checked and named) or ``num_negatives`` uniform draws.
+
+    ``model`` gives ``num_items``, ``num_negatives``, ``temperature``, ``item_embedding``,
+    ``catalogue_embedding`` and optionally ``validate_inputs`` (HSTURetrieval's; SASRec's).
+    """
+    if negatives is None and model.num_negatives >= model.num_items:
+        return full_softmax_loss(
+            user, item_ids, lengths, model.catalogue_embedding(), model.temperature, loss_mask
         )
+    if negatives is None:
+        negatives = torch.randint(0, model.num_items, (model.num_negatives,),
+                                  device=item_ids.device)
+    else:
+        check_int_tensor("negatives", negatives)
+        check_item_ids("negatives", negatives, model.num_items,
+                       getattr(model, "validate_inputs", False))
+    return sampled_softmax_loss(
+        user, item_ids, lengths, model.item_embedding, negatives, model.temperature, loss_mask
+    )
 
 
 def _trainer_kwargs(settings: Any, num_items: int, task_bits: Sequence[int]) -> Dict[str, Any]:
