@@ -24,6 +24,7 @@ from tzrec_bench.regression.published import (
     protocol_gap,
     published_dir,
     published_for,
+    published_lines,
 )
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -211,6 +212,20 @@ def test_runs_off_the_protocol_show_no_rows_and_say_why(data_root, tmp_path, cap
     config = json.loads(out.read_text())["configs"][0]
     assert config["published"]["shown"] is False and config["published"]["rows"] == []
     assert reason in config["published"]["reason"] and config["published_gains"] == {}
+
+
+def test_a_config_with_item_attributes_shows_the_rows_with_a_caveat():
+    settings = {"data": "amazon-beauty", "exclude_seen": True,
+                "item_attributes": "Beauty_item2attributes.json"}
+    published = published_for(settings)
+    assert published.shown and published.rows
+    caveat = ("this config reads item attributes (Beauty_item2attributes.json), which none "
+              "of the published rows uses")
+    assert published.caveat == caveat
+    assert f"  published rows, caveat: {caveat}" in published_lines(published, {})
+    plain = published_for({"data": "amazon-beauty", "exclude_seen": True})
+    assert plain.caveat is None
+    assert not any("caveat" in line for line in published_lines(plain, {}))
 
 
 def test_other_data_sets_have_no_published_rows(tmp_path, capsys):

@@ -38,7 +38,8 @@ class PublishedRow:
 @dataclass
 class Published:
     """A data set's published rows, as shown beside one config's runs: ``shown`` False (with
-    ``reason``) when the runs do not follow the published protocol."""
+    ``reason``) when the runs do not follow the published protocol; ``caveat`` what the
+    config uses that the rows do not (item attributes)."""
 
     data: str
     source: str
@@ -47,6 +48,7 @@ class Published:
     rows: List[PublishedRow] = field(default_factory=list)
     shown: bool = True
     reason: Optional[str] = None
+    caveat: Optional[str] = None
 
 
 def published_dir() -> Path:
@@ -121,6 +123,9 @@ def published_for(settings: Mapping[str, Any]) -> Optional[Published]:
     gap = protocol_gap(settings)
     if gap is not None:
         published.rows, published.shown, published.reason = [], False, gap
+    elif settings.get("item_attributes"):
+        published.caveat = (f"this config reads item attributes ({settings['item_attributes']}), "
+                            "which none of the published rows uses")
     return published
 
 
@@ -151,6 +156,7 @@ def published_lines(published: Optional[Published], means: Mapping[str, Optional
         return [f"  published rows of {published.data} not shown: {published.reason}"]
     lines = [f"  published rows, under the same protocol: {published.protocol}",
              f"  published source: {published.source}",
+             *([f"  published rows, caveat: {published.caveat}"] if published.caveat else []),
              "  published kinds: " + "; ".join(f"{kind}: {meaning}"
                                                for kind, meaning in published.kinds.items())]
     for row in published.rows:
