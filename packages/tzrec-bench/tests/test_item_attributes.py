@@ -65,7 +65,8 @@ def test_bad_files_are_refused_naming_the_file_and_the_item(tmp_path, content, m
 
 
 def test_a_missing_file_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'no.json'} not found"):
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'no.json'} not found "
+                       r"\(nor no.json.gz\): expected item attributes"):
         load_item_attributes(tmp_path / "no.json", RAW)
 
 

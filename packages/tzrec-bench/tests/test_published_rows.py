@@ -117,7 +117,8 @@ def test_the_attribute_configs_add_only_the_sets_attribute_file(tmp_path, model,
     folder.mkdir()
     (folder / SETS[data][0]).write_text("1 1 2 3\n")
     assert missing_data(config, str(tmp_path)) == (
-        f"{data}: {folder / file} not found (nor {file}.gz): expected its item attributes")
+        f"{data}: {folder / file} not found (nor {file}.gz): expected item attributes (a JSON "
+        "object: item id -> list of attributes)")
     (folder / f"{file}.gz").write_bytes(b"")
     assert missing_data(config, str(tmp_path)) is None
     assert config.train_config(data_dir=str(folder)).item_attributes == str(folder / file)

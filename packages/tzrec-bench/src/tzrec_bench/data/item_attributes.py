@@ -21,6 +21,8 @@ from typing import Dict, List, Union
 
 import numpy as np
 
+from tzrec_bench.data.text_format import find_file
+
 __all__ = ["ItemAttributes", "load_item_attributes"]
 
 
@@ -54,16 +56,15 @@ class ItemAttributes:
                    if self.unknown_keys else ""))
 
 
+FILE_DESCRIPTION = "item attributes (a JSON object: item id -> list of attributes)"
+
+
 def _read_json(path: Path) -> object:
-    gzipped = path.with_name(path.name + ".gz")
-    if not path.exists() and gzipped.is_file():
-        path = gzipped
+    path = find_file(path.parent, path.name, FILE_DESCRIPTION)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
             return json.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"item attributes: {path} not found") from None
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"item attributes: {path} is not readable JSON ({exc})") from None
 

@@ -26,7 +26,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
+from tzrec_bench.data import item_attributes
 from tzrec_bench.data.load import DATA_ENV, SOURCES
+from tzrec_bench.data.text_format import find_file
 from tzrec_bench.train.config import ConfigError, TrainConfig
 
 if sys.version_info >= (3, 11):
@@ -143,7 +145,8 @@ def missing_data(config: RunConfig, data_root: Optional[str]) -> Optional[str]:
         return f"{data}: {exc}"
     attributes = config.settings.get("item_attributes")
     if attributes:
-        path = folder / attributes
-        if not (path.is_file() or path.with_name(path.name + ".gz").is_file()):
-            return f"{data}: {path} not found (nor {path.name}.gz): expected its item attributes"
+        try:
+            find_file(folder, attributes, item_attributes.FILE_DESCRIPTION)
+        except FileNotFoundError as exc:
+            return f"{data}: {exc}"
     return None
