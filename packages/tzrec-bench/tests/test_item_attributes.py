@@ -113,6 +113,8 @@ def test_a_run_with_attributes_trains_evaluates_and_serves(tmp_path, capsys, mod
     assert "item attributes: 6 attributes, 13 links, 10 of 20 items" in capsys.readouterr().out
     kwargs = read_payload(run / "best.pt")["model_config"]["kwargs"]
     assert (kwargs["num_attributes"], kwargs["num_attribute_links"]) == (6, 13)
+    # evaluate takes the links from the checkpoint, not from the file
+    items.rename(tmp_path / "moved.json")
     assert main(["evaluate", str(run), "--cache-dir", str(cache)]) == 0
     if model == "sasrec":
         return  # a baseline: predict and tzrec-acc serve tzrec-gr's models

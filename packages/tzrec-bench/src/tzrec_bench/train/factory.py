@@ -3,7 +3,7 @@ arguments) and the task it trains on."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -20,11 +20,31 @@ from tzrec_gr.models.registry import get_model
 Spec = Tuple[type, Dict[str, Any]]
 
 
+class AttributeSizes(NamedTuple):
+    """The sizes of a model's attribute table without its links (a checkpoint's state dict
+    brings those)."""
+
+    num_attributes: int
+    num_links: int
+
+    @classmethod
+    def saved(cls, model_config: Mapping[str, Any]) -> Optional["AttributeSizes"]:
+        """The sizes in a checkpoint's ``model_config``; None for a model without them."""
+        kwargs = model_config.get("kwargs", {})
+        if not kwargs.get("num_attributes"):
+            return None
+        return cls(int(kwargs["num_attributes"]), int(kwargs["num_attribute_links"]))
+
+
+#: a model's item attributes: links and sizes (read from a file), or sizes alone
+Attributes = Union[ItemAttributes, AttributeSizes]
+
+
 def _spec(
     config: TrainConfig,
     num_items: int,
     task_bits: Sequence[int],
-    attributes: Optional[ItemAttributes] = None,
+    attributes: Optional[Attributes] = None,
 ) -> Spec:
     """``config.model``'s class and constructor arguments, from its registry record (with
     the sizes of its attribute table when ``attributes`` are given)."""
@@ -56,7 +76,7 @@ def model_config(
     config: TrainConfig,
     num_items: int,
     task_bits: Sequence[int] = (),
-    attributes: Optional[ItemAttributes] = None,
+    attributes: Optional[Attributes] = None,
 ) -> Dict[str, Any]:
     """``{"model": class name, "kwargs": constructor arguments}`` of ``config.model``: what
     checkpoints store so that a model is rebuilt without this package (``tzrec-acc``).
@@ -66,7 +86,8 @@ def model_config(
         num_items (int): catalogue size.
         task_bits (Sequence[int]): the ranking model's label bit per task (ignored by the
             retrieval models).
-        attributes (ItemAttributes | None): the items' attributes (:func:`item_attributes`).
+        attributes (ItemAttributes | AttributeSizes | None): the items' attributes
+            (:func:`item_attributes`), or the sizes of a saved model's table.
     """
     cls, kwargs = _spec(config, num_items, task_bits, attributes)
     return {"model": cls.__name__, "kwargs": kwargs}
@@ -78,17 +99,18 @@ def build_model(
     task_bits: Sequence[int] = (),
     device: Optional[torch.device] = None,
     embedding_tables: Union[str, TableFactory] = "plain",
-    attributes: Optional[ItemAttributes] = None,
+    attributes: Optional[Attributes] = None,
 ) -> nn.Module:
     """The model ``config.model`` for a catalogue of ``num_items`` (arguments as in
     :func:`model_config`), with its parameters on ``device`` and its items linked to
-    ``attributes``; ``embedding_tables`` is the HSTU models' table implementation (a
-    checkpoint's ``model_config`` holds plain tables)."""
+    ``attributes`` (given as sizes alone, the links stay to be loaded with a state dict);
+    ``embedding_tables`` is the HSTU models' table implementation (a checkpoint's
+    ``model_config`` holds plain tables)."""
     cls, kwargs = _spec(config, num_items, task_bits, attributes)
     if embedding_tables != "plain":
         kwargs = {**kwargs, "embedding_tables": embedding_tables}
     model = cls(**kwargs, device=device)
-    if attributes is not None:
+    if isinstance(attributes, ItemAttributes):
         model.item_attributes.set_links(torch.from_numpy(attributes.offsets),
                                         torch.from_numpy(attributes.attribute_ids))
     return model

@@ -45,7 +45,7 @@ from tzrec_bench.train.distributed import (
     mean_over_ranks,
     shard,
 )
-from tzrec_bench.train.factory import build_model, is_fitted, item_attributes, make_task
+from tzrec_bench.train.factory import AttributeSizes, build_model, is_fitted, make_task
 from tzrec_bench.train.fitted import FittedRun
 from tzrec_bench.train.graphed_step import CapturedStep
 from tzrec_bench.train.interrupts import Interrupted, deferred_interrupts
@@ -350,8 +350,9 @@ def evaluate(
         checkpoint.check_same_data(state, file, dataset.id_vocabularies(config.shown("data")),
                                    "evaluate", config.columns)
         task = make_task(config, dataset, ctx)
+        # the attribute links come with the state dict: the file is not read again
         model = build_model(config, task.num_items, task.task_bits, ctx.device,
-                            attributes=item_attributes(config, dataset))
+                            attributes=AttributeSizes.saved(state.get("model_config", {})))
         model.load_state_dict(state["model"])
         model.eval()
         metrics = task.evaluate(model, split, max_users)
