@@ -84,11 +84,7 @@ class EncodeGraphs(GraphSet):
     def bucket(self, batch: int, events: int) -> Optional[Bucket]:
         """The smallest bucket that holds ``batch`` users of ``events`` events in all, or
         None (then the encode runs eager)."""
-        fits = (fit(batch, self.batch_buckets), fit(events, self.event_buckets))
-        if fits[0] is None or fits[1] is None:
-            return None
-        bucket = (fits[0], fits[1])
-        return bucket if self.available(bucket) else None
+        return self.smallest_bucket((batch, self.batch_buckets), (events, self.event_buckets))
 
     def warm_up_buckets(self, sizes: Dict[str, Any], exclude_seen: bool) -> List[Bucket]:
         """The buckets of ``B`` users of ``n`` events each, for every ``B`` in

@@ -141,15 +141,11 @@ class ExtendGraphs(GraphSet):
     def bucket(self, batch: int, max_cached: int, max_events: int) -> Optional[Bucket]:
         """The smallest bucket that holds ``batch`` users of at most ``max_cached`` cached
         tokens and ``max_events`` new events each, or None (then the extend runs eager)."""
-        fits = (
-            fit(batch, self.batch_buckets),
-            fit(max_cached, self.length_buckets),
-            fit(max(max_events, 1), self.event_buckets),
+        return self.smallest_bucket(
+            (batch, self.batch_buckets),
+            (max_cached, self.length_buckets),
+            (max(max_events, 1), self.event_buckets),
         )
-        if fits[0] is None or fits[1] is None or fits[2] is None:
-            return None
-        bucket = (fits[0], fits[1], fits[2])
-        return bucket if self.available(bucket) else None
 
     def warm_up_buckets(self, sizes: Dict[str, Any], exclude_seen: bool) -> List[Bucket]:
         """The buckets of ``B`` users of ``n`` events each extended by ``Δ`` events, for

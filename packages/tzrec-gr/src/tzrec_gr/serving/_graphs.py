@@ -161,6 +161,15 @@ class GraphSet:
 
     # -- buckets --------------------------------------------------------------------------
 
+    def smallest_bucket(self, *sizes: Tuple[int, Sequence[int]]) -> Optional[Bucket]:
+        """The bucket of each ``(size, sorted bucket values)`` pair fitted in turn
+        (:func:`fit`), or None where a size fits none or the bucket is not
+        :meth:`available` (then the call runs eager)."""
+        bucket = tuple(fit(size, values) for size, values in sizes)
+        if any(b is None for b in bucket):
+            return None
+        return bucket if self.available(bucket) else None  # type: ignore[arg-type]
+
     def available(self, bucket: Bucket) -> bool:
         """Whether ``bucket`` has a graph or room for one (and its capture never failed)."""
         if bucket in self.failed:

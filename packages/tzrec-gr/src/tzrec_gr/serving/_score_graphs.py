@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 import torch
 
 from tzrec_gr.features import CANDIDATE_ITEM_ID, CANDIDATE_LENGTHS, CANDIDATE_TIMESTAMPS
-from tzrec_gr.serving._graphs import Bucket, Entry, GraphPool, GraphSet, fit, fit_sizes, product
+from tzrec_gr.serving._graphs import Bucket, Entry, GraphPool, GraphSet, fit_sizes, product
 from tzrec_gr.serving._host import joined_rows
 from tzrec_gr.stu import ServingCache
 from tzrec_ops.jagged import host_copy, remember_host_copy
@@ -252,15 +252,11 @@ class ScoreGraphs(GraphSet):
 
     def bucket(self, batch: int, max_cached: int, max_candidates: int) -> Optional[Bucket]:
         """The smallest bucket that holds the request, or None (then the call runs eager)."""
-        fits = (
-            fit(batch, self.batch_buckets),
-            fit(max_cached, self.length_buckets),
-            fit(max(max_candidates, 1), self.candidate_buckets),
+        return self.smallest_bucket(
+            (batch, self.batch_buckets),
+            (max_cached, self.length_buckets),
+            (max(max_candidates, 1), self.candidate_buckets),
         )
-        if any(f is None for f in fits):
-            return None
-        bucket = (fits[0], fits[1], fits[2])
-        return bucket if self.available(bucket) else None  # type: ignore[return-value]
 
     def warm_up_buckets(self, sizes: Dict[str, Any], exclude_seen: bool) -> List[Bucket]:
         return product(
